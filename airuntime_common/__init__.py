@@ -1,0 +1,10 @@
+"""Shared building blocks of the AI Runtime services.
+
+Settings base, error codes (SPEC §4), enum mapping between the spec's strings
+and the protobuf enums, gRPC server bootstrap and interceptors, database
+engine helpers, canonical JSON, time helpers and structured logging.
+A service imports this package and the generated stubs in ``zhixi``, never
+another service's internals.
+"""
+
+__version__ = "0.1.0"

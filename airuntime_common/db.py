@@ -1,0 +1,114 @@
+"""Database engine helpers shared by job_service and credential_service.
+
+* SQLite (aiosqlite) is the embedded default: WAL, a busy timeout, foreign keys.
+* MySQL/MariaDB (aiomysql): READ COMMITTED, and ``CLIENT.FOUND_ROWS`` so an
+  UPDATE's row count is rows *matched*, not rows changed (SPEC §3) — a
+  same-microsecond heartbeat is never misread as a lost lease.
+* :func:`retry_transient` retries deadlocks (1213) and lock wait timeouts
+  (1205), and SQLite's "database is locked", invisibly (CONVENTIONS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MYSQL_TRANSIENT_ERRORS = frozenset({1213, 1205})
+
+
+def is_mysql(url: str) -> bool:
+    """Whether a SQLAlchemy URL points at MySQL/MariaDB."""
+    return make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
+def make_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
+    """Create the async engine for ``url`` with the settings above.
+
+    Args:
+        url: SQLAlchemy async URL, ``sqlite+aiosqlite:///…`` or ``mysql+aiomysql://…``.
+        pool_size: connections kept open (MySQL only).
+    """
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_async_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if backend in ("mysql", "mariadb"):
+        from pymysql.constants import CLIENT
+
+        return create_async_engine(
+            url,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            pool_recycle=1800,
+            isolation_level="READ COMMITTED",
+            connect_args={
+                "client_flag": CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,
+                "charset": "utf8mb4",
+            },
+        )
+    return create_async_engine(url)
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """One session per request/RPC, never shared between tasks."""
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Deadlock / lock wait timeout (MySQL) or a busy SQLite database."""
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        args = getattr(exc.orig, "args", ())
+        if args and isinstance(args[0], int) and args[0] in MYSQL_TRANSIENT_ERRORS:
+            return True
+        if isinstance(exc, OperationalError) and "database is locked" in str(exc.orig):
+            return True
+    return False
+
+
+async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) -> T:
+    """Run ``fn`` (one whole transaction) again on a transient error, with jittered backoff.
+
+    Raises:
+        The last error when every attempt failed, or any non-transient error at once.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return await fn()
+        except DBAPIError as exc:
+            if attempt == attempts or not is_transient(exc):
+                raise
+            delay = min(0.5, 0.005 * 2**attempt) * (0.5 + random.random())
+            log.info("transient database error, retrying", extra={"fields": {"attempt": attempt}})
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,98 @@
+"""Mapping between the spec's JSON strings and the protobuf enums.
+
+The spec's strings (``learning_state_analysis``, ``pending``…) are the enum
+value names without their prefix, lower-cased: ``JOB_TYPE_QUIZ_GENERATION``
+↔ ``quiz_generation``. Request enums are closed (SPEC §4): an unknown string
+raises ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
+
+from airuntime_common.errors import invalid_argument
+from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
+from zhixi.airuntime.job.v1 import message_pb2 as job_msg_pb2
+
+JOB_TYPES: Final = (
+    "learning_state_analysis",
+    "weak_point_analysis",
+    "next_action_planning",
+    "quiz_generation",
+    "flashcard_generation",
+)
+JOB_STATUSES: Final = (
+    "pending",
+    "locked",
+    "running",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "expired",
+)
+TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "cancelled"})
+TARGET_TYPES: Final = ("user", "material", "knowledge_point")
+API_KEY_MODES: Final = ("platform_key", "user_deepseek_key")
+
+
+class EnumMap:
+    """Two-way map between a proto enum and the spec's strings.
+
+    Args:
+        enum: the generated enum wrapper, e.g. ``common_pb2.JobType``.
+        prefix: the value prefix, e.g. ``"JOB_TYPE_"``.
+        field: the JSON field name used in error details.
+    """
+
+    def __init__(self, enum: EnumTypeWrapper, prefix: str, field: str) -> None:
+        self.enum = enum
+        self.field = field
+        self._to_proto: dict[str, int] = {}
+        self._to_str: dict[int, str] = {}
+        for name, number in enum.items():
+            if number == 0:
+                continue
+            text = name.removeprefix(prefix).lower()
+            self._to_proto[text] = number
+            self._to_str[number] = text
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The spec strings, in proto order."""
+        return tuple(self._to_proto)
+
+    def to_proto(self, value: str) -> int:
+        """Spec string → enum number; unknown or empty → ``INVALID_ARGUMENT``."""
+        try:
+            return self._to_proto[value]
+        except (KeyError, TypeError):
+            raise invalid_argument(
+                f"{self.field} must be one of {', '.join(self._to_proto)}",
+                field=self.field,
+                value=value,
+            ) from None
+
+    def to_str(self, number: int) -> str:
+        """Enum number → spec string; UNSPECIFIED or unknown → ``INVALID_ARGUMENT``."""
+        try:
+            return self._to_str[number]
+        except KeyError:
+            raise invalid_argument(
+                f"{self.field} is required and must be one of {', '.join(self._to_proto)}",
+                field=self.field,
+                value=number,
+            ) from None
+
+    def to_str_or_none(self, number: int) -> str | None:
+        """Enum number → spec string, or None for UNSPECIFIED (an absent filter)."""
+        return self._to_str.get(number)
+
+
+JOB_TYPE = EnumMap(common_pb2.JobType, "JOB_TYPE_", "jobType")
+JOB_STATUS = EnumMap(common_pb2.JobStatus, "JOB_STATUS_", "status")
+TARGET_TYPE = EnumMap(common_pb2.TargetType, "TARGET_TYPE_", "targetType")
+API_KEY_MODE = EnumMap(common_pb2.ApiKeyMode, "API_KEY_MODE_", "apiKeyMode")
+LEARNING_EVENT_TYPE = EnumMap(job_msg_pb2.LearningEventType, "LEARNING_EVENT_TYPE_", "type")
+BREAKER_STATE = EnumMap(job_msg_pb2.BreakerState, "BREAKER_STATE_", "state")

@@ -1,0 +1,151 @@
+"""Error codes of SPEC §4 and the exception every layer raises.
+
+Every error body, REST and gRPC, is ``{"code", "message", "details"}``; over
+gRPC the code travels as ``google.rpc.ErrorInfo.reason`` (see
+:mod:`airuntime_common.grpc_errors`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import grpc
+
+
+class ErrorCode(StrEnum):
+    """Every error code of SPEC §4, spelled exactly as the spec spells it."""
+
+    MODEL_TIMEOUT = "MODEL_TIMEOUT"
+    MODEL_RATE_LIMIT = "MODEL_RATE_LIMIT"
+    NETWORK_ERROR = "NETWORK_ERROR"
+    TEMPORARY_PROVIDER_ERROR = "TEMPORARY_PROVIDER_ERROR"
+    JOB_TIMEOUT = "JOB_TIMEOUT"
+    LEASE_EXPIRED = "LEASE_EXPIRED"
+    INVALID_SNAPSHOT = "INVALID_SNAPSHOT"
+    INVALID_SCHEMA = "INVALID_SCHEMA"
+    INVALID_CREDENTIAL = "INVALID_CREDENTIAL"
+    INSUFFICIENT_BALANCE = "INSUFFICIENT_BALANCE"
+    MODEL_BAD_REQUEST = "MODEL_BAD_REQUEST"
+    WORKER_SHUTDOWN = "WORKER_SHUTDOWN"
+    CANCELLED = "CANCELLED"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    JOB_ALREADY_LOCKED = "JOB_ALREADY_LOCKED"
+    INVALID_JOB_STATE = "INVALID_JOB_STATE"
+    LOCK_NOT_HELD = "LOCK_NOT_HELD"
+    RESULT_ALREADY_EXISTS = "RESULT_ALREADY_EXISTS"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    AI_NOT_AUTHORIZED = "AI_NOT_AUTHORIZED"
+    NOT_FOUND = "NOT_FOUND"
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    PLATFORM_BUDGET_EXCEEDED = "PLATFORM_BUDGET_EXCEEDED"
+    PLATFORM_CIRCUIT_OPEN = "PLATFORM_CIRCUIT_OPEN"
+    PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
+    INTERNAL = "INTERNAL"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+#: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
+#: Any other fail code, including unknown free text, is final.
+RETRYABLE_FAIL_CODES: frozenset[str] = frozenset(
+    {
+        ErrorCode.MODEL_TIMEOUT,
+        ErrorCode.MODEL_RATE_LIMIT,
+        ErrorCode.NETWORK_ERROR,
+        ErrorCode.TEMPORARY_PROVIDER_ERROR,
+        ErrorCode.JOB_TIMEOUT,
+        ErrorCode.LEASE_EXPIRED,
+        ErrorCode.WORKER_SHUTDOWN,
+    }
+)
+
+#: Endings of platform-key attempts that count as breaker failures (SPEC §6).
+BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
+    {
+        ErrorCode.MODEL_TIMEOUT,
+        ErrorCode.MODEL_RATE_LIMIT,
+        ErrorCode.NETWORK_ERROR,
+        ErrorCode.TEMPORARY_PROVIDER_ERROR,
+        ErrorCode.INSUFFICIENT_BALANCE,
+        ErrorCode.INVALID_CREDENTIAL,
+    }
+)
+
+#: code → (HTTP status, gRPC status code), SPEC §4. Fail-only codes are absent.
+TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
+    ErrorCode.INVALID_SCHEMA: (422, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorCode.INVALID_CREDENTIAL: (422, grpc.StatusCode.FAILED_PRECONDITION),
+    ErrorCode.JOB_NOT_FOUND: (404, grpc.StatusCode.NOT_FOUND),
+    ErrorCode.JOB_ALREADY_LOCKED: (409, grpc.StatusCode.ABORTED),
+    ErrorCode.INVALID_JOB_STATE: (409, grpc.StatusCode.FAILED_PRECONDITION),
+    ErrorCode.LOCK_NOT_HELD: (409, grpc.StatusCode.FAILED_PRECONDITION),
+    ErrorCode.RESULT_ALREADY_EXISTS: (409, grpc.StatusCode.ALREADY_EXISTS),
+    ErrorCode.INVALID_ARGUMENT: (400, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorCode.UNAUTHENTICATED: (401, grpc.StatusCode.UNAUTHENTICATED),
+    ErrorCode.PERMISSION_DENIED: (403, grpc.StatusCode.PERMISSION_DENIED),
+    ErrorCode.AI_NOT_AUTHORIZED: (403, grpc.StatusCode.PERMISSION_DENIED),
+    ErrorCode.NOT_FOUND: (404, grpc.StatusCode.NOT_FOUND),
+    ErrorCode.QUOTA_EXCEEDED: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.PLATFORM_BUDGET_EXCEEDED: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.PLATFORM_CIRCUIT_OPEN: (503, grpc.StatusCode.UNAVAILABLE),
+    ErrorCode.PAYLOAD_TOO_LARGE: (413, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorCode.INTERNAL: (500, grpc.StatusCode.INTERNAL),
+    ErrorCode.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
+}
+
+
+def is_retryable(code: str | None) -> bool:
+    """Whether a fail code sends a job back to pending (SPEC §2.4).
+
+    Args:
+        code: the ``errorCode`` a worker reported, free text.
+
+    Returns:
+        True only for the retryable codes of SPEC §4; unknown codes are final.
+    """
+    return code in RETRYABLE_FAIL_CODES
+
+
+def http_status(code: str) -> int:
+    """HTTP status for an error code (SPEC §4); 500 for codes with none."""
+    return TRANSPORT.get(code, (500, grpc.StatusCode.INTERNAL))[0]
+
+
+def grpc_status(code: str) -> grpc.StatusCode:
+    """gRPC status code for an error code (SPEC §4); INTERNAL for codes with none."""
+    return TRANSPORT.get(code, (500, grpc.StatusCode.INTERNAL))[1]
+
+
+@dataclass
+class AppError(Exception):
+    """A refusal with a SPEC §4 code; every layer raises this, never a bare error.
+
+    Attributes:
+        code: the SPEC §4 code, e.g. ``"LOCK_NOT_HELD"``.
+        message: a human-readable sentence; never contains secrets.
+        details: JSON-serialisable extra facts (offending fields, current state).
+    """
+
+    code: str
+    message: str
+    details: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(f"{self.code}: {self.message}")
+
+    def body(self) -> dict[str, Any]:
+        """The error body of SPEC §4: ``{"code", "message", "details"}``."""
+        return {"code": self.code, "message": self.message, "details": self.details or {}}
+
+    @property
+    def http_status(self) -> int:
+        """HTTP status of this error's code."""
+        return http_status(self.code)
+
+
+def invalid_argument(message: str, **details: Any) -> AppError:
+    """Shorthand for a 400 ``INVALID_ARGUMENT`` with the offending fields in details."""
+    return AppError(ErrorCode.INVALID_ARGUMENT, message, details or None)

@@ -1,0 +1,186 @@
+"""gRPC server bootstrap shared by job_service, credential_service and runtime_worker.
+
+Every server gets: the internal-token interceptor (``x-internal-api-key``,
+compared in constant time; health and reflection stay open so probes and
+``grpcurl list`` work), request-id propagation into the log context, the
+standard health service and server reflection (SPEC §1), optional TLS, and
+a graceful stop on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import signal
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from airuntime_common import metadata
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.grpc_errors import to_status
+from airuntime_common.logs import bind, log_context
+
+log = logging.getLogger(__name__)
+
+#: Methods reachable without the service token.
+OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+
+
+class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Refuses calls without the right ``x-internal-api-key`` (UNAUTHENTICATED).
+
+    Also binds ``requestId`` and ``runtimeInstanceId`` from metadata into the
+    log context of the call.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._token = token.encode()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = details.method or ""
+        if method.startswith(OPEN_PREFIXES):
+            return await continuation(details)
+        md = {m.key: m.value for m in (details.invocation_metadata or ())}
+        given = md.get(metadata.INTERNAL_API_KEY, "")
+        given_b = given.encode() if isinstance(given, str) else bytes(given)
+        if not hmac.compare_digest(given_b, self._token):
+            return _refuse(
+                AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key")
+            )
+        handler = await continuation(details)
+        request_id = md.get(metadata.REQUEST_ID) or uuid.uuid4().hex
+        instance_id = md.get(metadata.RUNTIME_INSTANCE_ID)
+        return _with_context(handler, requestId=request_id, runtimeInstanceId=instance_id)
+
+
+def _refuse(err: AppError) -> grpc.RpcMethodHandler:
+    async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await context.abort_with_status(to_status(err))
+
+    return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def _with_context(handler: grpc.RpcMethodHandler | None, **fields: Any) -> grpc.RpcMethodHandler:
+    if handler is None or handler.unary_unary is None:
+        return handler
+    inner = handler.unary_unary
+
+    async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        token = bind(**fields)
+        try:
+            return await inner(request, context)
+        finally:
+            log_context.reset(token)
+
+    return grpc.unary_unary_rpc_method_handler(
+        wrapped,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+def server_credentials(
+    cert_file: str | None, key_file: str | None
+) -> grpc.ServerCredentials | None:
+    """TLS credentials from PEM files when both are configured, else None (plaintext)."""
+    if not cert_file or not key_file:
+        return None
+    return grpc.ssl_server_credentials(
+        [(Path(key_file).read_bytes(), Path(cert_file).read_bytes())]
+    )
+
+
+class GrpcServer:
+    """A grpc.aio server with auth, health and reflection.
+
+    Args:
+        token: the internal service token (``RUNTIME_SERVICE_TOKEN``).
+        address: listen address, e.g. ``"[::]:50051"``; port 0 picks a free port.
+        service_names: full names of the services registered, for reflection and health.
+        register: callback adding the servicers to the server.
+        tls_cert_file, tls_key_file: optional PEM files for TLS.
+    """
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        address: str,
+        service_names: Iterable[str],
+        register: Callable[[grpc.aio.Server], None],
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        self.server = grpc.aio.server(
+            interceptors=[InternalAuthInterceptor(token)],
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        register(self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = list(service_names)
+        reflection.enable_server_reflection(
+            [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        creds = server_credentials(tls_cert_file, tls_key_file)
+        if creds is None:
+            self.port = self.server.add_insecure_port(address)
+        else:
+            self.port = self.server.add_secure_port(address, creds)
+
+    async def start(self) -> None:
+        """Start serving and mark every service SERVING."""
+        await self.server.start()
+        await self.set_serving(True)
+
+    async def set_serving(self, serving: bool) -> None:
+        """Flip the health status of the overall server and every service."""
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *self.service_names]:
+            await self.health.set(name, status)
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """NOT_SERVING, then stop with ``grace`` seconds for in-flight RPCs."""
+        await self.set_serving(False)
+        await self.server.stop(grace)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGTERM or SIGINT (for a service's ``main``)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+
+def insecure_or_tls_channel(target: str, ca_file: str | None = None) -> grpc.aio.Channel:
+    """One channel per backend: TLS when a CA file is configured, else plaintext."""
+    options = [
+        ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", 30000),
+    ]
+    if ca_file:
+        creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
+        return grpc.aio.secure_channel(target, creds, options=options)
+    return grpc.aio.insecure_channel(target, options=options)

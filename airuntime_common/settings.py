@@ -1,0 +1,48 @@
+"""Settings base: one pydantic-settings class per service derives from this (SPEC §7).
+
+Values come from the environment (names exactly as SPEC §7 spells them).
+A service that needs a secret and has none refuses to start and names the
+variable: :func:`require`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+VAR_DIR = Path("var")
+DEFAULT_JOB_DB = f"sqlite+aiosqlite:///{VAR_DIR}/job_service.db"
+DEFAULT_CREDENTIAL_DB = f"sqlite+aiosqlite:///{VAR_DIR}/credential_service.db"
+
+
+class MissingSetting(SystemExit):
+    """Raised at start when a required variable is unset; exits with a clear message."""
+
+
+class CommonSettings(BaseSettings):
+    """Variables every service reads."""
+
+    model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=True)
+
+    RUNTIME_SERVICE_TOKEN: str = ""
+    LOG_LEVEL: str = "INFO"
+    JOB_SERVICE_ADDR: str = "localhost:50051"
+    CREDENTIAL_SERVICE_ADDR: str = "localhost:50052"
+    RUNTIME_WORKER_ADDR: str = "localhost:50053"
+    GRPC_TLS_CERT_FILE: str | None = None
+    GRPC_TLS_KEY_FILE: str | None = None
+    GRPC_TLS_CA_FILE: str | None = None
+
+
+def require(settings: BaseSettings, *names: str) -> None:
+    """Exit with ``"<NAME> is required"`` if any named setting is empty.
+
+    Raises:
+        MissingSetting: naming every missing variable.
+    """
+    missing = [n for n in names if not getattr(settings, n, None)]
+    if missing:
+        raise MissingSetting(
+            f"refusing to start: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (SPEC §7)"
+        )

@@ -1,0 +1,561 @@
+import datetime
+
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from zhixi.airuntime.common.v1 import message_pb2 as _message_pb2
+from zhixi.airuntime.job.v1 import message_pb2 as _message_pb2_1
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ResultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_KIND_UNSPECIFIED: _ClassVar[ResultKind]
+    RESULT_KIND_ANALYSES: _ClassVar[ResultKind]
+    RESULT_KIND_WEAK_POINTS: _ClassVar[ResultKind]
+    RESULT_KIND_RECOMMENDATIONS: _ClassVar[ResultKind]
+    RESULT_KIND_QUESTIONS: _ClassVar[ResultKind]
+    RESULT_KIND_FLASHCARDS: _ClassVar[ResultKind]
+RESULT_KIND_UNSPECIFIED: ResultKind
+RESULT_KIND_ANALYSES: ResultKind
+RESULT_KIND_WEAK_POINTS: ResultKind
+RESULT_KIND_RECOMMENDATIONS: ResultKind
+RESULT_KIND_QUESTIONS: ResultKind
+RESULT_KIND_FLASHCARDS: ResultKind
+
+class CreateJobRequest(_message.Message):
+    __slots__ = ("user_id", "job_type", "target_type", "target_id", "params", "api_key_mode", "idempotency_key", "priority", "max_retry_count", "timeout_seconds", "plan", "actor")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    job_type: _message_pb2.JobType
+    target_type: _message_pb2.TargetType
+    target_id: str
+    params: _struct_pb2.Struct
+    api_key_mode: _message_pb2.ApiKeyMode
+    idempotency_key: str
+    priority: int
+    max_retry_count: int
+    timeout_seconds: int
+    plan: str
+    actor: str
+    def __init__(self, user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., idempotency_key: _Optional[str] = ..., priority: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., plan: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class CreateJobResponse(_message.Message):
+    __slots__ = ("job", "replayed")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    job: _message_pb2_1.Job
+    replayed: bool
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job_id", "user_id", "include_history")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    user_id: str
+    include_history: bool
+    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., include_history: _Optional[bool] = ...) -> None: ...
+
+class GetJobResponse(_message.Message):
+    __slots__ = ("job", "events", "invocations")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    job: _message_pb2_1.Job
+    events: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobEvent]
+    invocations: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Invocation]
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.Invocation, _Mapping]]] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    status: _message_pb2.JobStatus
+    job_type: _message_pb2.JobType
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs", "next_page_token")
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
+    next_page_token: str
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CancelJobRequest(_message.Message):
+    __slots__ = ("job_id", "user_id", "actor")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    user_id: str
+    actor: str
+    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class CancelJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _message_pb2_1.Job
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ...) -> None: ...
+
+class RerunJobRequest(_message.Message):
+    __slots__ = ("job_id", "rebuild_snapshot", "actor")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rebuild_snapshot: bool
+    actor: str
+    def __init__(self, job_id: _Optional[str] = ..., rebuild_snapshot: _Optional[bool] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class RerunJobResponse(_message.Message):
+    __slots__ = ("job",)
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    job: _message_pb2_1.Job
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ...) -> None: ...
+
+class GetJobResultRequest(_message.Message):
+    __slots__ = ("job_id", "user_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    user_id: str
+    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ...) -> None: ...
+
+class GetJobResultResponse(_message.Message):
+    __slots__ = ("job_id", "job_type", "output_schema_version", "items")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    job_type: _message_pb2.JobType
+    output_schema_version: str
+    items: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    def __init__(self, job_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., output_schema_version: _Optional[str] = ..., items: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ...) -> None: ...
+
+class ListResultItemsRequest(_message.Message):
+    __slots__ = ("user_id", "kind", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    kind: ResultKind
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListResultItemsResponse(_message.Message):
+    __slots__ = ("items", "next_page_token")
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Struct]
+    next_page_token: str
+    def __init__(self, items: _Optional[_Iterable[_Union[_struct_pb2.Struct, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetAiAuthorizationRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class GetAiAuthorizationResponse(_message.Message):
+    __slots__ = ("granted", "changed_at")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    changed_at: _timestamp_pb2.Timestamp
+    def __init__(self, granted: _Optional[bool] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class SetAiAuthorizationRequest(_message.Message):
+    __slots__ = ("user_id", "granted")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    granted: bool
+    def __init__(self, user_id: _Optional[str] = ..., granted: _Optional[bool] = ...) -> None: ...
+
+class SetAiAuthorizationResponse(_message.Message):
+    __slots__ = ("granted", "changed_at", "cancelled", "cancel_requested")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    changed_at: _timestamp_pb2.Timestamp
+    cancelled: int
+    cancel_requested: int
+    def __init__(self, granted: _Optional[bool] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled: _Optional[int] = ..., cancel_requested: _Optional[int] = ...) -> None: ...
+
+class CreateMaterialRequest(_message.Message):
+    __slots__ = ("user_id", "title", "content")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    TITLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    title: str
+    content: str
+    def __init__(self, user_id: _Optional[str] = ..., title: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
+
+class CreateMaterialResponse(_message.Message):
+    __slots__ = ("material",)
+    MATERIAL_FIELD_NUMBER: _ClassVar[int]
+    material: _message_pb2_1.Material
+    def __init__(self, material: _Optional[_Union[_message_pb2_1.Material, _Mapping]] = ...) -> None: ...
+
+class GetMaterialRequest(_message.Message):
+    __slots__ = ("user_id", "material_id")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    material_id: str
+    def __init__(self, user_id: _Optional[str] = ..., material_id: _Optional[str] = ...) -> None: ...
+
+class GetMaterialResponse(_message.Message):
+    __slots__ = ("material",)
+    MATERIAL_FIELD_NUMBER: _ClassVar[int]
+    material: _message_pb2_1.Material
+    def __init__(self, material: _Optional[_Union[_message_pb2_1.Material, _Mapping]] = ...) -> None: ...
+
+class CreateKnowledgePointRequest(_message.Message):
+    __slots__ = ("user_id", "material_id", "name", "block_ids")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    material_id: str
+    name: str
+    block_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_id: _Optional[str] = ..., material_id: _Optional[str] = ..., name: _Optional[str] = ..., block_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CreateKnowledgePointResponse(_message.Message):
+    __slots__ = ("knowledge_point",)
+    KNOWLEDGE_POINT_FIELD_NUMBER: _ClassVar[int]
+    knowledge_point: _message_pb2_1.KnowledgePoint
+    def __init__(self, knowledge_point: _Optional[_Union[_message_pb2_1.KnowledgePoint, _Mapping]] = ...) -> None: ...
+
+class RecordLearningEventsRequest(_message.Message):
+    __slots__ = ("user_id", "events")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    events: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.LearningEvent]
+    def __init__(self, user_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.LearningEvent, _Mapping]]] = ...) -> None: ...
+
+class RecordLearningEventsResponse(_message.Message):
+    __slots__ = ("accepted", "duplicates")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
+    accepted: int
+    duplicates: int
+    def __init__(self, accepted: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class GetCostsRequest(_message.Message):
+    __slots__ = ("from_date", "to_date", "group_by")
+    FROM_DATE_FIELD_NUMBER: _ClassVar[int]
+    TO_DATE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_BY_FIELD_NUMBER: _ClassVar[int]
+    from_date: str
+    to_date: str
+    group_by: str
+    def __init__(self, from_date: _Optional[str] = ..., to_date: _Optional[str] = ..., group_by: _Optional[str] = ...) -> None: ...
+
+class GetCostsResponse(_message.Message):
+    __slots__ = ("rows",)
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.CostRow]
+    def __init__(self, rows: _Optional[_Iterable[_Union[_message_pb2_1.CostRow, _Mapping]]] = ...) -> None: ...
+
+class GetCircuitBreakerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetCircuitBreakerResponse(_message.Message):
+    __slots__ = ("breaker",)
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    breaker: _message_pb2_1.CircuitBreaker
+    def __init__(self, breaker: _Optional[_Union[_message_pb2_1.CircuitBreaker, _Mapping]] = ...) -> None: ...
+
+class ResetCircuitBreakerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetCircuitBreakerResponse(_message.Message):
+    __slots__ = ("breaker",)
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    breaker: _message_pb2_1.CircuitBreaker
+    def __init__(self, breaker: _Optional[_Union[_message_pb2_1.CircuitBreaker, _Mapping]] = ...) -> None: ...
+
+class PollJobsRequest(_message.Message):
+    __slots__ = ("capabilities", "limit", "wait_ms", "status_address")
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[_message_pb2.JobType]
+    limit: int
+    wait_ms: int
+    status_address: str
+    def __init__(self, capabilities: _Optional[_Iterable[_Union[_message_pb2.JobType, str]]] = ..., limit: _Optional[int] = ..., wait_ms: _Optional[int] = ..., status_address: _Optional[str] = ...) -> None: ...
+
+class PollJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ...) -> None: ...
+
+class ClaimJobsRequest(_message.Message):
+    __slots__ = ("capabilities", "limit", "wait_ms", "status_address")
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[_message_pb2.JobType]
+    limit: int
+    wait_ms: int
+    status_address: str
+    def __init__(self, capabilities: _Optional[_Iterable[_Union[_message_pb2.JobType, str]]] = ..., limit: _Optional[int] = ..., wait_ms: _Optional[int] = ..., status_address: _Optional[str] = ...) -> None: ...
+
+class ClaimJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ...) -> None: ...
+
+class LockJobRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class LockJobResponse(_message.Message):
+    __slots__ = ("job_id", "status", "locked_by", "lock_until", "attempt_no")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LOCKED_BY_FIELD_NUMBER: _ClassVar[int]
+    LOCK_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: _message_pb2.JobStatus
+    locked_by: str
+    lock_until: _timestamp_pb2.Timestamp
+    attempt_no: int
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., locked_by: _Optional[str] = ..., lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempt_no: _Optional[int] = ...) -> None: ...
+
+class StartJobRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ...) -> None: ...
+
+class StartJobResponse(_message.Message):
+    __slots__ = ("status", "started_at")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    status: _message_pb2.JobStatus
+    started_at: _timestamp_pb2.Timestamp
+    def __init__(self, status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("lock_until", "cancel_requested")
+    LOCK_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    lock_until: _timestamp_pb2.Timestamp
+    cancel_requested: bool
+    def __init__(self, lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatLeasesRequest(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.LeaseRef]
+    def __init__(self, leases: _Optional[_Iterable[_Union[_message_pb2_1.LeaseRef, _Mapping]]] = ...) -> None: ...
+
+class HeartbeatLeasesResponse(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.LeaseState]
+    def __init__(self, leases: _Optional[_Iterable[_Union[_message_pb2_1.LeaseState, _Mapping]]] = ...) -> None: ...
+
+class GetSnapshotRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ...) -> None: ...
+
+class GetSnapshotResponse(_message.Message):
+    __slots__ = ("snapshot_id", "schema_version", "target_type", "target_id", "payload", "content_hash")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    schema_version: str
+    target_type: _message_pb2.TargetType
+    target_id: str
+    payload: _struct_pb2.Struct
+    content_hash: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., schema_version: _Optional[str] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., content_hash: _Optional[str] = ...) -> None: ...
+
+class SubmitResultRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no", "prompt_version", "output_schema_version", "output")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    prompt_version: str
+    output_schema_version: str
+    output: _struct_pb2.Struct
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class SubmitResultResponse(_message.Message):
+    __slots__ = ("job_id", "status", "result_id", "output_hash", "replayed")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RESULT_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_HASH_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: _message_pb2.JobStatus
+    result_id: str
+    output_hash: str
+    replayed: bool
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., result_id: _Optional[str] = ..., output_hash: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class FailJobRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no", "error_code", "error_message", "retry_after_seconds")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    error_code: str
+    error_message: str
+    retry_after_seconds: float
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+
+class FailJobResponse(_message.Message):
+    __slots__ = ("job_id", "status", "retry_count")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    status: _message_pb2.JobStatus
+    retry_count: int
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., retry_count: _Optional[int] = ...) -> None: ...
+
+class RecordInvocationRequest(_message.Message):
+    __slots__ = ("job_id", "attempt_no", "model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    attempt_no: int
+    model_provider: str
+    model_name: str
+    api_key_mode: _message_pb2.ApiKeyMode
+    credential_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cache_hit_tokens: int
+    latency_ms: int
+    outcome: str
+    error_code: str
+    provider_request_id: str
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., latency_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., provider_request_id: _Optional[str] = ...) -> None: ...
+
+class RecordInvocationResponse(_message.Message):
+    __slots__ = ("id",)
+    ID_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    def __init__(self, id: _Optional[str] = ...) -> None: ...
+
+class GetRuntimeHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetRuntimeHealthResponse(_message.Message):
+    __slots__ = ("status", "workers")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    status: str
+    workers: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.RuntimeWorker]
+    def __init__(self, status: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[_message_pb2_1.RuntimeWorker, _Mapping]]] = ...) -> None: ...
+
+class VerifyLeaseRequest(_message.Message):
+    __slots__ = ("job_id", "runtime_instance_id", "attempt_no")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    runtime_instance_id: str
+    attempt_no: int
+    def __init__(self, job_id: _Optional[str] = ..., runtime_instance_id: _Optional[str] = ..., attempt_no: _Optional[int] = ...) -> None: ...
+
+class VerifyLeaseResponse(_message.Message):
+    __slots__ = ("user_id", "api_key_mode", "credential_id", "model_provider", "model_name")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    api_key_mode: _message_pb2.ApiKeyMode
+    credential_id: str
+    model_provider: str
+    model_name: str
+    def __init__(self, user_id: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ...) -> None: ...
