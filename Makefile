@@ -1,0 +1,73 @@
+# AI Runtime — developer entry points. `make demo` and `make test` work on a fresh clone.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+BUF := node_modules/.bin/buf
+
+.PHONY: help install demo test test-fast lint typecheck proto proto-check buf-check run bench chaos clean
+
+help:
+	@echo "make demo        run the whole flow on SQLite with the local DeepSeek stand-in"
+	@echo "make test        lint, type-check, proto checks and the whole test suite (SQLite + MariaDB if reachable)"
+	@echo "make run         start every service in the foreground (python -m launcher --dev)"
+	@echo "make proto       regenerate the Python stubs from protos/"
+	@echo "make bench       benchmarks against MariaDB (writes bench-results/)"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+$(BUF): package.json
+	npm install --no-audit --no-fund --loglevel=error
+	@touch $(BUF)
+
+install: $(STAMP) $(BUF)
+
+demo: $(STAMP)
+	$(BIN)/python -m demo $(if $(DEMO_FILE),--file "$(DEMO_FILE)")
+
+run: $(STAMP)
+	$(BIN)/python -m launcher --dev
+
+proto: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py
+
+proto-check: $(STAMP)
+	$(BIN)/python scripts/gen_protos.py --check
+
+buf-check: $(BUF)
+	$(BUF) lint
+	$(BUF) format --diff --exit-code
+	@if git rev-parse -q --verify HEAD~1 >/dev/null && git cat-file -e HEAD~1:buf.yaml 2>/dev/null; then \
+	  echo "buf breaking against HEAD~1"; $(BUF) breaking --against '.git#ref=HEAD~1'; \
+	else echo "buf breaking: no previous commit with buf.yaml"; fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy .
+
+# The whole suite. MariaDB tests run when TEST_MYSQL_URL is set, or when a MariaDB
+# answers on 127.0.0.1:3306 as root without a password (this machine's default).
+test: install lint typecheck proto-check buf-check
+	@export TEST_MYSQL_URL="$${TEST_MYSQL_URL:-$$($(BIN)/python scripts/detect_mysql.py)}"; \
+	  echo "TEST_MYSQL_URL=$${TEST_MYSQL_URL:-<unset: MariaDB tests skipped>}"; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m "not e2e and not mysql" $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+chaos: $(STAMP)
+	$(BIN)/python -m pytest -q tests/chaos $(PYTEST_ARGS)
+
+clean:
+	rm -rf var bench-results .pytest_cache .mypy_cache .ruff_cache
