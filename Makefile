@@ -51,7 +51,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
-	$(BIN)/mypy .
+	$(BIN)/mypy
 
 # The whole suite. MariaDB tests run when TEST_MYSQL_URL is set, or when a MariaDB
 # answers on 127.0.0.1:3306 as root without a password (this machine's default).

@@ -1,0 +1,55 @@
+"""Fixtures shared by every test area.
+
+``mysql_url`` gives each test its own MariaDB/MySQL database (created and
+dropped around the test) from ``TEST_MYSQL_URL``; tests using it are skipped
+when that variable is unset (CI always sets it, see ``.ci/run``).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+
+def _admin_connect():  # type: ignore[no-untyped-def]
+    import pymysql
+
+    url = make_url(os.environ["TEST_MYSQL_URL"])
+    return pymysql.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        autocommit=True,
+    )
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """A fresh, empty MariaDB database URL (``mysql+aiomysql://…/airt_<hex>``)."""
+    if not os.environ.get("TEST_MYSQL_URL"):
+        pytest.skip("TEST_MYSQL_URL not set")
+    name = f"airt_{uuid.uuid4().hex[:12]}"
+    conn = _admin_connect()
+    try:
+        with conn.cursor() as cur:
+            cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+        base = make_url(os.environ["TEST_MYSQL_URL"]).set(
+            drivername="mysql+aiomysql", database=name
+        )
+        yield base.render_as_string(hide_password=False)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        conn.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite file database URL under the test's tmp dir."""
+    return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
