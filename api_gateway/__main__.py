@@ -1,0 +1,28 @@
+"""``python -m api_gateway``: serve the gateway with uvicorn on GATEWAY_HOST:GATEWAY_PORT."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from airuntime_common.logs import setup_logging
+from api_gateway.app import create_app
+from api_gateway.settings import GatewaySettings
+
+
+def main() -> None:
+    """Read settings from the environment, refuse to start without secrets, serve."""
+    settings = GatewaySettings()
+    settings.check()
+    setup_logging("api_gateway", settings.LOG_LEVEL)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.GATEWAY_HOST,
+        port=settings.GATEWAY_PORT,
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+    )
+
+
+if __name__ == "__main__":
+    main()

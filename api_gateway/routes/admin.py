@@ -1,0 +1,242 @@
+"""Admin REST under ``/admin`` (SPEC §3.1) and the operator console page.
+
+Every route except ``GET /admin/console`` needs an admin JWT (a user token →
+403 ``PERMISSION_DENIED``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from datetime import date, timedelta
+from pathlib import Path as FsPath
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi.responses import HTMLResponse
+from pydantic import BeforeValidator
+
+from airuntime_common.enums import JOB_STATUS, JOB_TYPE
+from airuntime_common.errors import invalid_argument
+from airuntime_common.timeutil import utcnow
+from api_gateway import convert
+from api_gateway.backends import Caller
+from api_gateway.convert import pb_enum
+from api_gateway.deps import AdminPrincipal, Backend, Settings
+from api_gateway.jobs import create_job
+from api_gateway.routes.public import ERRORS
+from api_gateway.schemas import (
+    AdminJobCreate,
+    AdminJobOut,
+    AdminRuntimeOut,
+    BreakerOut,
+    CostsOut,
+    GroupBy,
+    JobList,
+    JobOut,
+    JobStatus,
+    JobType,
+    RerunBody,
+)
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+from zhixi.airuntime.worker.v1 import request_response_pb2 as worker_rr
+
+router = APIRouter(prefix="/admin", tags=["admin"], responses=ERRORS)
+
+CONSOLE_FILE = FsPath(__file__).resolve().parent.parent / "static" / "console.html"
+
+
+def _iso_date_only(value: Any) -> Any:
+    """Accept only ``YYYY-MM-DD`` text for a date (no timestamps, no numbers)."""
+    if not isinstance(value, str) or not _ISO_DATE.match(value):
+        raise ValueError("must be a date YYYY-MM-DD")
+    return value
+
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+IsoDate = Annotated[date, BeforeValidator(_iso_date_only)]
+
+JobId = Annotated[str, Path(min_length=1, max_length=128)]
+
+
+@router.post(
+    "/ai/jobs",
+    status_code=201,
+    response_model=JobOut,
+    responses={200: {"model": JobOut, "description": "idempotent replay"}},
+)
+async def admin_create_job(
+    principal: AdminPrincipal,
+    call: Backend,
+    body: AdminJobCreate,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> dict[str, Any]:
+    """Create a job for any user, with optional priority, retries and timeout overrides."""
+    return await create_job(
+        call,
+        body,
+        user_id=body.userId,
+        actor=principal.actor,
+        response=response,
+        idempotency_key=idempotency_key,
+        priority=body.priority,
+        max_retry_count=body.maxRetryCount,
+        timeout_seconds=body.timeoutSeconds,
+    )
+
+
+@router.get("/ai/jobs", response_model=JobList)
+async def admin_list_jobs(
+    principal: AdminPrincipal,
+    call: Backend,
+    status: JobStatus | None = None,
+    jobType: JobType | None = None,
+    userId: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    pageSize: Annotated[int, Query(ge=1, le=100)] = 20,
+    pageToken: Annotated[str | None, Query(max_length=1024)] = None,
+) -> dict[str, Any]:
+    """All users' jobs, newest first, filtered by status, job type and user."""
+    req = rr.ListJobsRequest(page_size=pageSize)
+    if userId:
+        req.user_id = userId
+    if status:
+        req.status = pb_enum(JOB_STATUS, status)
+    if jobType:
+        req.job_type = pb_enum(JOB_TYPE, jobType)
+    if pageToken:
+        req.page_token = pageToken
+    resp = await call(call.job.ListJobs, req)
+    return {
+        "jobs": [convert.job_json(j) for j in resp.jobs],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
+@router.get("/ai/jobs/{jobId}", response_model=AdminJobOut)
+async def admin_get_job(principal: AdminPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
+    """One job with its whole history (events oldest first) and its model calls."""
+    resp = await call(call.job.GetJob, rr.GetJobRequest(job_id=jobId, include_history=True))
+    return {
+        **convert.job_json(resp.job),
+        "events": [convert.event_json(e) for e in resp.events],
+        "invocations": [convert.invocation_json(i) for i in resp.invocations],
+    }
+
+
+@router.post("/ai/jobs/{jobId}/rerun", status_code=201, response_model=JobOut)
+async def admin_rerun_job(
+    principal: AdminPrincipal,
+    call: Backend,
+    jobId: JobId,
+    body: Annotated[RerunBody | None, Body()] = None,
+) -> dict[str, Any]:
+    """Re-run a failed job as a new job with ``retriedFromJobId`` (else 409)."""
+    resp = await call(
+        call.job.RerunJob,
+        rr.RerunJobRequest(
+            job_id=jobId,
+            rebuild_snapshot=bool(body and body.rebuildSnapshot),
+            actor=principal.actor,
+        ),
+    )
+    return convert.job_json(resp.job)
+
+
+@router.post("/ai/jobs/{jobId}/cancel", response_model=JobOut)
+async def admin_cancel_job(
+    principal: AdminPrincipal, call: Backend, jobId: JobId
+) -> dict[str, Any]:
+    """Cancel any user's job, as the user cancel does."""
+    resp = await call(call.job.CancelJob, rr.CancelJobRequest(job_id=jobId, actor=principal.actor))
+    return convert.job_json(resp.job)
+
+
+@router.get("/ai/costs", response_model=CostsOut)
+async def admin_costs(
+    principal: AdminPrincipal,
+    call: Backend,
+    from_: Annotated[IsoDate | None, Query(alias="from")] = None,
+    to: Annotated[IsoDate | None, Query()] = None,
+    groupBy: GroupBy = "day",
+) -> dict[str, Any]:
+    """Model cost rollup over UTC days, inclusive (default: the last 30 days)."""
+    end = to or utcnow().date()
+    start = from_ or end - timedelta(days=29)
+    if start > end:
+        raise invalid_argument("from must not be after to", field="from")
+    resp = await call(
+        call.job.GetCosts,
+        rr.GetCostsRequest(from_date=start.isoformat(), to_date=end.isoformat(), group_by=groupBy),
+    )
+    return {"rows": [convert.cost_row_json(r) for r in resp.rows]}
+
+
+@router.get("/ai/circuit-breaker", response_model=BreakerOut)
+async def admin_breaker(principal: AdminPrincipal, call: Backend) -> dict[str, Any]:
+    """The platform circuit breaker."""
+    resp = await call(call.job.GetCircuitBreaker, rr.GetCircuitBreakerRequest())
+    return convert.breaker_json(resp.breaker)
+
+
+@router.post("/ai/circuit-breaker/reset", response_model=BreakerOut)
+async def admin_breaker_reset(principal: AdminPrincipal, call: Backend) -> dict[str, Any]:
+    """Close the platform circuit breaker."""
+    resp = await call(call.job.ResetCircuitBreaker, rr.ResetCircuitBreakerRequest())
+    return convert.breaker_json(resp.breaker)
+
+
+async def _live_status(call: Caller, address: str, deadline: float) -> tuple[Any, str | None]:
+    """``GetStatus`` of one worker, best effort: (status JSON | None, error | None)."""
+    stub = call.backends.worker(address)
+    try:
+        resp = await call(stub.GetStatus, worker_rr.GetStatusRequest(), deadline=deadline)
+    except Exception as exc:  # best effort: one bad worker must not fail the page
+        code = getattr(exc, "code", None)
+        return None, str(code) if isinstance(code, str) else type(exc).__name__
+    return convert.worker_status_json(resp), None
+
+
+@router.get("/ai/runtime", response_model=AdminRuntimeOut)
+async def admin_runtime(
+    principal: AdminPrincipal, call: Backend, settings: Settings
+) -> dict[str, Any]:
+    """Runtime health from job_service's registry plus each worker's own status (best effort)."""
+    resp = await call(call.job.GetRuntimeHealth, rr.GetRuntimeHealthRequest())
+    timeout = settings.WORKER_STATUS_TIMEOUT_SECONDS
+    reported = [w.status_address for w in resp.workers if w.status_address]
+    configured = [a for a in settings.worker_addrs if a not in reported]
+    addresses = list(dict.fromkeys([*reported, *configured]))
+    lives = await asyncio.gather(*(_live_status(call, a, timeout) for a in addresses))
+    by_address = dict(zip(addresses, lives, strict=True))
+    workers = []
+    for w in resp.workers:
+        live, error = by_address.get(w.status_address, (None, None))
+        workers.append(
+            {
+                **convert.runtime_worker_json(w),
+                "statusAddress": w.status_address or None,
+                "live": live,
+                "liveError": error if w.status_address else "no status address reported",
+            }
+        )
+    return {
+        "status": resp.status,
+        "workers": workers,
+        "configuredWorkers": [
+            {"statusAddress": a, "live": by_address[a][0], "liveError": by_address[a][1]}
+            for a in configured
+        ],
+    }
+
+
+@router.get("/console", response_class=HTMLResponse, include_in_schema=False)
+async def admin_console() -> HTMLResponse:
+    """The operator's console (static; it asks for an admin token itself)."""
+    return HTMLResponse(
+        CONSOLE_FILE.read_text(encoding="utf-8"),
+        headers={"Cache-Control": "no-cache", "X-Frame-Options": "DENY"},
+    )
+
+
+__all__ = ["router"]

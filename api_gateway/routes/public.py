@@ -1,0 +1,326 @@
+"""Public REST under ``/v1`` (SPEC §3.1): learning data, jobs, results, key, AI authorization.
+
+Every route needs a user or admin JWT and acts on the caller's own rows only;
+another user's job is 404 ``JOB_NOT_FOUND``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Query, Response
+
+from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.timeutil import to_timestamp, utcnow
+from api_gateway import convert
+from api_gateway.convert import pb_enum
+from api_gateway.deps import Backend, UserPrincipal
+from api_gateway.jobs import create_job
+from api_gateway.schemas import (
+    AuthorizationOut,
+    AuthorizationPut,
+    CredentialOut,
+    CredentialPut,
+    ErrorBody,
+    EventsAccepted,
+    JobCreate,
+    JobList,
+    JobOut,
+    JobResultOut,
+    JobStatus,
+    JobType,
+    KnowledgePointCreate,
+    KnowledgePointOut,
+    LearningEventsCreate,
+    MaterialCreate,
+    MaterialOut,
+    ResultItems,
+    ResultKind,
+    RevokeOut,
+)
+from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
+from zhixi.airuntime.job.v1 import message_pb2 as msg
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+MAX_MATERIAL_BYTES = 1024 * 1024
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)
+}
+
+router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
+
+JobId = Annotated[str, Path(min_length=1, max_length=128)]
+PageSize = Annotated[int, Query(ge=1, le=100)]
+PageToken = Annotated[str | None, Query(max_length=1024)]
+
+_RESULT_KINDS = {
+    "analyses": rr.RESULT_KIND_ANALYSES,
+    "weak-points": rr.RESULT_KIND_WEAK_POINTS,
+    "recommendations": rr.RESULT_KIND_RECOMMENDATIONS,
+    "questions": rr.RESULT_KIND_QUESTIONS,
+    "flashcards": rr.RESULT_KIND_FLASHCARDS,
+}
+
+
+# ------------------------------------------------------------------ learning data
+
+
+@router.post("/materials", status_code=201, response_model=MaterialOut)
+async def create_material(
+    principal: UserPrincipal, call: Backend, body: MaterialCreate
+) -> dict[str, Any]:
+    """Store a material (plain text or Markdown, ≤ 1 MiB) split into ordered blocks."""
+    if len(body.content.encode("utf-8", "surrogatepass")) > MAX_MATERIAL_BYTES:
+        raise AppError(
+            ErrorCode.PAYLOAD_TOO_LARGE,
+            "material content exceeds 1 MiB",
+            {"field": "content", "maxBytes": MAX_MATERIAL_BYTES},
+        )
+    resp = await call(
+        call.job.CreateMaterial,
+        rr.CreateMaterialRequest(user_id=principal.user_id, title=body.title, content=body.content),
+    )
+    return convert.material_json(resp.material)
+
+
+@router.get("/materials/{materialId}", response_model=MaterialOut)
+async def get_material(
+    principal: UserPrincipal,
+    call: Backend,
+    materialId: Annotated[str, Path(min_length=1, max_length=128)],
+) -> dict[str, Any]:
+    """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``)."""
+    resp = await call(
+        call.job.GetMaterial,
+        rr.GetMaterialRequest(user_id=principal.user_id, material_id=materialId),
+    )
+    return convert.material_json(resp.material)
+
+
+@router.post("/knowledge-points", status_code=201, response_model=KnowledgePointOut)
+async def create_knowledge_point(
+    principal: UserPrincipal, call: Backend, body: KnowledgePointCreate
+) -> dict[str, Any]:
+    """Define a knowledge point over blocks of one of the caller's materials."""
+    resp = await call(
+        call.job.CreateKnowledgePoint,
+        rr.CreateKnowledgePointRequest(
+            user_id=principal.user_id,
+            material_id=body.materialId,
+            name=body.name,
+            block_ids=body.blockIds,
+        ),
+    )
+    return convert.knowledge_point_json(resp.knowledge_point)
+
+
+@router.post("/learning-events", status_code=202, response_model=EventsAccepted)
+async def record_learning_events(
+    principal: UserPrincipal, call: Backend, body: LearningEventsCreate
+) -> dict[str, Any]:
+    """Ingest reading and quiz-attempt events; a repeated ``eventId`` counts as a duplicate."""
+    events = []
+    for e in body.events:
+        event = msg.LearningEvent(
+            event_id=e.eventId,
+            type=pb_enum(LEARNING_EVENT_TYPE, e.type),
+            occurred_at=to_timestamp(e.occurredAt or utcnow()),
+        )
+        for field, value in (
+            ("material_id", e.materialId),
+            ("block_id", e.blockId),
+            ("knowledge_point_id", e.knowledgePointId),
+            ("dwell_seconds", e.dwellSeconds),
+            ("correct", e.correct),
+        ):
+            if value is not None:
+                setattr(event, field, value)
+        events.append(event)
+    resp = await call(
+        call.job.RecordLearningEvents,
+        rr.RecordLearningEventsRequest(user_id=principal.user_id, events=events),
+    )
+    return {"accepted": resp.accepted, "duplicates": resp.duplicates}
+
+
+# ------------------------------------------------------------------ jobs
+
+
+@router.post(
+    "/ai/jobs",
+    status_code=201,
+    response_model=JobOut,
+    responses={200: {"model": JobOut, "description": "idempotent replay"}},
+)
+async def create_ai_job(
+    principal: UserPrincipal,
+    call: Backend,
+    body: JobCreate,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+) -> dict[str, Any]:
+    """Create an AI job for the caller (201), or replay one in the idempotency scope (200)."""
+    return await create_job(
+        call,
+        body,
+        user_id=principal.user_id,
+        actor=principal.actor,
+        response=response,
+        idempotency_key=idempotency_key,
+        plan=principal.plan,
+    )
+
+
+@router.get("/ai/jobs", response_model=JobList)
+async def list_ai_jobs(
+    principal: UserPrincipal,
+    call: Backend,
+    status: JobStatus | None = None,
+    jobType: JobType | None = None,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page)."""
+    req = rr.ListJobsRequest(user_id=principal.user_id, page_size=pageSize)
+    if status:
+        req.status = pb_enum(JOB_STATUS, status)
+    if jobType:
+        req.job_type = pb_enum(JOB_TYPE, jobType)
+    if pageToken:
+        req.page_token = pageToken
+    resp = await call(call.job.ListJobs, req)
+    return {
+        "jobs": [convert.job_json(j) for j in resp.jobs],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
+@router.get("/ai/jobs/{jobId}", response_model=JobOut)
+async def get_ai_job(principal: UserPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
+    """One of the caller's jobs (another user's → 404 ``JOB_NOT_FOUND``)."""
+    resp = await call(call.job.GetJob, rr.GetJobRequest(job_id=jobId, user_id=principal.user_id))
+    return convert.job_json(resp.job)
+
+
+@router.post("/ai/jobs/{jobId}/cancel", response_model=JobOut)
+async def cancel_ai_job(principal: UserPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
+    """Cancel: pending → cancelled; leased → ``cancelRequested``; terminal → 409."""
+    resp = await call(
+        call.job.CancelJob,
+        rr.CancelJobRequest(job_id=jobId, user_id=principal.user_id, actor=principal.actor),
+    )
+    return convert.job_json(resp.job)
+
+
+@router.get("/ai/jobs/{jobId}/result", response_model=JobResultOut)
+async def get_ai_job_result(
+    principal: UserPrincipal, call: Backend, jobId: JobId
+) -> dict[str, Any]:
+    """The business rows of a succeeded job (409 ``INVALID_JOB_STATE`` before success)."""
+    resp = await call(
+        call.job.GetJobResult, rr.GetJobResultRequest(job_id=jobId, user_id=principal.user_id)
+    )
+    return {
+        "jobId": resp.job_id,
+        "jobType": JOB_TYPE.to_str_or_none(resp.job_type),
+        "outputSchemaVersion": resp.output_schema_version,
+        "items": [convert.struct_to_dict(i) for i in resp.items],
+    }
+
+
+@router.get("/ai/results/{kind}", response_model=ResultItems)
+async def list_results(
+    principal: UserPrincipal,
+    call: Backend,
+    kind: ResultKind,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's accumulated business rows of one kind, paged."""
+    req = rr.ListResultItemsRequest(
+        user_id=principal.user_id, kind=_RESULT_KINDS[kind], page_size=pageSize
+    )
+    if pageToken:
+        req.page_token = pageToken
+    resp = await call(call.job.ListResultItems, req)
+    return {
+        "items": [convert.struct_to_dict(i) for i in resp.items],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
+# ------------------------------------------------------------------ the caller's settings
+
+
+@router.put("/me/model-credential", response_model=CredentialOut)
+async def put_model_credential(
+    principal: UserPrincipal, call: Backend, body: CredentialPut
+) -> dict[str, Any]:
+    """Store (or replace) the caller's DeepSeek key; answers the masked view only."""
+    resp = await call(
+        call.credential.PutCredential,
+        cred_rr.PutCredentialRequest(
+            user_id=principal.user_id, provider=body.provider, api_key=body.apiKey
+        ),
+    )
+    return convert.credential_json(resp.credential)
+
+
+@router.get("/me/model-credential", response_model=CredentialOut)
+async def get_model_credential(principal: UserPrincipal, call: Backend) -> dict[str, Any]:
+    """The masked view of the caller's key (none → 404 ``NOT_FOUND``)."""
+    resp = await call(
+        call.credential.GetCredential, cred_rr.GetCredentialRequest(user_id=principal.user_id)
+    )
+    return convert.credential_json(resp.credential)
+
+
+@router.delete("/me/model-credential", status_code=204)
+async def delete_model_credential(principal: UserPrincipal, call: Backend) -> Response:
+    """Delete the caller's key (none → 404 ``NOT_FOUND``)."""
+    await call(
+        call.credential.DeleteCredential,
+        cred_rr.DeleteCredentialRequest(user_id=principal.user_id),
+    )
+    return Response(status_code=204)
+
+
+@router.get("/me/ai-authorization", response_model=AuthorizationOut)
+async def get_ai_authorization(principal: UserPrincipal, call: Backend) -> dict[str, Any]:
+    """Whether AI is on for the caller (granted by default)."""
+    resp = await call(
+        call.job.GetAiAuthorization, rr.GetAiAuthorizationRequest(user_id=principal.user_id)
+    )
+    return {"granted": resp.granted, "changedAt": convert.ts(resp, "changed_at")}
+
+
+@router.put("/me/ai-authorization", response_model=AuthorizationOut)
+async def put_ai_authorization(
+    principal: UserPrincipal, call: Backend, body: AuthorizationPut
+) -> dict[str, Any]:
+    """Grant or revoke AI; revoking cancels the caller's jobs as ``/revoke`` does."""
+    resp = await call(
+        call.job.SetAiAuthorization,
+        rr.SetAiAuthorizationRequest(user_id=principal.user_id, granted=body.granted),
+    )
+    return {"granted": resp.granted, "changedAt": convert.ts(resp, "changed_at")}
+
+
+@router.post("/me/ai-authorization/revoke", response_model=RevokeOut)
+async def revoke_ai_authorization(principal: UserPrincipal, call: Backend) -> dict[str, Any]:
+    """Turn AI off: pending jobs → cancelled, leased ones → ``cancelRequested``."""
+    resp = await call(
+        call.job.SetAiAuthorization,
+        rr.SetAiAuthorizationRequest(user_id=principal.user_id, granted=False),
+    )
+    return {
+        "granted": resp.granted,
+        "changedAt": convert.ts(resp, "changed_at"),
+        "cancelled": resp.cancelled,
+        "cancelRequested": resp.cancel_requested,
+    }
+
+
+__all__ = ["router"]

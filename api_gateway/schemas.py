@@ -1,0 +1,532 @@
+"""Pydantic request and response models of the REST API (SPEC §3, §3.1).
+
+Field names are the camelCase JSON names themselves. Enumerations are closed
+``Literal`` types, so an unknown value is a 400 ``INVALID_ARGUMENT`` and the
+OpenAPI document lists every allowed value. Integers that travel in int32
+protobuf fields are bounded accordingly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+INT32_MAX = 2**31 - 1
+#: Counters (tokens, ms) stay within the integers JSON tools handle exactly.
+INT64_MAX = 2**53
+ID = Field(min_length=1, max_length=128)
+
+JobType = Literal[
+    "learning_state_analysis",
+    "weak_point_analysis",
+    "next_action_planning",
+    "quiz_generation",
+    "flashcard_generation",
+]
+JobStatus = Literal["pending", "locked", "running", "succeeded", "failed", "cancelled", "expired"]
+TargetType = Literal["user", "material", "knowledge_point"]
+ApiKeyMode = Literal["platform_key", "user_deepseek_key"]
+QuestionType = Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
+ResultKind = Literal["analyses", "weak-points", "recommendations", "questions", "flashcards"]
+GroupBy = Literal["day", "jobType", "modelName", "apiKeyMode"]
+BreakerState = Literal["closed", "open", "half_open"]
+AttemptNo = Field(ge=1, le=INT32_MAX)
+
+
+class Body(BaseModel):
+    """Base of request bodies: unknown keys are ignored, strings are not coerced."""
+
+    model_config = ConfigDict(extra="ignore", strict=False)
+
+
+# ---------------------------------------------------------------- public requests
+
+
+class MaterialCreate(Body):
+    """``POST /v1/materials``: plain text or Markdown, content ≤ 1 MiB (UTF-8 bytes)."""
+
+    title: str = Field(min_length=1, max_length=500)
+    content: str = Field(min_length=1)
+
+
+class KnowledgePointCreate(Body):
+    """``POST /v1/knowledge-points``."""
+
+    materialId: str = ID
+    name: str = Field(min_length=1, max_length=500)
+    blockIds: list[str] = Field(default_factory=list, max_length=1000)
+
+
+class LearningEventIn(Body):
+    """One learning event; ``eventId`` makes a repeat a duplicate, not an error."""
+
+    eventId: str = ID
+    type: Literal["reading", "quiz_attempt"]
+    materialId: str | None = Field(default=None, max_length=128)
+    blockId: str | None = Field(default=None, max_length=128)
+    knowledgePointId: str | None = Field(default=None, max_length=128)
+    dwellSeconds: float | None = Field(default=None, ge=0, le=86400 * 7)
+    correct: bool | None = None
+    occurredAt: datetime | None = None
+
+
+class LearningEventsCreate(Body):
+    """``POST /v1/learning-events``: up to 1000 events a call."""
+
+    events: list[LearningEventIn] = Field(min_length=1, max_length=1000)
+
+
+class JobCreate(Body):
+    """``POST /v1/ai/jobs``. ``targetId`` may be omitted for ``targetType=user``."""
+
+    jobType: JobType
+    targetType: TargetType
+    targetId: str | None = Field(default=None, max_length=128)
+    params: dict[str, Any] | None = None
+    apiKeyMode: ApiKeyMode = "platform_key"
+
+
+class AdminJobCreate(JobCreate):
+    """``POST /admin/ai/jobs``: the user create plus the admin overrides."""
+
+    userId: str = ID
+    priority: int | None = Field(default=None, ge=0, le=1000)
+    maxRetryCount: int | None = Field(default=None, ge=0, le=10)
+    timeoutSeconds: int | None = Field(default=None, ge=10, le=3600)
+
+
+class CredentialPut(Body):
+    """``PUT /v1/me/model-credential``."""
+
+    provider: Literal["deepseek"] = "deepseek"
+    apiKey: str = Field(min_length=1, max_length=512)
+
+
+class AuthorizationPut(Body):
+    """``PUT /v1/me/ai-authorization``."""
+
+    granted: bool
+
+
+class RerunBody(Body):
+    """``POST /admin/ai/jobs/{jobId}/rerun``."""
+
+    rebuildSnapshot: bool = False
+
+
+# ---------------------------------------------------------------- shim requests
+
+
+class PollBody(Body):
+    """Poll / claim (SPEC §2.6): ``limit`` ≥ 1 (capped at 50 by the server), ``waitMs`` 0..20000."""
+
+    capabilities: list[JobType] = Field(min_length=1, max_length=10)
+    limit: int = Field(default=10, ge=1, le=INT32_MAX)
+    waitMs: int = Field(default=0, ge=0, le=20000)
+    statusAddress: str | None = Field(default=None, max_length=256)
+
+
+class AttemptBody(Body):
+    """Body of start and heartbeat: the attempt whose lease the caller holds."""
+
+    attemptNo: int = AttemptNo
+
+
+class LeaseRefIn(Body):
+    """One lease of a batched heartbeat."""
+
+    jobId: str = ID
+    attemptNo: int = AttemptNo
+
+
+class LeasesBody(Body):
+    """``POST /internal/runtime/leases/heartbeat``: at most 500 leases."""
+
+    leases: list[LeaseRefIn] = Field(max_length=500)
+
+
+class ResolveBody(Body):
+    """``POST /internal/runtime/model-credentials/resolve``."""
+
+    jobId: str = ID
+    attemptNo: int = AttemptNo
+
+
+class ResultBody(Body):
+    """``POST /internal/runtime/jobs/{jobId}/result``."""
+
+    attemptNo: int = AttemptNo
+    promptVersion: str = Field(default="", max_length=128)
+    outputSchemaVersion: str = Field(default="v1", max_length=32)
+    output: dict[str, Any]
+
+
+class FailBody(Body):
+    """``POST /internal/runtime/jobs/{jobId}/fail``; ``errorCode`` is free text."""
+
+    attemptNo: int = AttemptNo
+    errorCode: str = Field(min_length=1, max_length=64)
+    errorMessage: str = Field(default="", max_length=4000)
+    retryAfterSeconds: float | None = Field(default=None, ge=0, le=86400)
+
+
+class InvocationBody(Body):
+    """``POST /internal/runtime/invocation-logs``: one model call, never the key."""
+
+    jobId: str = ID
+    attemptNo: int = AttemptNo
+    modelProvider: str = Field(min_length=1, max_length=64)
+    modelName: str = Field(min_length=1, max_length=128)
+    apiKeyMode: ApiKeyMode
+    credentialId: str | None = Field(default=None, max_length=128)
+    promptTokens: int = Field(default=0, ge=0, le=INT64_MAX)
+    completionTokens: int = Field(default=0, ge=0, le=INT64_MAX)
+    cacheHitTokens: int = Field(default=0, ge=0, le=INT64_MAX)
+    latencyMs: int = Field(default=0, ge=0, le=INT64_MAX)
+    outcome: Literal["succeeded", "failed"]
+    errorCode: str | None = Field(default=None, max_length=64)
+    providerRequestId: str | None = Field(default=None, max_length=256)
+
+
+# ---------------------------------------------------------------- responses
+
+
+class JobOut(BaseModel):
+    """The ``Job`` JSON (SPEC §3): every field present, absent values null."""
+
+    jobId: str
+    userId: str
+    jobType: JobType | None
+    targetType: TargetType | None
+    targetId: str
+    snapshotId: str | None
+    status: JobStatus | None
+    priority: int
+    params: dict[str, Any]
+    apiKeyMode: ApiKeyMode | None
+    credentialId: str | None
+    modelProvider: str
+    modelName: str
+    promptVersion: str | None
+    outputSchemaVersion: str | None
+    attemptNo: int
+    retryCount: int
+    maxRetryCount: int
+    timeoutSeconds: int
+    lockedBy: str | None
+    lockUntil: str | None
+    availableAt: str | None
+    cancelRequested: bool
+    errorCode: str | None
+    errorMessage: str | None
+    retriedFromJobId: str | None
+    createdAt: str | None
+    updatedAt: str | None
+    startedAt: str | None
+    finishedAt: str | None
+
+
+class JobList(BaseModel):
+    """A page of jobs; ``nextPageToken`` null on the last page."""
+
+    jobs: list[JobOut]
+    nextPageToken: str | None
+
+
+class JobEventOut(BaseModel):
+    """One row of a job's history (oldest first)."""
+
+    jobId: str
+    fromStatus: JobStatus | None
+    toStatus: JobStatus | None
+    errorCode: str | None
+    actor: str
+    attemptNo: int
+    at: str | None
+
+
+class InvocationOut(BaseModel):
+    """One model call of a job."""
+
+    id: str
+    jobId: str
+    attemptNo: int
+    modelProvider: str
+    modelName: str
+    apiKeyMode: ApiKeyMode | None
+    credentialId: str | None
+    promptTokens: int
+    completionTokens: int
+    cacheHitTokens: int
+    latencyMs: int
+    outcome: str
+    errorCode: str | None
+    providerRequestId: str | None
+    costUsd: float
+    createdAt: str | None
+
+
+class AdminJobOut(JobOut):
+    """The admin's single-job view: the job, its events (oldest first) and invocations."""
+
+    events: list[JobEventOut]
+    invocations: list[InvocationOut]
+
+
+class BlockOut(BaseModel):
+    """One block of a material."""
+
+    blockId: str
+    ordinal: int
+    text: str
+
+
+class MaterialOut(BaseModel):
+    """A material with its blocks."""
+
+    materialId: str
+    title: str
+    blocks: list[BlockOut]
+    createdAt: str | None
+
+
+class KnowledgePointOut(BaseModel):
+    """A knowledge point."""
+
+    knowledgePointId: str
+    materialId: str
+    name: str
+    blockIds: list[str]
+    createdAt: str | None
+
+
+class EventsAccepted(BaseModel):
+    """How many events were new and how many repeats."""
+
+    accepted: int
+    duplicates: int
+
+
+class JobResultOut(BaseModel):
+    """The business rows a succeeded job wrote."""
+
+    jobId: str
+    jobType: JobType | None
+    outputSchemaVersion: str
+    items: list[dict[str, Any]]
+
+
+class ResultItems(BaseModel):
+    """A page of accumulated business rows."""
+
+    items: list[dict[str, Any]]
+    nextPageToken: str | None
+
+
+class CredentialOut(BaseModel):
+    """The masked view of the user's model key (never the key)."""
+
+    credentialId: str
+    provider: str
+    maskedKey: str
+    status: Literal["valid", "invalid"] | None
+    createdAt: str | None
+
+
+class AuthorizationOut(BaseModel):
+    """The user's AI authorization."""
+
+    granted: bool
+    changedAt: str | None
+
+
+class RevokeOut(AuthorizationOut):
+    """What a revoke did."""
+
+    cancelled: int
+    cancelRequested: int
+
+
+class CostRowOut(BaseModel):
+    """One cost rollup row; ``costUsd`` a JSON number."""
+
+    key: str
+    calls: int
+    promptTokens: int
+    completionTokens: int
+    cacheHitTokens: int
+    costUsd: float
+
+
+class CostsOut(BaseModel):
+    """``GET /admin/ai/costs``."""
+
+    rows: list[CostRowOut]
+
+
+class BreakerOut(BaseModel):
+    """The platform circuit breaker (SPEC §6)."""
+
+    state: BreakerState | None
+    consecutiveFailures: int
+    openedAt: str | None
+    halfOpenAt: str | None
+
+
+class RuntimeWorkerOut(BaseModel):
+    """A runtime instance in job_service's registry."""
+
+    instanceId: str
+    capabilities: list[JobType]
+    inFlight: int
+    lastSeenAt: str | None
+    status: str
+
+
+class RuntimeHealthOut(BaseModel):
+    """``GET /internal/runtime/health``."""
+
+    status: str
+    workers: list[RuntimeWorkerOut]
+
+
+class InFlightOut(BaseModel):
+    """A job a worker is executing."""
+
+    jobId: str
+    attemptNo: int
+    jobType: JobType | None
+    startedAt: str | None
+    ageSeconds: float
+
+
+class WorkerStatusOut(BaseModel):
+    """A worker's own status (``WorkerStatusService.GetStatus``)."""
+
+    instanceId: str
+    version: str
+    capabilities: list[JobType]
+    inFlight: list[InFlightOut]
+    counters: dict[str, int]
+    draining: bool
+    concurrency: int
+    startedAt: str | None
+
+
+class AdminWorkerOut(RuntimeWorkerOut):
+    """A registry entry plus its live status when reachable (best effort)."""
+
+    statusAddress: str | None
+    live: WorkerStatusOut | None
+    liveError: str | None
+
+
+class ConfiguredWorkerOut(BaseModel):
+    """A worker from ``RUNTIME_WORKER_ADDRS`` no registry entry reported."""
+
+    statusAddress: str
+    live: WorkerStatusOut | None
+    liveError: str | None
+
+
+class AdminRuntimeOut(BaseModel):
+    """``GET /admin/ai/runtime``."""
+
+    status: str
+    workers: list[AdminWorkerOut]
+    configuredWorkers: list[ConfiguredWorkerOut]
+
+
+class LockOut(BaseModel):
+    """The lease granted by a lock."""
+
+    jobId: str
+    status: JobStatus | None
+    lockedBy: str
+    lockUntil: str | None
+    attemptNo: int
+
+
+class StartOut(BaseModel):
+    """A started attempt."""
+
+    status: JobStatus | None
+    startedAt: str | None
+
+
+class LeaseStateOut(BaseModel):
+    """One answer of a batched heartbeat."""
+
+    jobId: str
+    attemptNo: int
+    held: bool
+    lockUntil: str | None
+    cancelRequested: bool
+
+
+class LeasesOut(BaseModel):
+    """One answer per lease, in order."""
+
+    leases: list[LeaseStateOut]
+
+
+class PolledJobs(BaseModel):
+    """Poll / claim answer."""
+
+    jobs: list[JobOut]
+
+
+class SnapshotOut(BaseModel):
+    """An immutable snapshot (SPEC §5, COMMON payload v1)."""
+
+    snapshotId: str
+    schemaVersion: str
+    targetType: TargetType | None
+    targetId: str
+    payload: dict[str, Any]
+    contentHash: str
+
+
+class ResolvedCredential(BaseModel):
+    """The key of a leased job, for the lease holder only (``Cache-Control: no-store``)."""
+
+    apiKeyMode: ApiKeyMode | None
+    credentialId: str | None
+    apiKey: str
+    modelProvider: str
+    modelName: str
+    baseUrl: str
+
+
+class ResultOut(BaseModel):
+    """An accepted (or replayed) result."""
+
+    jobId: str
+    status: JobStatus | None
+    resultId: str
+    outputHash: str
+    replayed: bool
+
+
+class FailOut(BaseModel):
+    """The job's state after a fail."""
+
+    jobId: str
+    status: JobStatus | None
+    retryCount: int
+
+
+class CreatedId(BaseModel):
+    """``{"id"}`` of a stored row."""
+
+    id: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer (SPEC §4)."""
+
+    code: str
+    message: str
+    details: dict[str, Any]

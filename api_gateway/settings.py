@@ -1,0 +1,51 @@
+"""Gateway settings from the environment (SPEC §7)."""
+
+from __future__ import annotations
+
+from airuntime_common.settings import CommonSettings, require
+
+
+class GatewaySettings(CommonSettings):
+    """Variables the api_gateway reads.
+
+    Attributes:
+        JWT_SECRET: HS256 secret of user/admin tokens; required.
+        JWT_ISSUER: when set, the ``iss`` claim must equal it.
+        GATEWAY_HOST, GATEWAY_PORT: listen address (port 0 picks a free port).
+        CORS_ORIGINS: comma list of allowed browser origins; empty turns CORS off.
+        MAX_BODY_BYTES: largest request body accepted (bytes); above it → 413.
+        MAX_JSON_DEPTH: deepest JSON nesting accepted in a body; deeper → 400.
+        RUNTIME_WORKER_ADDRS: comma list of worker status addresses polled by
+            ``/admin/ai/runtime`` in addition to the ones workers report.
+        GRPC_TIMEOUT_SECONDS: deadline of every backend call (seconds).
+        WORKER_STATUS_TIMEOUT_SECONDS: deadline of each worker ``GetStatus`` (seconds).
+    """
+
+    JWT_SECRET: str = ""
+    JWT_ISSUER: str = ""
+    GATEWAY_HOST: str = "0.0.0.0"
+    GATEWAY_PORT: int = 3000
+    CORS_ORIGINS: str = ""
+    MAX_BODY_BYTES: int = 2 * 1024 * 1024
+    MAX_JSON_DEPTH: int = 64
+    RUNTIME_WORKER_ADDRS: str = ""
+    GRPC_TIMEOUT_SECONDS: float = 10.0
+    WORKER_STATUS_TIMEOUT_SECONDS: float = 1.0
+
+    def check(self) -> None:
+        """Refuse to start without the secrets.
+
+        Raises:
+            MissingSetting: naming ``RUNTIME_SERVICE_TOKEN`` and/or ``JWT_SECRET``.
+        """
+        require(self, "RUNTIME_SERVICE_TOKEN", "JWT_SECRET")
+
+    @property
+    def cors_origins(self) -> list[str]:
+        """``CORS_ORIGINS`` split into a list (empty = CORS off)."""
+        return [o.strip() for o in self.CORS_ORIGINS.split(",") if o.strip()]
+
+    @property
+    def worker_addrs(self) -> list[str]:
+        """``RUNTIME_WORKER_ADDRS`` split into a list."""
+        return [a.strip() for a in self.RUNTIME_WORKER_ADDRS.split(",") if a.strip()]
