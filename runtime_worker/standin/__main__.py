@@ -1,0 +1,95 @@
+"""``python -m runtime_worker.standin`` — run the DeepSeek stand-in.
+
+Options (each also read from the environment):
+
+* ``--host`` (``STANDIN_HOST``, default 127.0.0.1), ``--port`` (``STANDIN_PORT``, 8600);
+* ``--fault-rate`` (``STANDIN_FAULT_RATE``, 0): probability of a random HTTP 500;
+* ``--delay-ms`` (``STANDIN_DELAY_MS``, 0): delay before every answer;
+* ``--seed`` (``STANDIN_SEED``): seed of the random faults;
+* ``--faults`` (``STANDIN_FAULTS``): JSON list of scripted faults queued at start.
+
+Stops cleanly on SIGINT / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+
+from pydantic import ValidationError
+
+from runtime_worker.standin.faults import FAULT_LIST, Fault
+from runtime_worker.standin.server import StandIn
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ
+    p = argparse.ArgumentParser(
+        prog="python -m runtime_worker.standin", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--host", default=env.get("STANDIN_HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env.get("STANDIN_PORT", "8600")))
+    p.add_argument("--fault-rate", type=float, default=float(env.get("STANDIN_FAULT_RATE", "0")))
+    p.add_argument("--delay-ms", type=int, default=int(env.get("STANDIN_DELAY_MS", "0")))
+    seed = env.get("STANDIN_SEED")
+    p.add_argument("--seed", type=int, default=int(seed) if seed else None)
+    p.add_argument("--faults", default=env.get("STANDIN_FAULTS", ""), help="JSON list of faults")
+    p.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
+    args = p.parse_args(argv)
+    if not 0.0 <= args.fault_rate <= 1.0:
+        p.error("--fault-rate must be within 0..1")
+    if args.delay_ms < 0:
+        p.error("--delay-ms must be >= 0")
+    return args
+
+
+async def _run(args: argparse.Namespace, faults: list[Fault]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = StandIn(
+        args.host,
+        args.port,
+        fault_rate=args.fault_rate,
+        delay_ms=args.delay_ms,
+        seed=args.seed,
+        faults=faults,
+    )
+    await server.start()
+    print(json.dumps({"event": "standin_listening", "baseUrl": server.base_url}), flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = _parse(argv)
+    try:
+        from airuntime_common.logs import setup_logging
+
+        setup_logging("standin", args.log_level)
+    except Exception:  # logging setup is best effort for a dev tool
+        logging.basicConfig(level=args.log_level)
+    try:
+        faults = FAULT_LIST.validate_json(args.faults) if args.faults.strip() else []
+    except ValidationError as exc:
+        print(f"invalid --faults: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_run(args, faults))
+    except OSError as exc:  # e.g. the port is taken
+        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
