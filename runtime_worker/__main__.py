@@ -1,0 +1,28 @@
+"""``python -m runtime_worker``: run one worker process until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+
+from airuntime_common.grpc_server import install_stop_signals
+from airuntime_common.logs import setup_logging
+from runtime_worker.app import run
+from runtime_worker.settings import WorkerSettings
+
+
+async def _main() -> None:
+    settings = WorkerSettings()
+    setup_logging("runtime_worker", settings.LOG_LEVEL)
+    settings.check()
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    await run(settings, stop)
+
+
+def main() -> None:
+    """Entry point."""
+    asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""gRPC client of the worker to JobService and CredentialService (SPEC §3).
+
+Every call carries ``x-internal-api-key`` and ``x-runtime-instance-id``
+metadata and a deadline. Idempotent calls (StartJob, HeartbeatLeases — retried
+for at most one heartbeat interval —, GetSnapshot,
+ResolveCredential, SubmitResult — idempotent by its key — and FailJob — a
+repeated fail answers 200) are retried with exponential backoff while the
+backend is UNAVAILABLE (or the deadline passed, or it reported INTERNAL, e.g.
+a failed commit, case L4) for up to ``RPC_RETRY_SECONDS``, so a job_service
+restart in the middle of a call is survived. ClaimJobs is never retried (a
+lost answer would leak leases until they expire). Every failure is raised as
+:class:`~airuntime_common.errors.AppError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar, cast
+
+import grpc
+from google.protobuf.struct_pb2 import Struct
+
+from airuntime_common import metadata
+from airuntime_common.enums import JOB_TYPE
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.grpc_errors import from_rpc_error
+from airuntime_common.grpc_server import insecure_or_tls_channel
+from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
+from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
+from zhixi.airuntime.job.v1 import message_pb2 as job_msg
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: gRPC status codes after which an idempotent call is tried again.
+RETRY_STATUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+#: SPEC §4 codes (from ErrorInfo) after which an idempotent call is tried again.
+RETRY_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
+#: Most leases per HeartbeatLeases call (SPEC §3).
+MAX_LEASES_PER_CALL = 500
+
+
+def _retryable(exc: grpc.aio.AioRpcError, err: AppError) -> bool:
+    return exc.code() in RETRY_STATUS or err.code in RETRY_CODES
+
+
+class RuntimeClient:
+    """The worker's view of job_service and credential_service.
+
+    Args:
+        job_target: JobService address (``JOB_SERVICE_ADDR``).
+        credential_target: CredentialService address (``CREDENTIAL_SERVICE_ADDR``).
+        token: ``RUNTIME_SERVICE_TOKEN``.
+        instance_id: ``RUNTIME_INSTANCE_ID`` (sent as ``x-runtime-instance-id``).
+        rpc_timeout: deadline of one call (s).
+        retry_seconds: how long idempotent calls keep retrying (s).
+        heartbeat_retry_seconds: how long one batched heartbeat keeps retrying (s); keep
+            it at most the heartbeat interval so beats do not pile up.
+        ca_file: CA bundle for TLS, or None for plaintext.
+    """
+
+    def __init__(
+        self,
+        *,
+        job_target: str,
+        credential_target: str,
+        token: str,
+        instance_id: str,
+        rpc_timeout: float = 10.0,
+        retry_seconds: float = 30.0,
+        heartbeat_retry_seconds: float = 5.0,
+        ca_file: str | None = None,
+    ) -> None:
+        self.instance_id = instance_id
+        self._token = token
+        self._rpc_timeout = rpc_timeout
+        self._retry_seconds = retry_seconds
+        self._heartbeat_retry_seconds = heartbeat_retry_seconds
+        self._job_channel = insecure_or_tls_channel(job_target, ca_file)
+        self._cred_channel = insecure_or_tls_channel(credential_target, ca_file)
+        self._jobs = job_grpc.JobServiceStub(self._job_channel)
+        self._creds = cred_grpc.CredentialServiceStub(self._cred_channel)
+
+    async def close(self) -> None:
+        """Close both channels."""
+        await self._job_channel.close()
+        await self._cred_channel.close()
+
+    async def _call(
+        self,
+        method: Callable[..., Awaitable[T]],
+        request: Any,
+        *,
+        name: str,
+        retry: bool,
+        deadline_s: float | None = None,
+        retry_seconds: float | None = None,
+    ) -> T:
+        md = metadata.outgoing(self._token, self.instance_id, uuid.uuid4().hex)
+        budget = self._retry_seconds if retry_seconds is None else retry_seconds
+        give_up_at = time.monotonic() + budget
+        delay = 0.1
+        while True:
+            try:
+                return await method(request, metadata=md, timeout=deadline_s or self._rpc_timeout)
+            except grpc.aio.AioRpcError as exc:
+                err = from_rpc_error(exc)
+                if not retry or not _retryable(exc, err) or time.monotonic() >= give_up_at:
+                    raise err from None
+                log.warning(
+                    "retrying %s after %s",
+                    name,
+                    err.code,
+                    extra={"fields": {"rpc": name, "code": err.code}},
+                )
+            await asyncio.sleep(min(delay, max(0.0, give_up_at - time.monotonic())))
+            delay = min(delay * 2, 2.0) * random.uniform(0.8, 1.2)
+
+    async def claim_jobs(
+        self, capabilities: Sequence[str], limit: int, wait_ms: int, status_address: str
+    ) -> list[Any]:
+        """ClaimJobs: poll + lock up to ``limit`` jobs (SPEC §2.6, §3). Not retried.
+
+        Returns:
+            The claimed ``Job`` messages, each locked to this instance.
+        """
+        request = rr.ClaimJobsRequest(
+            capabilities=cast(Any, [JOB_TYPE.to_proto(c) for c in capabilities]),
+            limit=limit,
+            wait_ms=wait_ms,
+            status_address=status_address,
+        )
+        response = await self._call(
+            self._jobs.ClaimJobs,
+            request,
+            name="ClaimJobs",
+            retry=False,
+            deadline_s=self._rpc_timeout + wait_ms / 1000.0,
+        )
+        return list(response.jobs)
+
+    async def start_job(self, job_id: str, attempt_no: int) -> Any:
+        """StartJob (idempotent for the holder). Returns ``StartJobResponse``."""
+        return await self._call(
+            self._jobs.StartJob,
+            rr.StartJobRequest(job_id=job_id, attempt_no=attempt_no),
+            name="StartJob",
+            retry=True,
+        )
+
+    async def heartbeat_leases(self, leases: Sequence[tuple[str, int]]) -> list[Any]:
+        """HeartbeatLeases for ``[(jobId, attemptNo)…]``, chunked by 500.
+
+        Returns:
+            One ``LeaseState`` per lease, in order.
+        """
+        states: list[Any] = []
+        for i in range(0, len(leases), MAX_LEASES_PER_CALL):
+            chunk = leases[i : i + MAX_LEASES_PER_CALL]
+            request = rr.HeartbeatLeasesRequest(
+                leases=[job_msg.LeaseRef(job_id=j, attempt_no=a) for j, a in chunk]
+            )
+            response = await self._call(
+                self._jobs.HeartbeatLeases,
+                request,
+                name="HeartbeatLeases",
+                retry=True,
+                retry_seconds=self._heartbeat_retry_seconds,
+            )
+            states.extend(response.leases)
+        return states
+
+    async def get_snapshot(self, job_id: str, attempt_no: int) -> Any:
+        """GetSnapshot for the lease holder. Returns ``GetSnapshotResponse``."""
+        return await self._call(
+            self._jobs.GetSnapshot,
+            rr.GetSnapshotRequest(job_id=job_id, attempt_no=attempt_no),
+            name="GetSnapshot",
+            retry=True,
+        )
+
+    async def resolve_credential(self, job_id: str, attempt_no: int) -> Any:
+        """ResolveCredential: the key for this lease. The answer holds a plaintext key:
+        never log it. Returns ``ResolveCredentialResponse``."""
+        return await self._call(
+            self._creds.ResolveCredential,
+            cred_rr.ResolveCredentialRequest(job_id=job_id, attempt_no=attempt_no),
+            name="ResolveCredential",
+            retry=True,
+        )
+
+    async def submit_result(
+        self,
+        job_id: str,
+        attempt_no: int,
+        *,
+        prompt_version: str,
+        output_schema_version: str,
+        output: dict[str, Any],
+    ) -> Any:
+        """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response."""
+        struct = Struct()
+        struct.update(output)
+        return await self._call(
+            self._jobs.SubmitResult,
+            rr.SubmitResultRequest(
+                job_id=job_id,
+                attempt_no=attempt_no,
+                prompt_version=prompt_version,
+                output_schema_version=output_schema_version,
+                output=struct,
+            ),
+            name="SubmitResult",
+            retry=True,
+        )
+
+    async def fail_job(
+        self,
+        job_id: str,
+        attempt_no: int,
+        code: str,
+        message: str,
+        retry_after_seconds: float | None = None,
+    ) -> Any:
+        """FailJob with a SPEC §4 code (a repeat answers 200). Returns ``FailJobResponse``."""
+        request = rr.FailJobRequest(
+            job_id=job_id, attempt_no=attempt_no, error_code=code, error_message=message[:1000]
+        )
+        if retry_after_seconds is not None:
+            request.retry_after_seconds = float(retry_after_seconds)
+        return await self._call(self._jobs.FailJob, request, name="FailJob", retry=True)
+
+    async def record_invocation(self, request: Any) -> Any:
+        """RecordInvocation (one row per model call). Not retried: a call that reached the
+        server and lost its answer would be recorded twice and double-count cost."""
+        return await self._call(
+            self._jobs.RecordInvocation, request, name="RecordInvocation", retry=False
+        )

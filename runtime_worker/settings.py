@@ -1,0 +1,107 @@
+"""Worker settings from the environment (SPEC §7).
+
+Names are exactly the spec's. :meth:`WorkerSettings.check` is called at start
+and refuses a configuration that cannot keep its leases (case L2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+
+from pydantic import Field
+
+from airuntime_common.enums import JOB_TYPES
+from airuntime_common.settings import CommonSettings, MissingSetting
+
+
+def default_instance_id() -> str:
+    """``<hostname>-<pid>-<random hex>``: unique per process, stable for its life."""
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class InvalidSettings(MissingSetting):
+    """A setting has a value the worker refuses to start with (exits with the message)."""
+
+
+class WorkerSettings(CommonSettings):
+    """Every variable the worker reads.
+
+    Attributes:
+        POLL_INTERVAL_MS: sleep between claims when nothing was found (ms).
+        WORKER_CONCURRENCY: jobs executed at once.
+        HEARTBEAT_INTERVAL_SECONDS: period of the batched lease heartbeat (s); at most
+            ``LOCK_LEASE_SECONDS / 3`` (SPEC §7).
+        LOCK_LEASE_SECONDS: the lease job_service grants (s); only used for the check above.
+        RUNTIME_WORKER_LISTEN: listen address of the status gRPC server (port 0 = any).
+        RUNTIME_WORKER_ADVERTISE_ADDR: address reported to job_service as ``status_address``;
+            derived from the hostname and the bound port when empty.
+        RUNTIME_INSTANCE_ID: this process's id (``x-runtime-instance-id``).
+        WORKER_CAPABILITIES: comma list of job types this worker takes.
+        LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
+        SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
+        MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
+        RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
+        RPC_RETRY_SECONDS: how long idempotent internal calls retry on UNAVAILABLE (s).
+        MODEL_PRICES: optional JSON price table (informational; job_service computes cost).
+        WORKER_METRICS_PORT: Prometheus port, 0 = off.
+    """
+
+    POLL_INTERVAL_MS: int = Field(default=1000, ge=1)
+    WORKER_CONCURRENCY: int = Field(default=8, ge=1, le=500)
+    HEARTBEAT_INTERVAL_SECONDS: float = Field(default=20.0, gt=0)
+    LOCK_LEASE_SECONDS: float = Field(default=60.0, gt=0)
+    RUNTIME_WORKER_LISTEN: str = "[::]:50053"
+    RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
+    RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
+    WORKER_CAPABILITIES: str = ",".join(JOB_TYPES)
+    LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0)
+    MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0)
+    RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
+    RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0)
+    MODEL_PRICES: str | None = None
+    WORKER_METRICS_PORT: int = Field(default=9103, ge=0, le=65535)
+
+    @property
+    def capabilities(self) -> list[str]:
+        """``WORKER_CAPABILITIES`` as a list of job types (order kept, duplicates dropped)."""
+        out: list[str] = []
+        for part in self.WORKER_CAPABILITIES.split(","):
+            name = part.strip()
+            if name and name not in out:
+                out.append(name)
+        return out
+
+    def check(self) -> None:
+        """Refuse to start on an unsafe or meaningless configuration (SPEC §7, case L2).
+
+        Raises:
+            MissingSetting: ``RUNTIME_SERVICE_TOKEN`` is empty.
+            InvalidSettings: heartbeat interval above a third of the lease, unknown or
+                empty capabilities, or a ``MODEL_PRICES`` that is not a JSON object.
+        """
+        if not self.RUNTIME_SERVICE_TOKEN:
+            raise MissingSetting("refusing to start: RUNTIME_SERVICE_TOKEN is required (SPEC §7)")
+        if self.HEARTBEAT_INTERVAL_SECONDS * 3 > self.LOCK_LEASE_SECONDS + 1e-9:
+            raise InvalidSettings(
+                "refusing to start: HEARTBEAT_INTERVAL_SECONDS="
+                f"{self.HEARTBEAT_INTERVAL_SECONDS:g} is above a third of "
+                f"LOCK_LEASE_SECONDS={self.LOCK_LEASE_SECONDS:g} (SPEC §7)"
+            )
+        caps = self.capabilities
+        unknown = [c for c in caps if c not in JOB_TYPES]
+        if not caps or unknown:
+            raise InvalidSettings(
+                f"refusing to start: WORKER_CAPABILITIES has unknown job types {unknown} "
+                f"or none; allowed: {', '.join(JOB_TYPES)}"
+            )
+        if self.MODEL_PRICES:
+            try:
+                ok = isinstance(json.loads(self.MODEL_PRICES), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                raise InvalidSettings("refusing to start: MODEL_PRICES must be a JSON object")

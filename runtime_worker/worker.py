@@ -1,0 +1,491 @@
+"""The worker loop: claim, execute, report (SPEC §2.3, §2.6, §3, §5).
+
+One loop claims as many jobs as there are free slots (long poll with
+``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
+early). Each claimed job runs in its own task::
+
+    StartJob → GetSnapshot (validated) → render prompt → ResolveCredential
+    → model call(s) → SubmitResult            (or FailJob with the classified code)
+
+The model work runs in an inner task the lease keeper can cancel: a lost lease
+stops it and nothing more is reported; a cancel request stops it and the
+worker answers ``FailJob(CANCELLED)``; a shutdown past the grace period stops
+it and the worker answers ``FailJob(WORKER_SHUTDOWN)``. Every model call is
+recorded with RecordInvocation. The key is kept in local variables only and
+never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, cast
+
+from airuntime_common.enums import JOB_TYPE
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.logs import bind, log_context
+from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
+from airuntime_common.timeutil import utcnow
+from runtime_worker.client import RuntimeClient
+from runtime_worker.generation import ABORTED, Invocation, generate
+from runtime_worker.lease_keeper import LeaseKeeper
+from runtime_worker.prompts import render_prompt
+from runtime_worker.providers.base import ModelError, ModelProvider
+from runtime_worker.settings import WorkerSettings
+from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL = "https://api.deepseek.com"
+DEFAULT_TIMEOUT_SECONDS = 120
+#: After the grace period, how long stopped jobs get to report (s).
+SHUTDOWN_REPORT_SECONDS = 5.0
+
+LEASE_LOST = "lease_lost"
+CANCEL_REQUESTED = "cancel_requested"
+SHUTDOWN = "shutdown"
+
+#: Code recorded for a model call aborted for each stop reason.
+ABORT_CODES = {
+    CANCEL_REQUESTED: ErrorCode.CANCELLED,
+    SHUTDOWN: ErrorCode.WORKER_SHUTDOWN,
+    LEASE_LOST: ErrorCode.LOCK_NOT_HELD,
+}
+
+#: Backend codes after which the worker abandons the attempt (its lease then
+#: expires and job_service retries the job): job_service is unreachable, so
+#: a FailJob would not get through either.
+ABANDON_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
+
+
+@dataclass
+class JobRun:
+    """One claimed attempt in flight; the lease keeper's handle on it.
+
+    Attributes:
+        job: the claimed ``Job`` message.
+        reason: why the work was stopped (``lease_lost``, ``cancel_requested``,
+            ``shutdown``), or None.
+        invocations: model calls made so far (recorded when the attempt ends).
+    """
+
+    job: Any
+    job_id: str
+    attempt_no: int
+    job_type: str
+    claimed_mono: float
+    claimed_wall: datetime
+    started_wall: datetime | None = None
+    reason: str | None = None
+    work: asyncio.Task[tuple[str, dict[str, Any]]] | None = None
+    task: asyncio.Task[None] | None = None
+    invocations: list[Invocation] = field(default_factory=list)
+    api_key_mode: int = 0
+    credential_id: str | None = None
+    model_provider: str = "deepseek"
+    model_name: str = ""
+
+    def _stop_work(self) -> None:
+        if self.work is not None and not self.work.done():
+            self.work.cancel()
+
+    def interrupt(self, reason: str) -> None:
+        """Stop the work for ``reason`` (the first reason wins, except a lost lease)."""
+        if self.reason is None or reason == LEASE_LOST:
+            self.reason = reason
+        self._stop_work()
+
+    def lease_lost(self) -> None:
+        """Lease gone: stop at once; nothing more is reported for this attempt."""
+        self.interrupt(LEASE_LOST)
+
+    def cancel_requested(self) -> None:
+        """Cancel requested: stop the model call; the attempt ends with FailJob(CANCELLED)."""
+        self.interrupt(CANCEL_REQUESTED)
+
+    def age_seconds(self) -> float:
+        """Seconds since the job was claimed."""
+        return time.monotonic() - self.claimed_mono
+
+
+class Worker:
+    """Claims and executes jobs; see the module docstring.
+
+    Args:
+        settings: worker settings.
+        client: job/credential service client.
+        provider: the model provider.
+        status_address: returns the address reported in ClaimJobs (may be "").
+        on_draining: awaited once when draining starts (health → NOT_SERVING).
+    """
+
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        client: RuntimeClient,
+        provider: ModelProvider,
+        *,
+        status_address: Callable[[], str] = lambda: "",
+        on_draining: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.provider = provider
+        self.capabilities = settings.capabilities
+        self.keeper = LeaseKeeper(client, settings.HEARTBEAT_INTERVAL_SECONDS)
+        self.runs: dict[tuple[str, int], JobRun] = {}
+        self.counters: Counter[str] = Counter()
+        self.draining = False
+        self.started_at = utcnow()
+        self._status_address = status_address
+        self._on_draining = on_draining
+        self._slot_freed = asyncio.Event()
+        self._drain_event = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ loop
+
+    def start(self) -> None:
+        """Start the lease keeper and the claim loop."""
+        self.keeper.start()
+        self._loop_task = asyncio.create_task(self._claim_loop(), name="claim-loop")
+
+    async def _wait_or_drain(self, event: asyncio.Event | None, wait_s: float | None) -> None:
+        waiters = [asyncio.create_task(self._drain_event.wait())]
+        if event is not None:
+            waiters.append(asyncio.create_task(event.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waiters:
+                w.cancel()
+
+    async def _claim_loop(self) -> None:
+        poll_s = self.settings.POLL_INTERVAL_MS / 1000.0
+        while not self.draining:
+            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._wait_or_drain(self._slot_freed, None)
+                continue
+            began = time.monotonic()
+            failed = False
+            try:
+                jobs = await self.client.claim_jobs(
+                    self.capabilities,
+                    free,
+                    self.settings.LONG_POLL_WAIT_MS,
+                    self._status_address(),
+                )
+            except AppError as exc:
+                log.warning("claim failed: %s", exc.code, extra={"fields": {"code": exc.code}})
+                jobs = []
+                failed = True
+            except Exception:
+                log.exception("claim crashed")
+                jobs = []
+                failed = True
+            for job in jobs:
+                self._launch(job)
+            # sleep after a failure, or after an empty answer that came back early
+            # (a long poll that waited its time need not sleep again)
+            if failed or (not jobs and time.monotonic() - began < poll_s):
+                await self._wait_or_drain(None, poll_s)
+
+    def _launch(self, job: Any) -> None:
+        run = JobRun(
+            job=job,
+            job_id=job.job_id,
+            attempt_no=job.attempt_no,
+            job_type=JOB_TYPE.to_str_or_none(job.job_type) or "",
+            claimed_mono=time.monotonic(),
+            claimed_wall=utcnow(),
+        )
+        key = (run.job_id, run.attempt_no)
+        if key in self.runs:  # a duplicate answer must not run the attempt twice
+            return
+        self.runs[key] = run
+        self.keeper.register(run)
+        run.task = asyncio.create_task(self._execute(run), name=f"job-{run.job_id}")
+
+    # --------------------------------------------------------------- one job
+
+    async def _execute(self, run: JobRun) -> None:
+        token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
+        try:
+            if run.age_seconds() > self.settings.HEARTBEAT_INTERVAL_SECONDS:
+                # held a while before starting: make sure the lease is still ours
+                try:
+                    check = await self.keeper.check(run.job_id, run.attempt_no)
+                except AppError:
+                    check = None
+                if check is not None and not check.held:
+                    run.lease_lost()
+                elif check is not None and check.cancel_requested:
+                    run.cancel_requested()
+            run.work = asyncio.create_task(self._work(run))
+            if run.reason is not None:
+                run.work.cancel()
+            try:
+                await asyncio.wait({run.work})
+            except asyncio.CancelledError:
+                run.work.cancel()
+                raise
+            await self._record_invocations(run)
+            await self._finish(run)
+        finally:
+            self.keeper.unregister(run)
+            self.runs.pop((run.job_id, run.attempt_no), None)
+            self._slot_freed.set()
+            log_context.reset(token)
+
+    async def _work(self, run: JobRun) -> tuple[str, dict[str, Any]]:
+        job = run.job
+        if not run.job_type:
+            raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no known jobType")
+        await self.client.start_job(run.job_id, run.attempt_no)
+        started = time.monotonic()
+        run.started_wall = utcnow()
+        timeout = job.timeout_seconds if job.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
+        job_deadline = started + timeout
+
+        try:
+            snap_resp = await self.client.get_snapshot(run.job_id, run.attempt_no)
+        except AppError as exc:
+            if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.JOB_NOT_FOUND):
+                raise AppError(
+                    ErrorCode.INVALID_SNAPSHOT, "the job's snapshot is missing"
+                ) from None
+            raise
+        snapshot = validate_snapshot(
+            struct_to_dict(snap_resp.payload),
+            schema_version=snap_resp.schema_version,
+            job_type=run.job_type,
+            user_id=job.user_id or None,
+        )
+        params = {**snapshot.params, **struct_to_dict(job.params)}
+        prompt = render_prompt(run.job_type, snapshot, normalize_numbers(params))
+
+        try:
+            cred = await self.client.resolve_credential(run.job_id, run.attempt_no)
+        except AppError as exc:
+            if exc.code == ErrorCode.NOT_FOUND:
+                raise AppError(ErrorCode.INVALID_CREDENTIAL, "no usable model key") from None
+            raise
+        if not cred.api_key:
+            raise AppError(ErrorCode.INVALID_CREDENTIAL, "no model key was resolved for this job")
+        run.api_key_mode = cred.api_key_mode or job.api_key_mode
+        run.credential_id = cred.credential_id or None
+        run.model_provider = cred.model_provider or job.model_provider or self.provider.name
+        run.model_name = cred.model_name or job.model_name or "deepseek-chat"
+        output = await generate(
+            self.provider,
+            job_type=run.job_type,
+            prompt=prompt,
+            model=run.model_name,
+            api_key=cred.api_key,
+            base_url=cred.base_url or DEFAULT_BASE_URL,
+            job_deadline=job_deadline,
+            max_call_seconds=self.settings.MODEL_CALL_MAX_SECONDS,
+            invocations=run.invocations,
+        )
+        return prompt.prompt_version, output
+
+    async def _finish(self, run: JobRun) -> None:
+        work = run.work
+        assert work is not None
+        if run.reason == LEASE_LOST:
+            if not work.cancelled():
+                work.exception()  # retrieved: nothing is reported for a lost lease
+            self._count(LEASE_LOST)
+            log.warning("attempt stopped: lease lost; nothing reported")
+            return
+        if work.cancelled():
+            if run.reason == CANCEL_REQUESTED:
+                await self._fail(run, ErrorCode.CANCELLED, "cancel requested; model call aborted")
+            else:
+                await self._fail(
+                    run, ErrorCode.WORKER_SHUTDOWN, "worker shut down before the job finished"
+                )
+            return
+        exc = work.exception()
+        if exc is None:
+            prompt_version, output = work.result()
+            await self._submit(run, prompt_version, output)
+        elif isinstance(exc, ModelError):
+            await self._fail(run, exc.code, exc.message, exc.retry_after_seconds)
+        elif isinstance(exc, AppError):
+            if exc.code == ErrorCode.LOCK_NOT_HELD:
+                self._count(LEASE_LOST)
+                log.warning("attempt stopped: job_service says the lease is not held")
+            elif exc.code in ABANDON_CODES:
+                self._count("abandoned")
+                log.error(
+                    "attempt abandoned, job_service unreachable: %s",
+                    exc.message,
+                    extra={"fields": {"code": exc.code}},
+                )
+            else:
+                await self._fail(run, exc.code, exc.message)
+        else:
+            log.error("attempt crashed: %s", type(exc).__name__, exc_info=exc)
+            await self._fail(run, ErrorCode.INTERNAL, f"worker error: {type(exc).__name__}")
+
+    async def _fail(
+        self, run: JobRun, code: str, message: str, retry_after: float | None = None
+    ) -> None:
+        try:
+            await self.client.fail_job(run.job_id, run.attempt_no, code, message, retry_after)
+        except AppError as exc:
+            if exc.code == ErrorCode.LOCK_NOT_HELD:
+                self._count(LEASE_LOST)
+            else:
+                self._count("report_failed")
+            log.warning("FailJob refused: %s", exc.code, extra={"fields": {"errorCode": code}})
+            return
+        self._count(f"failed:{code}")
+        log.info("attempt failed: %s", code, extra={"fields": {"errorCode": code}})
+
+    async def _submit(self, run: JobRun, prompt_version: str, output: dict[str, Any]) -> None:
+        try:
+            answer = await self.client.submit_result(
+                run.job_id,
+                run.attempt_no,
+                prompt_version=prompt_version,
+                output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
+                output=output,
+            )
+        except AppError as exc:
+            if exc.code == ErrorCode.LOCK_NOT_HELD:
+                self._count(LEASE_LOST)
+            elif exc.code == ErrorCode.INVALID_SCHEMA:
+                self._count(f"failed:{exc.code}")
+            elif exc.code in ABANDON_CODES:
+                self._count("abandoned")  # the lease expires; job_service retries the job
+            else:
+                self._count(f"submit_refused:{exc.code}")
+            log.warning("SubmitResult refused: %s", exc.code, extra={"fields": {"code": exc.code}})
+            return
+        self._count("succeeded")
+        log.info(
+            "attempt succeeded",
+            extra={"fields": {"resultId": answer.result_id, "replayed": answer.replayed}},
+        )
+
+    async def _record_invocations(self, run: JobRun) -> None:
+        for inv in run.invocations:
+            code = inv.error_code
+            if code == ABORTED:
+                code = ABORT_CODES.get(run.reason or SHUTDOWN, ErrorCode.CANCELLED)
+            request = rr.RecordInvocationRequest(
+                job_id=run.job_id,
+                attempt_no=run.attempt_no,
+                model_provider=run.model_provider,
+                model_name=run.model_name,
+                api_key_mode=cast(Any, run.api_key_mode),
+                prompt_tokens=inv.usage.prompt_tokens,
+                completion_tokens=inv.usage.completion_tokens,
+                cache_hit_tokens=inv.usage.cache_hit_tokens,
+                latency_ms=inv.latency_ms,
+                outcome=inv.outcome,
+            )
+            if run.credential_id:
+                request.credential_id = run.credential_id
+            if code:
+                request.error_code = code
+            if inv.provider_request_id:
+                request.provider_request_id = inv.provider_request_id
+            try:
+                await self.client.record_invocation(request)
+            except AppError as exc:
+                log.warning(
+                    "RecordInvocation failed: %s", exc.code, extra={"fields": {"code": exc.code}}
+                )
+        run.invocations.clear()
+
+    def _count(self, key: str) -> None:
+        self.counters[key] += 1
+
+    # ---------------------------------------------------------- shutdown
+
+    async def drain(self, grace_seconds: float | None = None) -> int:
+        """Stop claiming; in-flight jobs get ``grace_seconds`` (default
+        ``SHUTDOWN_GRACE_SECONDS``) to finish, then are stopped and failed with
+        ``WORKER_SHUTDOWN``. Returns at once; see :meth:`wait_drained`.
+
+        Returns:
+            The number of jobs in flight when the drain began.
+        """
+        in_flight = len(self.runs)
+        if not self.draining:
+            self.draining = True
+            self._drain_event.set()
+            log.info("draining", extra={"fields": {"inFlight": in_flight}})
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+            if self._on_draining is not None:
+                await self._on_draining()
+            grace = grace_seconds if grace_seconds else self.settings.SHUTDOWN_GRACE_SECONDS
+            self._drain_task = asyncio.create_task(self._drain_runs(grace), name="drain")
+        return in_flight
+
+    async def _drain_runs(self, grace: float) -> None:
+        if self._loop_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        tasks = [r.task for r in self.runs.values() if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        left = list(self.runs.values())
+        for run in left:
+            run.interrupt(SHUTDOWN)
+        tasks = [r.task for r in left if r.task is not None and not r.task.done()]
+        if tasks:
+            # reporting WORKER_SHUTDOWN (or a result already made) gets a bounded time;
+            # what is still unreported then is left to lease expiry and the reaper
+            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_REPORT_SECONDS)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+
+    async def wait_drained(self) -> None:
+        """Wait until a started drain has finished every in-flight job."""
+        if self._drain_task is not None:
+            await self._drain_task
+
+    async def shutdown(self, grace_seconds: float | None = None) -> None:
+        """Drain, wait for it, then stop the lease keeper (SIGTERM path)."""
+        await self.drain(grace_seconds)
+        await self.wait_drained()
+        await self.keeper.stop()
+
+    # ------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        """Facts for GetStatus: in-flight jobs with ages, counters, draining."""
+        return {
+            "in_flight": [
+                {
+                    "job_id": r.job_id,
+                    "attempt_no": r.attempt_no,
+                    "job_type": r.job_type,
+                    "started_at": r.started_wall or r.claimed_wall,
+                    "age_seconds": r.age_seconds(),
+                }
+                for r in self.runs.values()
+            ],
+            "counters": dict(self.counters),
+            "draining": self.draining,
+        }
+
+
+__all__ = ["JobRun", "Worker"]

@@ -1,0 +1,467 @@
+"""The worker loop against fake JobService + CredentialService gRPC servers:
+happy path, cancel mid-call, lease lost mid-call, drain/SIGTERM, startup refusal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from airuntime_common import metadata
+from airuntime_common.enums import API_KEY_MODE, JOB_TYPE
+from airuntime_common.errors import ErrorCode
+from airuntime_common.settings import MissingSetting
+from runtime_worker.app import WorkerApp, run
+from runtime_worker.providers.base import ModelRequest, ModelResponse, Usage
+from runtime_worker.snapshot import struct_to_dict
+from tests.unit.runtime_worker.rw_helpers import (
+    QUIZ_OUTPUT,
+    TOKEN,
+    FakeBackend,
+    ScriptedProvider,
+    block_forever,
+    envelope,
+    make_job,
+    snapshot_payload,
+    worker_settings,
+    write_response,
+)
+from zhixi.airuntime.worker.v1 import request_response_pb2 as wrr
+from zhixi.airuntime.worker.v1 import service_pb2_grpc as wgrpc
+
+Backend = tuple[FakeBackend, int, int]
+
+
+@pytest.fixture
+async def apps() -> AsyncIterator[list[WorkerApp]]:
+    started: list[WorkerApp] = []
+    yield started
+    for app in started:
+        if app.server is not None and not app.worker.draining:
+            await app.stop(0.1)
+
+
+async def start_app(
+    backend: Backend, apps: list[WorkerApp], provider: Any = "scripted", **overrides: Any
+) -> WorkerApp:
+    """Start a worker; ``provider=None`` means the real DeepSeek provider."""
+    _, job_port, cred_port = backend
+    if provider == "scripted":
+        provider = ScriptedProvider()
+    app = WorkerApp(worker_settings(job_port, cred_port, **overrides), provider)
+    await app.start()
+    apps.append(app)
+    return app
+
+
+async def test_happy_path_submits_result_and_records_invocation(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-1"))
+    provider = ScriptedProvider()
+    app = await start_app(backend, apps, provider)
+    await b.wait_for(lambda: bool(b.results))
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+
+    result = b.results[0]
+    assert (result.job_id, result.attempt_no) == ("job-1", 1)
+    assert result.prompt_version == "quiz_generation.v1"
+    assert result.output_schema_version == "v1"
+    assert struct_to_dict(result.output) == QUIZ_OUTPUT
+    assert b.fails == []
+    names = b.names()
+    assert names.index("StartJob") < names.index("GetSnapshot") < names.index("SubmitResult")
+    assert "ResolveCredential" in names
+    assert b.instance_ids == {"worker-test-1"}
+    assert any(addr.startswith("127.0.0.1:") for addr in b.status_addresses)
+
+    # the prompt protocol the stand-in relies on
+    request = provider.requests[0]
+    system, user = request.messages[0]["content"], request.messages[1]["content"]
+    assert system.splitlines()[0] == "TASK: quiz_generation"
+    snap = json.loads(user.split("<snapshot>")[1].split("</snapshot>")[0])
+    assert snap["blocks"][0]["blockId"] == "b1"
+    params = json.loads(user.split("<params>")[1].split("</params>")[0])
+    assert params["count"] == 1 and isinstance(params["count"], int)
+    assert request.api_key == "sk-secretsecret1234"
+    assert request.model == "deepseek-chat"
+
+    await b.wait_for(lambda: bool(b.invocations))
+    inv = b.invocations[0]
+    assert inv.outcome == "succeeded"
+    assert (inv.prompt_tokens, inv.completion_tokens, inv.cache_hit_tokens) == (100, 20, 64)
+    assert inv.provider_request_id == "req-1"
+    assert inv.api_key_mode == API_KEY_MODE.to_proto("platform_key")
+    assert not inv.HasField("error_code")
+
+
+async def test_claims_only_free_slots(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    for i in range(3):
+        b.add_job(make_job(f"job-{i}"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(backend, apps, provider, WORKER_CONCURRENCY=2)
+    await b.wait_for(lambda: len(app.worker.runs) == 2)
+    await asyncio.sleep(0.15)
+    claims = [r for n, r in b.calls if n == "ClaimJobs"]
+    assert all(r.limit <= 2 for r in claims)
+    assert claims[0].wait_ms == 50
+    assert len(b.queue) == 1  # the third job was left for others
+    assert len(app.worker.runs) == 2
+
+
+async def test_cancel_mid_call_fails_cancelled(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-c"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(backend, apps, provider)
+    await asyncio.wait_for(provider.started.wait(), 5)
+    b.leases[("job-c", 1)].cancel_requested = True
+    await b.wait_for(lambda: bool(b.fails))
+    assert provider.cancelled.is_set()
+    assert b.fails[0].error_code == ErrorCode.CANCELLED
+    assert b.results == []
+    await b.wait_for(lambda: bool(b.invocations))
+    assert b.invocations[0].outcome == "failed"
+    assert b.invocations[0].error_code == ErrorCode.CANCELLED
+    await b.wait_for(lambda: not app.worker.runs)
+    assert app.worker.counters["failed:CANCELLED"] == 1
+
+
+async def test_lease_lost_mid_call_reports_nothing(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-l"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(backend, apps, provider)
+    await asyncio.wait_for(provider.started.wait(), 5)
+    b.leases[("job-l", 1)].held = False
+    await asyncio.wait_for(provider.cancelled.wait(), 5)
+    await b.wait_for(lambda: not app.worker.runs)
+    await asyncio.sleep(0.1)
+    assert b.results == []
+    assert b.fails == []
+    assert "SubmitResult" not in b.names() and "FailJob" not in b.names()
+    assert app.worker.counters["lease_lost"] == 1
+
+
+async def test_job_held_a_while_rechecks_lease_before_start(
+    backend: Backend, apps: list[WorkerApp], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runtime_worker.worker import JobRun
+
+    monkeypatch.setattr(JobRun, "age_seconds", lambda self: 999.0)
+    b = backend[0]
+    b.add_job(make_job("job-old"))
+    b.leases[("job-old", 1)].held = False  # expired while it waited
+    provider = ScriptedProvider()
+    app = await start_app(backend, apps, provider)
+    await b.wait_for(lambda: app.worker.counters["lease_lost"] == 1)
+    assert "HeartbeatLeases" in b.names()
+    assert "StartJob" not in b.names()
+    assert provider.requests == []
+
+
+async def test_result_refused_for_lost_lease_is_not_retried_or_failed(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """Case L3 from the worker's side: a paused worker's late result gets LOCK_NOT_HELD;
+    it stops quietly (no FailJob, no second submit)."""
+    b = backend[0]
+    b.add_job(make_job("job-late"))
+
+    async def lapse(_r: ModelRequest) -> ModelResponse:
+        b.leases[("job-late", 1)].held = False  # lapsed before the next heartbeat
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+    app = await start_app(
+        backend, apps, ScriptedProvider(lapse), HEARTBEAT_INTERVAL_SECONDS=5, LOCK_LEASE_SECONDS=15
+    )
+    await b.wait_for(lambda: app.worker.counters["lease_lost"] == 1)
+    assert b.names().count("SubmitResult") == 1
+    assert b.results == [] and "FailJob" not in b.names()
+
+
+def test_metrics_collector_reads_worker_state() -> None:
+    from runtime_worker.metrics import WorkerCollector
+
+    class W:
+        def __init__(self) -> None:
+            self.runs = {("j", 1): object()}
+            self.draining = True
+            self.counters = {"succeeded": 3, "failed:CANCELLED": 1}
+
+    families = {f.name: f for f in WorkerCollector(W()).collect()}  # type: ignore[arg-type]
+    assert families["airt_worker_in_flight"].samples[0].value == 1
+    assert families["airt_worker_draining"].samples[0].value == 1
+    outcomes = {s.labels["outcome"]: s.value for s in families["airt_worker_attempts"].samples}
+    assert outcomes == {"failed:CANCELLED": 1, "succeeded": 3}
+
+
+async def test_long_job_short_lease_keeps_heartbeating(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """Case L1: a job longer than the lease heartbeats on schedule and succeeds once."""
+    b = backend[0]
+    b.add_job(make_job("job-long"))
+
+    async def slow(_r: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(0.6)
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 600)
+
+    app = await start_app(backend, apps, ScriptedProvider(slow), LOCK_LEASE_SECONDS=0.3)
+    await b.wait_for(lambda: bool(b.results))
+    assert b.heartbeats >= 4  # every 0.1 s, well within the 0.3 s lease
+    beats = [r for n, r in b.calls if n == "HeartbeatLeases"]
+    assert all(len(r.leases) == 1 for r in beats)  # one batched call per beat
+    assert len(b.results) == 1 and b.fails == []
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+
+
+async def test_batched_heartbeat_covers_all_leases(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    for i in range(3):
+        b.add_job(make_job(f"job-{i}"))
+    app = await start_app(backend, apps, ScriptedProvider(block_forever))
+    await b.wait_for(lambda: len(app.worker.runs) == 3)
+    before = b.heartbeats
+    await b.wait_for(lambda: b.heartbeats >= before + 2)
+    last = [r for n, r in b.calls if n == "HeartbeatLeases"][-1]
+    assert sorted(ref.job_id for ref in last.leases) == ["job-0", "job-1", "job-2"]
+
+
+async def test_drain_fails_unfinished_jobs_with_worker_shutdown(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-s1"))
+    b.add_job(make_job("job-s2"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(backend, apps, provider)
+    await b.wait_for(lambda: len(app.worker.runs) == 2 and len(provider.requests) == 2)
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+    health = health_pb2_grpc.HealthStub(channel)
+    stop = asyncio.create_task(app.stop(0.2))
+    await b.wait_for(lambda: app.worker.draining)
+    answer = await health.Check(health_pb2.HealthCheckRequest(service=""))
+    assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
+    claims_at_drain = b.names().count("ClaimJobs")
+    await asyncio.wait_for(stop, 5)
+    await channel.close()
+
+    assert sorted(f.job_id for f in b.fails) == ["job-s1", "job-s2"]
+    assert {f.error_code for f in b.fails} == {ErrorCode.WORKER_SHUTDOWN}
+    assert b.results == []
+    assert b.names().count("ClaimJobs") == claims_at_drain  # stopped claiming
+    assert {i.error_code for i in b.invocations} == {ErrorCode.WORKER_SHUTDOWN}
+
+
+async def test_drain_lets_jobs_finish_within_grace(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-g"))
+    release = asyncio.Event()
+
+    async def waits(_r: ModelRequest) -> ModelResponse:
+        await release.wait()
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+    provider = ScriptedProvider(waits)
+    app = await start_app(backend, apps, provider)
+    await asyncio.wait_for(provider.started.wait(), 5)
+    stop = asyncio.create_task(app.stop(3.0))
+    await b.wait_for(lambda: app.worker.draining)
+    release.set()
+    await asyncio.wait_for(stop, 5)
+    assert [r.job_id for r in b.results] == ["job-g"]
+    assert b.fails == []
+
+
+async def test_run_stops_on_stop_event_sigterm_path(backend: Backend) -> None:
+    b, job_port, cred_port = backend
+    b.add_job(make_job("job-t"))
+    provider = ScriptedProvider(block_forever)
+    stop = asyncio.Event()
+    settings = worker_settings(job_port, cred_port, SHUTDOWN_GRACE_SECONDS=0.1)
+    task = asyncio.create_task(run(settings, stop, provider))
+    await asyncio.wait_for(provider.started.wait(), 5)
+    stop.set()  # what SIGTERM does in __main__
+    await asyncio.wait_for(task, 5)
+    assert [(f.job_id, f.error_code) for f in b.fails] == [("job-t", ErrorCode.WORKER_SHUTDOWN)]
+
+
+@pytest.mark.parametrize(("interval", "lease"), [(20.1, 60.0), (60.0, 60.0)])
+async def test_heartbeat_above_third_of_lease_refused_at_start(
+    backend: Backend, interval: float, lease: float
+) -> None:
+    b, job_port, cred_port = backend
+    settings = worker_settings(
+        job_port, cred_port, HEARTBEAT_INTERVAL_SECONDS=interval, LOCK_LEASE_SECONDS=lease
+    )
+    with pytest.raises(MissingSetting, match="HEARTBEAT_INTERVAL_SECONDS"):
+        await run(settings, asyncio.Event())
+    assert b.calls == []  # never claimed anything
+
+
+async def test_invalid_snapshot_fails_before_any_model_call(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    bad = snapshot_payload()
+    del bad["userId"]
+    b.add_job(make_job("job-bad"), bad)
+    b.add_job(make_job("job-ver"), snapshot_payload(), version="v9")
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    await b.wait_for(lambda: len(b.fails) == 2)
+    assert {f.error_code for f in b.fails} == {ErrorCode.INVALID_SNAPSHOT}
+    assert provider.requests == []
+    assert "ResolveCredential" not in b.names()
+
+
+async def test_no_resolved_key_fails_invalid_credential_without_a_call(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.api_key = ""
+    b.add_job(make_job("job-nokey"))
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    await b.wait_for(lambda: bool(b.fails))
+    assert b.fails[0].error_code == ErrorCode.INVALID_CREDENTIAL
+    assert provider.requests == []
+
+
+async def test_model_rate_limit_through_real_provider(
+    backend: Backend, apps: list[WorkerApp], raw_http: Any
+) -> None:
+    """Case D7 end to end: 429 + Retry-After → FailJob(MODEL_RATE_LIMIT, retryAfterSeconds=7)."""
+    b = backend[0]
+
+    async def limited(_req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(w, 429, b'{"error":{"message":"slow down"}}', {"Retry-After": "7"})
+
+    http = await raw_http(limited)
+    b.base_url = http.base_url
+    b.add_job(make_job("job-429"))
+    await start_app(backend, apps, provider=None)
+    await b.wait_for(lambda: bool(b.fails))
+    fail = b.fails[0]
+    assert fail.error_code == ErrorCode.MODEL_RATE_LIMIT
+    assert fail.HasField("retry_after_seconds") and fail.retry_after_seconds == 7.0
+    assert len(http.requests) == 1
+    await b.wait_for(lambda: bool(b.invocations))
+    assert b.invocations[0].error_code == ErrorCode.MODEL_RATE_LIMIT
+
+
+async def test_real_provider_success_and_invalid_credential(
+    backend: Backend, apps: list[WorkerApp], raw_http: Any
+) -> None:
+    b = backend[0]
+    answers = [(200, envelope(json.dumps(QUIZ_OUTPUT))), (401, b'{"error":{"message":"bad"}}')]
+
+    async def respond(_req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        status, body = answers.pop(0)
+        await write_response(w, status, body)
+
+    http = await raw_http(respond)
+    b.base_url = http.base_url
+    b.add_job(make_job("job-ok"))
+    await start_app(backend, apps, provider=None, WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: bool(b.results))
+    b.add_job(make_job("job-401"))
+    await b.wait_for(lambda: bool(b.fails))
+    assert b.fails[0].job_id == "job-401"
+    assert b.fails[0].error_code == ErrorCode.INVALID_CREDENTIAL
+    assert http.requests[0]["headers"]["authorization"] == "Bearer sk-secretsecret1234"
+
+
+async def test_idempotent_calls_survive_job_service_restart(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """Case L4-like: SubmitResult answered UNAVAILABLE twice is retried and lands once."""
+    b = backend[0]
+    b.unavailable = {"SubmitResult": 2, "StartJob": 1, "GetSnapshot": 1, "ResolveCredential": 1}
+    b.add_job(make_job("job-r"))
+    await start_app(backend, apps)
+    await b.wait_for(lambda: bool(b.results))
+    assert b.names().count("SubmitResult") == 3
+    assert len(b.results) == 1
+
+
+async def test_claim_failures_back_off(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.unavailable = {"ClaimJobs": 1000}
+    await start_app(backend, apps, POLL_INTERVAL_MS=100)
+    await asyncio.sleep(0.5)
+    assert 2 <= b.names().count("ClaimJobs") <= 7  # about one per poll interval, no spin
+
+
+async def test_heartbeat_retried_while_unavailable(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.unavailable = {"HeartbeatLeases": 2}
+    b.add_job(make_job("job-hb"))
+    app = await start_app(backend, apps, ScriptedProvider(block_forever))
+    await b.wait_for(lambda: app.worker.keeper.beats >= 2)
+    assert app.worker.runs  # the job kept running through the outage
+    assert b.fails == []
+
+
+async def test_key_never_logged(
+    backend: Backend, apps: list[WorkerApp], raw_http: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    b = backend[0]
+
+    async def reject(_req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(w, 401, b'{"error":{"message":"Authentication Fails"}}')
+
+    http = await raw_http(reject)
+    b.base_url = http.base_url
+    b.add_job(make_job("job-k"))
+    await start_app(backend, apps, provider=None)
+    await b.wait_for(lambda: bool(b.fails) and bool(b.invocations))
+    assert b.fails[0].error_code == ErrorCode.INVALID_CREDENTIAL
+    assert "secretsecret" not in caplog.text
+    assert "secretsecret" not in b.fails[0].error_message
+
+
+async def test_status_service_reports_and_drains(backend: Backend, apps: list[WorkerApp]) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-st"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(backend, apps, provider)
+    await asyncio.wait_for(provider.started.wait(), 5)
+
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.port}")
+    stub = wgrpc.WorkerStatusServiceStub(channel)
+    md = metadata.outgoing(TOKEN)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.GetStatus(wrr.GetStatusRequest())  # no token
+    assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+    status = await stub.GetStatus(wrr.GetStatusRequest(), metadata=md)
+    assert status.instance_id == "worker-test-1"
+    assert status.version
+    assert len(status.capabilities) == 5
+    assert [j.job_id for j in status.in_flight] == ["job-st"]
+    assert status.in_flight[0].job_type == JOB_TYPE.to_proto("quiz_generation")
+    assert status.in_flight[0].age_seconds > 0
+    assert not status.draining
+    assert status.concurrency == 4
+
+    drained = await stub.Drain(wrr.DrainRequest(grace_seconds=0.1), metadata=md)
+    assert drained.in_flight == 1
+    await b.wait_for(lambda: bool(b.fails))
+    assert b.fails[0].error_code == ErrorCode.WORKER_SHUTDOWN
+    status = await stub.GetStatus(wrr.GetStatusRequest(), metadata=md)
+    assert status.draining
+    assert status.counters["failed:WORKER_SHUTDOWN"] == 1
+    await channel.close()
+    await app.stop(0.1)
