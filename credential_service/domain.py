@@ -1,0 +1,476 @@
+"""The rules of credential_service (SPEC §5, §6), independent of gRPC.
+
+:class:`CredentialStore` stores, masks, checks, invalidates, rotates and resolves
+users' model keys. Plaintext lives only in local variables here and in the
+:class:`ResolvedKey` handed to the lease holder; it is never logged, never part of an
+error message and never written to the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from airuntime_common.db import retry_transient
+from airuntime_common.errors import AppError, ErrorCode, invalid_argument
+from airuntime_common.logs import redact_text
+from airuntime_common.timeutil import utcnow
+from credential_service import metrics, repository
+from credential_service.lease import LeaseVerifier
+from credential_service.models import STATUS_INVALID, STATUS_VALID, ModelCredential
+from credential_service.settings import CredentialSettings
+from credential_service.vault import Keyring, Sealed, mask_key
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("deepseek",)
+MIN_KEY_CHARS = 8
+MAX_KEY_CHARS = 512
+MAX_USER_ID_CHARS = 128
+MAX_REASON_CHARS = 500
+DEFAULT_BATCH = 100
+MAX_BATCH = 1000
+
+
+def _now() -> datetime:
+    """Naive UTC now, as stored (record-keeping only; no lease arithmetic here)."""
+    return utcnow().replace(tzinfo=None)
+
+
+def new_credential_id() -> str:
+    """A fresh opaque credential id (``cred_`` + 32 hex characters)."""
+    return f"cred_{secrets.token_hex(16)}"
+
+
+@dataclass(frozen=True)
+class CredentialView:
+    """The masked view of a stored key; never the plaintext.
+
+    Attributes:
+        created_at: naive UTC.
+    """
+
+    credential_id: str
+    user_id: str
+    provider: str
+    masked_key: str
+    status: str
+    key_id: str
+    created_at: datetime
+    invalid_reason: str | None = None
+
+    @classmethod
+    def of(cls, row: ModelCredential) -> CredentialView:
+        """Build from a row (reads no secret column)."""
+        return cls(
+            credential_id=row.credential_id,
+            user_id=row.user_id,
+            provider=row.provider,
+            masked_key=row.masked_key,
+            status=row.status,
+            key_id=row.key_id,
+            created_at=row.created_at,
+            invalid_reason=row.invalid_reason,
+        )
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """Whether a job with a key mode may be created: ``usable``, the credential id, a reason."""
+
+    usable: bool
+    credential_id: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class ResolvedKey:
+    """A key resolved for a lease holder; ``api_key`` is hidden from ``repr``."""
+
+    api_key_mode: str
+    credential_id: str
+    model_provider: str
+    model_name: str
+    base_url: str
+    api_key: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RotationResult:
+    """One rotation batch: rows moved, rows still on older keys, rows found undecryptable,
+    and the older key ids still in use that are not configured (cannot be rotated)."""
+
+    rotated: int
+    remaining: int
+    undecryptable: int = 0
+    unknown_key_ids: tuple[str, ...] = ()
+    examined: int = 0
+
+
+def _validate_user_id(user_id: str) -> str:
+    user_id = (user_id or "").strip()
+    if not user_id:
+        raise invalid_argument("user_id is required", field="userId")
+    if len(user_id) > MAX_USER_ID_CHARS:
+        raise invalid_argument(
+            f"user_id must be at most {MAX_USER_ID_CHARS} characters", field="userId"
+        )
+    return user_id
+
+
+def _validate_api_key(api_key: str) -> str:
+    """Strip and check an API key; messages never contain the key."""
+    api_key = (api_key or "").strip()
+    if not api_key:
+        raise invalid_argument("apiKey is required", field="apiKey")
+    if not (MIN_KEY_CHARS <= len(api_key) <= MAX_KEY_CHARS):
+        raise invalid_argument(
+            f"apiKey must be {MIN_KEY_CHARS}..{MAX_KEY_CHARS} characters", field="apiKey"
+        )
+    if not all(33 <= ord(c) <= 126 for c in api_key):
+        raise invalid_argument("apiKey must be printable ASCII without spaces", field="apiKey")
+    return api_key
+
+
+class CredentialStore:
+    """Domain operations of credential_service.
+
+    Args:
+        sessionmaker: one session per operation.
+        keyring: the master keys (current first).
+        settings: platform key, stand-in flag, base URL.
+        verifier: asks job_service about leases (needed only by :meth:`resolve`).
+    """
+
+    def __init__(
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        keyring: Keyring,
+        settings: CredentialSettings,
+        verifier: LeaseVerifier | None = None,
+    ) -> None:
+        self._sm = sessionmaker
+        self.keyring = keyring
+        self._settings = settings
+        self._verifier = verifier
+
+    # --- user-facing key management -------------------------------------------------
+
+    async def put(self, user_id: str, provider: str, api_key: str) -> CredentialView:
+        """Store (or replace) the user's key: always a new credential id, status valid.
+
+        Args:
+            user_id: owner.
+            provider: ``deepseek`` (empty means ``deepseek``).
+            api_key: the plaintext key, 8..512 printable ASCII characters.
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a bad user id, provider or key.
+        """
+        user_id = _validate_user_id(user_id)
+        provider = (provider or "deepseek").strip().lower()
+        if provider not in PROVIDERS:
+            raise invalid_argument(
+                f"provider must be one of {', '.join(PROVIDERS)}", field="provider"
+            )
+        api_key = _validate_api_key(api_key)
+        masked = mask_key(api_key)
+
+        async def tx() -> ModelCredential:
+            credential_id = new_credential_id()
+            sealed = self.keyring.encrypt(api_key, user_id=user_id, credential_id=credential_id)
+            now = _now()
+            row = ModelCredential(
+                credential_id=credential_id,
+                user_id=user_id,
+                provider=provider,
+                key_id=sealed.key_id,
+                nonce=sealed.nonce,
+                ciphertext=sealed.ciphertext,
+                masked_key=masked,
+                status=STATUS_VALID,
+                invalid_reason=None,
+                created_at=now,
+                updated_at=now,
+            )
+            async with self._sm() as session, session.begin():
+                await repository.replace(session, row)
+            return row
+
+        for attempt in range(1, 6):
+            try:
+                row = await retry_transient(tx)
+                break
+            except IntegrityError:  # a concurrent put for the same user won the insert
+                if attempt == 5:
+                    raise AppError(
+                        ErrorCode.UNAVAILABLE, "concurrent updates of this credential; try again"
+                    ) from None
+        log.info(
+            "credential stored",
+            extra={"fields": {"userId": user_id, "credentialId": row.credential_id}},
+        )
+        return CredentialView.of(row)
+
+    async def get(self, user_id: str) -> CredentialView:
+        """The masked view of the user's key.
+
+        Raises:
+            AppError: ``NOT_FOUND`` when the user has none.
+        """
+        user_id = _validate_user_id(user_id)
+        async with self._sm() as session:
+            row = await repository.get_by_user(session, user_id)
+        if row is None:
+            raise AppError(ErrorCode.NOT_FOUND, "no model credential stored for this user")
+        return CredentialView.of(row)
+
+    async def delete(self, user_id: str) -> None:
+        """Delete the user's key.
+
+        Raises:
+            AppError: ``NOT_FOUND`` when the user has none.
+        """
+        user_id = _validate_user_id(user_id)
+
+        async def tx() -> int:
+            async with self._sm() as session, session.begin():
+                return await repository.delete_by_user(session, user_id)
+
+        if not await retry_transient(tx):
+            raise AppError(ErrorCode.NOT_FOUND, "no model credential stored for this user")
+        log.info("credential deleted", extra={"fields": {"userId": user_id}})
+
+    async def check(self, user_id: str, api_key_mode: str) -> CheckResult:
+        """Whether a job with ``api_key_mode`` may be created for the user (SPEC §5, §6).
+
+        ``platform_key``: usable iff a platform key is configured (or the dev stand-in
+        is allowed). ``user_deepseek_key``: usable iff the user's key is valid and opens
+        with the configured master keys.
+        """
+        if api_key_mode == "platform_key":
+            if self._settings.platform_key() is None:
+                return CheckResult(False, "", "no platform key is configured (DEEPSEEK_API_KEY)")
+            return CheckResult(True)
+        if api_key_mode != "user_deepseek_key":
+            raise invalid_argument("apiKeyMode is not supported", field="apiKeyMode")
+        user_id = _validate_user_id(user_id)
+        async with self._sm() as session:
+            row = await repository.get_by_user(session, user_id)
+        if row is None:
+            return CheckResult(False, "", "the user has no stored model key")
+        if row.status != STATUS_VALID:
+            return CheckResult(False, row.credential_id, "the stored model key was marked invalid")
+        try:
+            self.keyring.decrypt(
+                Sealed(row.key_id, row.nonce, row.ciphertext),
+                user_id=row.user_id,
+                credential_id=row.credential_id,
+            )
+        except AppError:
+            return CheckResult(False, row.credential_id, "the stored model key cannot be decrypted")
+        return CheckResult(True, row.credential_id, "")
+
+    async def mark_invalid(self, credential_id: str, reason: str) -> None:
+        """Mark a key the model rejected as invalid (idempotent; SPEC §6).
+
+        Raises:
+            AppError: ``NOT_FOUND`` for an unknown credential id (e.g. already replaced).
+        """
+        credential_id = (credential_id or "").strip()
+        if not credential_id:
+            raise invalid_argument("credential_id is required", field="credentialId")
+        text = redact_text((reason or "").strip())[:MAX_REASON_CHARS] or "rejected by the provider"
+
+        async def tx() -> int:
+            async with self._sm() as session, session.begin():
+                return await repository.mark_invalid(session, credential_id, text, _now())
+
+        if not await retry_transient(tx):
+            raise AppError(ErrorCode.NOT_FOUND, "no such credential")
+        log.info("credential marked invalid", extra={"fields": {"credentialId": credential_id}})
+
+    # --- rotation ------------------------------------------------------------------------
+
+    async def rotate_batch(self, batch_size: int = 0) -> RotationResult:
+        """Re-encrypt up to ``batch_size`` rows not on the current key (resumable, SPEC §6).
+
+        Each row is read, resealed with a fresh nonce under the current key and written
+        back only if it still holds the ciphertext that was read, so it is safe while
+        serving and while other rotations run. A row whose ciphertext fails
+        authentication is flagged ``invalid``/``undecryptable`` and skipped from then on.
+        Rows sealed by a key id that is not configured are left alone and counted in
+        ``remaining`` (with the key id in ``unknown_key_ids``).
+
+        Args:
+            batch_size: rows per call; 0 means 100, capped at 1000.
+        """
+        if batch_size < 0:
+            raise invalid_argument("batch_size must be >= 0", field="batchSize")
+        limit = min(batch_size or DEFAULT_BATCH, MAX_BATCH)
+        current = self.keyring.current_kid
+        old_known = [k for k in self.keyring.key_ids if k != current]
+
+        async def tx() -> tuple[int, int, int]:
+            rotated = undecryptable = 0
+            async with self._sm() as session, session.begin():
+                rows = await repository.rotation_candidates(session, old_known, limit)
+                now = _now()
+                for row in rows:
+                    old = Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext))
+                    try:
+                        new = self.keyring.reseal(
+                            old, user_id=row.user_id, credential_id=row.credential_id
+                        )
+                    except AppError:
+                        if await repository.mark_undecryptable(
+                            session, credential_id=row.credential_id, old_nonce=old.nonce, now=now
+                        ):
+                            undecryptable += 1
+                        continue
+                    if await repository.store_resealed(
+                        session,
+                        credential_id=row.credential_id,
+                        old_key_id=old.key_id,
+                        old_nonce=old.nonce,
+                        key_id=new.key_id,
+                        nonce=new.nonce,
+                        ciphertext=new.ciphertext,
+                        now=now,
+                    ):
+                        rotated += 1
+                return rotated, undecryptable, len(rows)
+
+        rotated, undecryptable, examined = await retry_transient(tx)
+        async with self._sm() as session:
+            remaining = await repository.count_not_on(session, current)
+            counts = await repository.key_id_counts(session)
+        unknown = tuple(sorted(k for k in counts if not self.keyring.has(k)))
+        metrics.ROTATED.inc(rotated)
+        metrics.UNDECRYPTABLE.inc(undecryptable)
+        if undecryptable:
+            log.warning(
+                "credentials found undecryptable during rotation",
+                extra={"fields": {"count": undecryptable}},
+            )
+        log.info(
+            "rotation batch",
+            extra={
+                "fields": {
+                    "rotated": rotated,
+                    "remaining": remaining,
+                    "currentKeyId": current,
+                    "unknownKeyIds": list(unknown),
+                }
+            },
+        )
+        return RotationResult(rotated, remaining, undecryptable, unknown, examined)
+
+    # --- resolve for the lease holder --------------------------------------------------
+
+    async def resolve(
+        self,
+        job_id: str,
+        attempt_no: int,
+        runtime_instance_id: str | None,
+        request_id: str | None = None,
+    ) -> ResolvedKey:
+        """The key of a leased job, for its lease holder only (SPEC §3, §6).
+
+        Args:
+            job_id, attempt_no: the lease; with ``runtime_instance_id`` the fencing token.
+            runtime_instance_id: from ``x-runtime-instance-id``.
+            request_id: propagated to job_service.
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` (no instance id), ``LOCK_NOT_HELD`` /
+                ``JOB_NOT_FOUND`` (from job_service), ``INVALID_CREDENTIAL`` (no platform
+                key; the user's key missing, replaced, invalid or undecryptable),
+                ``UNAVAILABLE`` (job_service unreachable).
+        """
+        if not runtime_instance_id:
+            raise invalid_argument(
+                "x-runtime-instance-id metadata is required", field="x-runtime-instance-id"
+            )
+        if self._verifier is None:
+            raise AppError(ErrorCode.UNAVAILABLE, "lease verification is not configured")
+        mode = "unknown"
+        try:
+            lease = await self._verifier.verify(job_id, runtime_instance_id, attempt_no, request_id)
+            mode = lease.api_key_mode
+            resolved = await self._key_for(lease.user_id, lease.api_key_mode, lease.credential_id)
+        except AppError as exc:
+            metrics.RESOLVES.labels(mode, exc.code).inc()
+            log.info(
+                "resolve refused",
+                extra={"fields": {"jobId": job_id, "attemptNo": attempt_no, "errorCode": exc.code}},
+            )
+            raise
+        credential_id, api_key = resolved
+        metrics.RESOLVES.labels(mode, "ok").inc()
+        log.info(
+            "credential resolved",
+            extra={
+                "fields": {
+                    "jobId": job_id,
+                    "attemptNo": attempt_no,
+                    "apiKeyMode": mode,
+                    "credentialId": credential_id or None,
+                }
+            },
+        )
+        return ResolvedKey(
+            api_key_mode=mode,
+            credential_id=credential_id,
+            model_provider=lease.model_provider,
+            model_name=lease.model_name,
+            base_url=self._settings.DEEPSEEK_BASE_URL,
+            api_key=api_key,
+        )
+
+    async def _key_for(
+        self, user_id: str, api_key_mode: str, recorded_credential_id: str | None
+    ) -> tuple[str, str]:
+        """(credential id, plaintext) for a verified lease."""
+        if api_key_mode == "platform_key":
+            key = self._settings.platform_key()
+            if key is None:
+                raise AppError(
+                    ErrorCode.INVALID_CREDENTIAL,
+                    "no platform key is configured",
+                    {"reason": "no_platform_key"},
+                )
+            return "", key
+        if api_key_mode != "user_deepseek_key":
+            raise AppError(ErrorCode.INVALID_CREDENTIAL, "unsupported api key mode")
+        async with self._sm() as session:
+            row = await repository.get_by_user(session, user_id)
+        if row is None:
+            raise AppError(
+                ErrorCode.INVALID_CREDENTIAL,
+                "the job's user has no stored model key",
+                {"reason": "no_credential"},
+            )
+        if recorded_credential_id and row.credential_id != recorded_credential_id:
+            raise AppError(
+                ErrorCode.INVALID_CREDENTIAL,
+                "the credential recorded on the job was replaced or deleted",
+                {"reason": "credential_replaced", "credentialId": recorded_credential_id},
+            )
+        if row.status == STATUS_INVALID:
+            raise AppError(
+                ErrorCode.INVALID_CREDENTIAL,
+                "the stored model key was marked invalid",
+                {"reason": "credential_invalid", "credentialId": row.credential_id},
+            )
+        plaintext = self.keyring.decrypt(
+            Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext)),
+            user_id=row.user_id,
+            credential_id=row.credential_id,
+        )
+        return row.credential_id, plaintext

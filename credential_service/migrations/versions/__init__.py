@@ -1,0 +1,1 @@
+"""Revision scripts of credential_service (a package so installs ship them)."""
