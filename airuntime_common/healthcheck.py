@@ -38,7 +38,10 @@ def check_http(url: str, timeout: float = 3.0) -> bool:
 def main(argv: list[str]) -> int:
     """Entry point; see the module docstring."""
     if len(argv) != 2 or argv[0] not in ("grpc", "http"):
-        print("usage: python -m airuntime_common.healthcheck grpc HOST:PORT | http URL", file=sys.stderr)
+        print(
+            "usage: python -m airuntime_common.healthcheck grpc HOST:PORT | http URL",
+            file=sys.stderr,
+        )
         return 2
     ok = check_grpc(argv[1]) if argv[0] == "grpc" else check_http(argv[1])
     return 0 if ok else 1

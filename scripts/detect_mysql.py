@@ -12,7 +12,9 @@ import pymysql
 def main() -> None:
     """Try to connect for at most 2 seconds; print the URL on success."""
     try:
-        conn = pymysql.connect(host="127.0.0.1", port=3306, user="root", password="", connect_timeout=2)
+        conn = pymysql.connect(
+            host="127.0.0.1", port=3306, user="root", password="", connect_timeout=2
+        )
     except Exception:
         return
     conn.close()

@@ -1,0 +1,40 @@
+"""``python -m job_service`` (migrate, then serve) and ``python -m job_service migrate``."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from airuntime_common.grpc_server import install_stop_signals
+from airuntime_common.logs import setup_logging
+from job_service.migrate import upgrade_head
+from job_service.settings import JobServiceSettings
+
+
+async def _serve(settings: JobServiceSettings) -> None:
+    from job_service.app import serve
+
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    app = await serve(settings)
+    await stop.wait()
+    await app.stop(grace=5.0)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point; ``argv`` without the program name."""
+    settings = JobServiceSettings()
+    setup_logging("job_service", settings.LOG_LEVEL)
+    command = argv[0] if argv else "serve"
+    if command == "migrate":
+        upgrade_head(settings.DATABASE_URL)
+        return 0
+    if command == "serve":
+        asyncio.run(_serve(settings))
+        return 0
+    print(f"usage: python -m job_service [serve|migrate], not {command!r}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

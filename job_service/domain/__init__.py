@@ -1,0 +1,1 @@
+"""job_service domain: state machine, scheduling, reaper, guards, results, learning data."""

@@ -1,0 +1,193 @@
+"""The platform-key circuit breaker, shared by all replicas through the database (SPEC §6).
+
+States: ``closed`` → (``BREAKER_FAILURE_THRESHOLD`` consecutive failures) →
+``open`` → (``BREAKER_COOLDOWN_SECONDS`` later, on the next create) →
+``half_open``: up to ``BREAKER_HALF_OPEN_PROBES`` new platform-key jobs pass as
+probes; the next success closes it, the next failure opens it again. Fed by the
+endings of platform-key attempts; codes in ``BREAKER_FAILURE_CODES`` are
+failures, a success resets, everything else is neutral. All times are the
+database's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from airuntime_common.errors import BREAKER_FAILURE_CODES, AppError, ErrorCode
+from job_service.domain.clock import DbClock
+from job_service.models import breaker
+from job_service.settings import JobServiceSettings
+
+ROW_ID = 1
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    """The breaker as the admin API shows it (SPEC §3.1)."""
+
+    state: str
+    consecutive_failures: int
+    opened_at: datetime | None
+    half_open_at: datetime | None
+
+
+async def ensure_row(session: AsyncSession, clock: DbClock) -> None:
+    """Insert the single breaker row if it is missing (idempotent, race-free)."""
+    values = {"id": ROW_ID, "state": "closed", "consecutive_failures": 0, "probes_in_flight": 0}
+    if clock.is_sqlite:
+        await session.execute(sqlite_insert(breaker).values(**values).on_conflict_do_nothing())
+    else:
+        await session.execute(mysql_insert(breaker).values(**values).prefix_with("IGNORE"))
+
+
+async def _row(
+    session: AsyncSession, clock: DbClock, *, lock: bool = True
+) -> tuple[str, int, datetime | None, datetime | None, int]:
+    stmt = select(
+        breaker.c.state,
+        breaker.c.consecutive_failures,
+        breaker.c.opened_at,
+        breaker.c.half_open_at,
+        breaker.c.probes_in_flight,
+    ).where(breaker.c.id == ROW_ID)
+    if lock and not clock.is_sqlite:
+        stmt = stmt.with_for_update()
+    row = (await session.execute(stmt)).first()
+    if row is None:
+        await ensure_row(session, clock)
+        return ("closed", 0, None, None, 0)
+    return (row[0], row[1], row[2], row[3], row[4])
+
+
+async def read(session: AsyncSession, clock: DbClock) -> BreakerView:
+    """Current breaker (no transition applied)."""
+    state, failures, opened, half, _ = await _row(session, clock, lock=False)
+    return BreakerView(state, failures, opened, half)
+
+
+async def admit_new_job(
+    session: AsyncSession, clock: DbClock, settings: JobServiceSettings
+) -> None:
+    """Guard of a new platform-key job (create, admin re-run), in the create transaction.
+
+    Raises:
+        AppError: ``PLATFORM_CIRCUIT_OPEN`` while open, or half-open with every probe taken.
+    """
+    # The common case (closed) reads without a row lock, so creates never queue on the row.
+    if (await _row(session, clock, lock=False))[0] == "closed":
+        return
+    state, _failures, opened, _half, probes = await _row(session, clock)
+    if state == "closed":
+        return
+    if state == "open":
+        now = await clock.read(session)
+        if opened is not None and now < opened + timedelta(
+            seconds=settings.BREAKER_COOLDOWN_SECONDS
+        ):
+            raise AppError(
+                ErrorCode.PLATFORM_CIRCUIT_OPEN,
+                "the platform model key is failing; try again later",
+                {"state": "open"},
+            )
+        await session.execute(
+            update(breaker)
+            .where(breaker.c.id == ROW_ID)
+            .values(state="half_open", half_open_at=clock.now(), probes_in_flight=0)
+        )
+        probes = 0
+    if probes >= settings.BREAKER_HALF_OPEN_PROBES:
+        raise AppError(
+            ErrorCode.PLATFORM_CIRCUIT_OPEN,
+            "the platform model key is being probed; try again later",
+            {"state": "half_open"},
+        )
+    await session.execute(
+        update(breaker)
+        .where(breaker.c.id == ROW_ID)
+        .values(probes_in_flight=breaker.c.probes_in_flight + 1, updated_at=clock.now())
+    )
+
+
+async def record_ending(
+    session: AsyncSession, clock: DbClock, settings: JobServiceSettings, code: str | None
+) -> None:
+    """Feed the ending of a platform-key attempt: ``code=None`` is a success.
+
+    In the caller's transaction (the one that ends the attempt). A success while
+    closed with no failures changes nothing and takes no row lock.
+    """
+    peek = await _row(session, clock, lock=False)
+    if code is None and peek[0] == "closed" and peek[1] == 0:
+        return
+    if code is not None and code not in BREAKER_FAILURE_CODES and peek[0] != "half_open":
+        return
+    state, failures, _opened, _half, probes = await _row(session, clock)
+    if code is None:
+        if state != "closed" or failures:
+            await session.execute(
+                update(breaker)
+                .where(breaker.c.id == ROW_ID)
+                .values(
+                    state="closed",
+                    consecutive_failures=0,
+                    probes_in_flight=0,
+                    opened_at=None,
+                    half_open_at=None,
+                    updated_at=clock.now(),
+                )
+            )
+        return
+    if code in BREAKER_FAILURE_CODES:
+        failures += 1
+        if state == "half_open" or (
+            state == "closed" and failures >= settings.BREAKER_FAILURE_THRESHOLD
+        ):
+            await session.execute(
+                update(breaker)
+                .where(breaker.c.id == ROW_ID)
+                .values(
+                    state="open",
+                    consecutive_failures=failures,
+                    opened_at=clock.now(),
+                    half_open_at=None,
+                    probes_in_flight=0,
+                    updated_at=clock.now(),
+                )
+            )
+        else:
+            await session.execute(
+                update(breaker)
+                .where(breaker.c.id == ROW_ID)
+                .values(consecutive_failures=failures, updated_at=clock.now())
+            )
+        return
+    if state == "half_open" and probes > 0:
+        await session.execute(
+            update(breaker)
+            .where(breaker.c.id == ROW_ID)
+            .values(probes_in_flight=probes - 1, updated_at=clock.now())
+        )
+
+
+async def reset(session: AsyncSession, clock: DbClock) -> BreakerView:
+    """Admin reset: closed, zero failures."""
+    await ensure_row(session, clock)
+    await session.execute(
+        update(breaker)
+        .where(breaker.c.id == ROW_ID)
+        .values(
+            state="closed",
+            consecutive_failures=0,
+            probes_in_flight=0,
+            opened_at=None,
+            half_open_at=None,
+            updated_at=clock.now(),
+        )
+    )
+    return await read(session, clock)

@@ -1,0 +1,79 @@
+"""The one clock: SQL expressions for "now" on the database (SPEC §1, §2.3).
+
+Lease arithmetic never uses Python's clock. On MySQL/MariaDB the expressions
+are ``UTC_TIMESTAMP(6)`` / ``TIMESTAMPADD(MICROSECOND, n, UTC_TIMESTAMP(6))``
+(UTC whatever the session time zone); on SQLite they are ``strftime`` text in
+SQLAlchemy's own storage format (``YYYY-MM-DD HH:MM:SS.ffffff``) so stored
+values compare and sort correctly as text and read back as datetimes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    ColumnElement,
+    DateTime,
+    String,
+    func,
+    literal,
+    literal_column,
+    select,
+    type_coerce,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+_SQLITE_FMT = "'%Y-%m-%d %H:%M:%f'"
+
+
+class DbClock:
+    """Builds "now" expressions for one SQL dialect.
+
+    Args:
+        dialect: ``engine.dialect.name`` — ``"sqlite"``, ``"mysql"`` or ``"mariadb"``.
+    """
+
+    def __init__(self, dialect: str) -> None:
+        self.dialect = dialect
+        self.is_sqlite = dialect == "sqlite"
+
+    def now(self) -> ColumnElement[datetime]:
+        """The database's current UTC time (µs on MySQL, ms on SQLite)."""
+        return self.plus(0.0)
+
+    def plus(self, seconds: float) -> ColumnElement[datetime]:
+        """The database's current UTC time plus ``seconds`` (may be negative or fractional)."""
+        if self.is_sqlite:
+            mod = f"'{float(seconds):+.6f} seconds'"
+            return literal_column(
+                f"(strftime({_SQLITE_FMT}, 'now', {mod}) || '000')", type_=DateTime()
+            )
+        micros = round(float(seconds) * 1_000_000)
+        return literal_column(
+            f"TIMESTAMPADD(MICROSECOND, {micros}, UTC_TIMESTAMP(6))", type_=DateTime()
+        )
+
+    def add_seconds(
+        self, base: ColumnElement[datetime], seconds: ColumnElement[int]
+    ) -> ColumnElement[datetime]:
+        """``base + seconds`` for two column expressions (e.g. started_at + timeout_seconds)."""
+        if self.is_sqlite:
+            modifier = literal("+", String()).concat(seconds).concat(" seconds")
+            shifted = func.strftime(literal_column(_SQLITE_FMT), base, modifier, type_=String())
+            return type_coerce(shifted.concat("000"), DateTime())
+        return func.timestampadd(literal_column("SECOND"), seconds, base, type_=DateTime())
+
+    def day_start(self) -> ColumnElement[datetime]:
+        """Midnight UTC of the database's current day."""
+        if self.is_sqlite:
+            return literal_column(
+                "(strftime('%Y-%m-%d 00:00:00.000', 'now') || '000')", type_=DateTime()
+            )
+        return literal_column("CAST(UTC_DATE() AS DATETIME(6))", type_=DateTime())
+
+    async def read(self, conn: AsyncConnection | AsyncSession) -> datetime:
+        """The database's current UTC time as a naive datetime (for reads, not leases)."""
+        value = (await conn.execute(select(self.now()))).scalar_one()
+        if isinstance(value, str):  # pragma: no cover - typed column parses it
+            return datetime.fromisoformat(value)
+        return value

@@ -1,0 +1,1627 @@
+"""Job operations of SPEC §2–§3 over the state machine (:mod:`.statemachine`).
+
+Each operation is one short transaction (retried on deadlocks / busy SQLite)
+that changes the job with a guarded UPDATE and appends its event rows. All
+times come from the database clock. Refusals raise :class:`AppError` with the
+SPEC §4 code; the job is unchanged when refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import random
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import Row, Table, and_, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from airuntime_common.canonical import content_hash
+from airuntime_common.db import retry_transient
+from airuntime_common.enums import JOB_TYPES
+from airuntime_common.errors import AppError, ErrorCode, is_retryable
+from job_service import metrics
+from job_service.db import WRITE_TX
+from job_service.domain import breaker as breaker_mod
+from job_service.domain.clock import DbClock
+from job_service.domain.params import check_range, normalize_params
+from job_service.domain.ports import CredentialChecker, LearningPort, SnapshotView
+from job_service.domain.scheduler import RECHECK_SECONDS, JobSignal, WorkerRegistry
+from job_service.domain.statemachine import (
+    CANCELLED,
+    FAILED,
+    LEASED,
+    LOCKED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL,
+    Lease,
+    Op,
+    apply,
+    apply_many,
+    lease_guard,
+    lock_guard,
+    record_event,
+)
+from job_service.learning_models import AiResult
+from job_service.models import authorizations, events, invocations, jobs
+from job_service.settings import JobServiceSettings
+
+#: Accepted results (``ai_results``, owned by the learning-data module's models).
+results = cast(Table, AiResult.__table__)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+MAX_POLL_LIMIT = 50
+DEFAULT_POLL_LIMIT = 10
+MAX_WAIT_MS = 20_000
+MAX_HEARTBEAT_LEASES = 500
+MAX_ERROR_MESSAGE = 4000
+
+
+@dataclass
+class JobRecord:
+    """One ``ai_runtime_jobs`` row (snake_case; times naive UTC from the database)."""
+
+    seq: int
+    job_id: str
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    snapshot_id: str | None
+    status: str
+    priority: int
+    idempotency_key: str | None
+    params: dict[str, Any]
+    api_key_mode: str
+    credential_id: str | None
+    model_provider: str
+    model_name: str
+    prompt_version: str | None
+    output_schema_version: str | None
+    attempt_no: int
+    retry_count: int
+    max_retry_count: int
+    timeout_seconds: int
+    retried_from_job_id: str | None
+    locked_by: str | None
+    locked_at: datetime | None
+    lock_until: datetime | None
+    available_at: datetime
+    cancel_requested: bool
+    started_at: datetime | None
+    finished_at: datetime | None
+    cancelled_at: datetime | None
+    expired_at: datetime | None
+    error_code: str | None
+    error_message: str | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> JobRecord:
+        """Build from a ``select(jobs)`` row."""
+        m = row._mapping
+        return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """One ``ai_runtime_job_events`` row."""
+
+    job_id: str
+    from_status: str | None
+    to_status: str
+    error_code: str | None
+    actor: str
+    attempt_no: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class InvocationRecord:
+    """One ``ai_runtime_invocation_logs`` row."""
+
+    id: str
+    job_id: str
+    job_type: str
+    attempt_no: int
+    model_provider: str
+    model_name: str
+    api_key_mode: str
+    credential_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cache_hit_tokens: int
+    latency_ms: int
+    outcome: str
+    error_code: str | None
+    provider_request_id: str | None
+    cost_usd: Decimal
+    created_at: datetime
+
+
+@dataclass
+class CreateJobInput:
+    """A create request after transport decoding (SPEC §3.1 create / admin create).
+
+    Attributes:
+        priority, max_retry_count, timeout_seconds: admin overrides; None = defaults.
+        plan: the caller's ``plan`` claim for the per-plan daily quota.
+        actor: ``"user:<id>"`` / ``"admin:<id>"``.
+    """
+
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    params: dict[str, Any] = field(default_factory=dict)
+    api_key_mode: str = "platform_key"
+    idempotency_key: str | None = None
+    priority: int | None = None
+    max_retry_count: int | None = None
+    timeout_seconds: int | None = None
+    plan: str | None = None
+    actor: str = ""
+
+
+@dataclass(frozen=True)
+class SubmitOutcome:
+    """Answer of a result submission (SPEC §3 result)."""
+
+    job_id: str
+    status: str
+    result_id: str
+    output_hash: str
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class LeaseAnswer:
+    """One answer of a batched heartbeat (SPEC §3 leases/heartbeat)."""
+
+    job_id: str
+    attempt_no: int
+    held: bool
+    lock_until: datetime | None
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class AuthorizationView:
+    """Per-user AI authorization (SPEC §6)."""
+
+    granted: bool
+    changed_at: datetime | None
+    cancelled: int = 0
+    cancel_requested: int = 0
+
+
+def new_id() -> str:
+    """A fresh opaque id (uuid4 hex)."""
+    return uuid.uuid4().hex
+
+
+def runtime_actor(instance_id: str) -> str:
+    """Event actor for a runtime instance."""
+    return f"runtime:{instance_id}"
+
+
+def backoff_seconds(
+    settings: JobServiceSettings,
+    retry_count: int,
+    code: str,
+    retry_after: float | None,
+    rng: Callable[[], float] = random.random,
+) -> float:
+    """Delay before a retried job is pollable again (SPEC §2.4).
+
+    ``RETRY_BACKOFF_BASE_SECONDS × 2^(retryCount−1)`` capped at
+    ``RETRY_BACKOFF_MAX_SECONDS``, ±10 % jitter; a longer ``retryAfterSeconds``
+    wins; ``WORKER_SHUTDOWN`` retries at once (0).
+
+    Args:
+        retry_count: the retry count *after* this retry was granted (≥ 1).
+    """
+    if code == ErrorCode.WORKER_SHUTDOWN:
+        return 0.0
+    base = float(settings.RETRY_BACKOFF_BASE_SECONDS) * float(2 ** max(0, retry_count - 1))
+    delay = min(base, settings.RETRY_BACKOFF_MAX_SECONDS) * (0.9 + 0.2 * rng())
+    if retry_after is not None and retry_after > delay:
+        delay = float(retry_after)
+    return delay
+
+
+def cost_usd(
+    prices: dict[str, dict[str, float]],
+    model_name: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cache_hit_tokens: int,
+) -> Decimal:
+    """Cost of one call from ``MODEL_PRICES`` (USD per million tokens); unknown models cost 0."""
+    p = prices.get(model_name)
+    if not p:
+        return Decimal(0)
+    hit = max(0, min(cache_hit_tokens, prompt_tokens))
+    miss = max(0, prompt_tokens - hit)
+    total = (
+        Decimal(str(p.get("cacheHitInput", 0))) * hit
+        + Decimal(str(p.get("cacheMissInput", 0))) * miss
+        + Decimal(str(p.get("output", 0))) * max(0, completion_tokens)
+    ) / Decimal(1_000_000)
+    return total.quantize(Decimal("0.00000001"))
+
+
+class JobDomain:
+    """Every job operation; one instance per process, shared by all RPCs.
+
+    Args:
+        sessions: the job database's session factory.
+        clock: the database clock of that engine's dialect.
+        settings: job_service settings.
+        learning: snapshot/result delegate.
+        credentials: credential service client.
+    """
+
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        clock: DbClock,
+        settings: JobServiceSettings,
+        learning: LearningPort,
+        credentials: CredentialChecker,
+    ) -> None:
+        self.sessions = sessions
+        self.clock = clock
+        self.settings = settings
+        self.learning = learning
+        self.credentials = credentials
+        self.signal = JobSignal()
+        self.registry = WorkerRegistry(clock)
+        #: SQLite has one writer: queue this process's write transactions here.
+        self._write_lock: asyncio.Lock | None = asyncio.Lock() if clock.is_sqlite else None
+
+    # ---------------------------------------------------------------- helpers
+
+    async def tx(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction, retried on transient errors."""
+
+        async def run() -> T:
+            token = WRITE_TX.set(True)
+            try:
+                if self._write_lock is None:
+                    async with self.sessions() as session, session.begin():
+                        return await fn(session)
+                async with self._write_lock, self.sessions() as session, session.begin():
+                    return await fn(session)
+            finally:
+                WRITE_TX.reset(token)
+
+        return await retry_transient(run)
+
+    def _for_update(self, stmt: Any) -> Any:
+        return stmt if self.clock.is_sqlite else stmt.with_for_update()
+
+    async def _get(
+        self, session: AsyncSession, job_id: str, *, lock: bool = False
+    ) -> JobRecord | None:
+        stmt = select(jobs).where(jobs.c.job_id == job_id)
+        if lock:
+            stmt = self._for_update(stmt)
+        row = (await session.execute(stmt)).first()
+        return JobRecord.from_row(row) if row is not None else None
+
+    async def _must_get(
+        self, session: AsyncSession, job_id: str, *, user_id: str | None = None, lock: bool = False
+    ) -> JobRecord:
+        job = await self._get(session, job_id, lock=lock)
+        if job is None or (user_id is not None and job.user_id != user_id):
+            raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
+        return job
+
+    def _lease_lost(self, job: JobRecord | None, lease: Lease) -> AppError:
+        if job is None:
+            return AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": lease.job_id})
+        return AppError(
+            ErrorCode.LOCK_NOT_HELD,
+            "the caller does not hold this job's lease",
+            {"jobId": lease.job_id, "attemptNo": lease.attempt_no, "status": job.status},
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, job_id: str, user_id: str | None = None) -> JobRecord:
+        """One job; another user's job is ``JOB_NOT_FOUND`` (SPEC §4)."""
+        async with self.sessions() as session:
+            return await self._must_get(session, job_id, user_id=user_id)
+
+    async def history(self, job_id: str) -> tuple[list[EventRecord], list[InvocationRecord]]:
+        """Events (oldest first) and invocations of a job (admin view)."""
+        async with self.sessions() as session:
+            ev = (
+                await session.execute(
+                    select(events).where(events.c.job_id == job_id).order_by(events.c.seq)
+                )
+            ).all()
+            inv = (
+                await session.execute(
+                    select(invocations)
+                    .where(invocations.c.job_id == job_id)
+                    .order_by(invocations.c.seq)
+                )
+            ).all()
+        return (
+            [
+                EventRecord(
+                    r.job_id, r.from_status, r.to_status, r.error_code, r.actor, r.attempt_no, r.at
+                )
+                for r in ev
+            ],
+            [
+                InvocationRecord(**{f.name: r._mapping[f.name] for f in fields(InvocationRecord)})
+                for r in inv
+            ],
+        )
+
+    async def list_jobs(
+        self,
+        *,
+        user_id: str | None,
+        status: str | None,
+        job_type: str | None,
+        page_size: int,
+        page_token: str,
+    ) -> tuple[list[JobRecord], str]:
+        """Jobs newest first with an opaque page token (SPEC §3.1 paging).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a page size outside 1..100 or a bad token.
+        """
+        if page_size == 0:
+            page_size = 20
+        if not 1 <= page_size <= 100:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "pageSize must be between 1 and 100",
+                {"field": "pageSize", "value": page_size},
+            )
+        stmt = select(jobs)
+        if user_id is not None:
+            stmt = stmt.where(jobs.c.user_id == user_id)
+        if status is not None:
+            stmt = stmt.where(jobs.c.status == status)
+        if job_type is not None:
+            stmt = stmt.where(jobs.c.job_type == job_type)
+        if page_token:
+            try:
+                before = int(
+                    base64.urlsafe_b64decode(page_token.encode()).decode().removeprefix("s:")
+                )
+            except (ValueError, UnicodeDecodeError):
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT, "invalid pageToken", {"field": "pageToken"}
+                ) from None
+            stmt = stmt.where(jobs.c.seq < before)
+        stmt = stmt.order_by(jobs.c.seq.desc()).limit(page_size + 1)
+        async with self.sessions() as session:
+            rows = [JobRecord.from_row(r) for r in (await session.execute(stmt)).all()]
+        token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            token = base64.urlsafe_b64encode(f"s:{rows[-1].seq}".encode()).decode()
+        return rows, token
+
+    # ----------------------------------------------------------------- create
+
+    async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
+        """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).
+
+        Returns:
+            ``(job, replayed)``.
+
+        Raises:
+            AppError: INVALID_ARGUMENT, NOT_FOUND (target), AI_NOT_AUTHORIZED,
+                QUOTA_EXCEEDED, PLATFORM_BUDGET_EXCEEDED, PLATFORM_CIRCUIT_OPEN,
+                INVALID_CREDENTIAL.
+        """
+        if req.job_type not in JOB_TYPES:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "unknown jobType", {"field": "jobType"})
+        if not req.user_id:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
+        if req.target_type == "user":
+            if not req.target_id:
+                req.target_id = req.user_id
+            elif req.target_id != req.user_id:
+                raise AppError(ErrorCode.NOT_FOUND, "target not found", {"targetId": req.target_id})
+        if not req.target_id:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT, "targetId is required", {"field": "targetId"}
+            )
+        if req.idempotency_key is not None and not 1 <= len(req.idempotency_key) <= 255:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "idempotency key must be 1..255 characters",
+                {"field": "idempotencyKey"},
+            )
+        check_range("maxRetryCount", req.max_retry_count, 0, 10)
+        check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
+        if req.priority is not None:
+            check_range("priority", req.priority, 0, 1000)
+        params = normalize_params(req.job_type, req.params)
+
+        if req.idempotency_key is not None:
+            existing = await self._by_scope(req)
+            if existing is not None:
+                return existing, True
+
+        credential_id = await self.credentials.check(req.user_id, req.api_key_mode)
+
+        async def body(session: AsyncSession) -> JobRecord:
+            await self._admission(session, req)
+            snapshot_id = await self.learning.build_snapshot(
+                session,
+                user_id=req.user_id,
+                job_type=req.job_type,
+                target_type=req.target_type,
+                target_id=req.target_id,
+                params=params,
+            )
+            job_id = new_id()
+            await self._insert_job(
+                session,
+                job_id=job_id,
+                user_id=req.user_id,
+                job_type=req.job_type,
+                target_type=req.target_type,
+                target_id=req.target_id,
+                snapshot_id=snapshot_id,
+                params=params,
+                api_key_mode=req.api_key_mode,
+                credential_id=credential_id,
+                idempotency_key=req.idempotency_key,
+                priority=req.priority,
+                max_retry_count=req.max_retry_count,
+                timeout_seconds=req.timeout_seconds,
+                retried_from_job_id=None,
+                actor=req.actor or f"user:{req.user_id}",
+            )
+            return await self._must_get(session, job_id)
+
+        try:
+            job = await self.tx(body)
+        except IntegrityError:
+            if req.idempotency_key is None:
+                raise
+            existing = await self._by_scope(req)
+            if existing is None:
+                raise
+            return existing, True
+        metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
+        self.signal.notify()
+        log.info("job created", extra={"fields": {"jobId": job.job_id, "jobType": job.job_type}})
+        return job, False
+
+    async def _by_scope(self, req: CreateJobInput) -> JobRecord | None:
+        async with self.sessions() as session:
+            row = (
+                await session.execute(
+                    select(jobs).where(
+                        jobs.c.user_id == req.user_id,
+                        jobs.c.job_type == req.job_type,
+                        jobs.c.target_type == req.target_type,
+                        jobs.c.target_id == req.target_id,
+                        jobs.c.idempotency_key == req.idempotency_key,
+                    )
+                )
+            ).first()
+        return JobRecord.from_row(row) if row is not None else None
+
+    async def _admission(self, session: AsyncSession, req: CreateJobInput) -> None:
+        granted = (
+            await session.execute(
+                select(authorizations.c.granted).where(authorizations.c.user_id == req.user_id)
+            )
+        ).scalar_one_or_none()
+        if granted is False:
+            raise AppError(
+                ErrorCode.AI_NOT_AUTHORIZED, "AI features are turned off for this user", None
+            )
+        quota = self.settings.USER_DAILY_JOB_QUOTA
+        if req.plan and req.plan in self.settings.PLAN_DAILY_JOB_QUOTAS:
+            quota = self.settings.PLAN_DAILY_JOB_QUOTAS[req.plan]
+        if quota > 0:
+            used = (
+                await session.execute(
+                    select(func.count())
+                    .select_from(jobs)
+                    .where(
+                        jobs.c.user_id == req.user_id, jobs.c.created_at >= self.clock.day_start()
+                    )
+                )
+            ).scalar_one()
+            if used >= quota:
+                raise AppError(
+                    ErrorCode.QUOTA_EXCEEDED,
+                    "daily AI job quota reached",
+                    {"quota": quota, "used": int(used)},
+                )
+        if req.api_key_mode == "platform_key":
+            await self._platform_guards(session)
+
+    async def _platform_guards(self, session: AsyncSession) -> None:
+        budget = self.settings.PLATFORM_DAILY_BUDGET_USD
+        spent = (
+            await session.execute(
+                select(func.coalesce(func.sum(invocations.c.cost_usd), 0)).where(
+                    invocations.c.api_key_mode == "platform_key",
+                    invocations.c.created_at >= self.clock.day_start(),
+                )
+            )
+        ).scalar_one()
+        if Decimal(str(spent)) >= Decimal(str(budget)):
+            raise AppError(
+                ErrorCode.PLATFORM_BUDGET_EXCEEDED,
+                "the platform's daily AI budget is used up",
+                {"budgetUsd": budget, "spentUsd": float(spent)},
+            )
+        await breaker_mod.admit_new_job(session, self.clock, self.settings)
+
+    async def _insert_job(
+        self,
+        session: AsyncSession,
+        *,
+        job_id: str,
+        user_id: str,
+        job_type: str,
+        target_type: str,
+        target_id: str,
+        snapshot_id: str | None,
+        params: dict[str, Any],
+        api_key_mode: str,
+        credential_id: str | None,
+        idempotency_key: str | None,
+        priority: int | None,
+        max_retry_count: int | None,
+        timeout_seconds: int | None,
+        retried_from_job_id: str | None,
+        actor: str,
+        model_provider: str = "deepseek",
+        model_name: str = "deepseek-chat",
+    ) -> None:
+        s = self.settings
+        now = self.clock.now()
+        await session.execute(
+            insert(jobs).values(
+                job_id=job_id,
+                user_id=user_id,
+                job_type=job_type,
+                target_type=target_type,
+                target_id=target_id,
+                snapshot_id=snapshot_id,
+                status=PENDING,
+                priority=s.DEFAULT_PRIORITY if priority is None else priority,
+                idempotency_key=idempotency_key,
+                params=params,
+                api_key_mode=api_key_mode,
+                credential_id=credential_id,
+                model_provider=model_provider,
+                model_name=model_name,
+                attempt_no=0,
+                retry_count=0,
+                max_retry_count=s.MAX_RETRY_COUNT if max_retry_count is None else max_retry_count,
+                timeout_seconds=s.JOB_TIMEOUT_SECONDS
+                if timeout_seconds is None
+                else timeout_seconds,
+                retried_from_job_id=retried_from_job_id,
+                cancel_requested=False,
+                available_at=now,
+                created_at=now,
+                updated_at=now,
+            )
+        )
+        # created_at and available_at come from one statement, so they are equal.
+        await self.learning.create_generation_plan(
+            session,
+            job_id=job_id,
+            user_id=user_id,
+            job_type=job_type,
+            target_type=target_type,
+            target_id=target_id,
+            params=params,
+        )
+        await record_event(
+            session,
+            self.clock,
+            job_id=job_id,
+            from_status=None,
+            to_status=PENDING,
+            actor=actor,
+            attempt_no=0,
+        )
+
+    # ------------------------------------------------------------ scheduling
+
+    def _poll_query(self, capabilities: Sequence[str], limit: int) -> Any:
+        return (
+            select(jobs)
+            .where(
+                jobs.c.status == PENDING,
+                jobs.c.job_type.in_(list(capabilities)),
+                jobs.c.available_at <= self.clock.now(),
+            )
+            .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+            .limit(limit)
+        )
+
+    @staticmethod
+    def check_poll_args(capabilities: Sequence[str], limit: int, wait_ms: int) -> int:
+        """Validate poll/claim arguments (SPEC §2.6); returns the effective limit.
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for empty/unknown capabilities, limit < 0
+                (0 means the default 10) or ``waitMs`` outside 0..20000.
+        """
+        if not capabilities:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "capabilities must not be empty",
+                {"field": "capabilities"},
+            )
+        unknown = [c for c in capabilities if c not in JOB_TYPES]
+        if unknown:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "unknown capabilities",
+                {"field": "capabilities", "value": unknown},
+            )
+        if limit < 0:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "limit must be ≥ 1", {"field": "limit"})
+        if not 0 <= wait_ms <= MAX_WAIT_MS:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT, "waitMs must be 0..20000", {"field": "waitMs"}
+            )
+        return min(limit or DEFAULT_POLL_LIMIT, MAX_POLL_LIMIT)
+
+    async def seen(
+        self,
+        instance_id: str,
+        capabilities: list[str] | None = None,
+        status_address: str | None = None,
+    ) -> None:
+        """Registry upsert for a runtime call (throttled to once a second per instance)."""
+        if not self.registry.due(instance_id, force=bool(capabilities)):
+            return
+
+        async def body(session: AsyncSession) -> None:
+            await self.registry.touch(session, instance_id, capabilities, status_address)
+
+        try:
+            await self.tx(body)
+        except Exception:  # the registry must never fail a runtime call
+            log.warning("worker registry update failed", exc_info=True)
+
+    async def poll(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
+    ) -> list[JobRecord]:
+        """Pending jobs the caller can run, not locked (SPEC §2.6), long-polling up to ``wait_ms``."""
+        n = self.check_poll_args(capabilities, limit, wait_ms)
+
+        async def once() -> list[JobRecord]:
+            async with self.sessions() as session:
+                rows = (await session.execute(self._poll_query(capabilities, n))).all()
+            return [JobRecord.from_row(r) for r in rows]
+
+        return await self._long_poll(once, wait_ms)
+
+    async def claim(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
+    ) -> list[JobRecord]:
+        """Poll + lock up to ``limit`` jobs in one short transaction (SPEC §3 claim).
+
+        On MySQL/MariaDB the candidate rows are taken ``FOR UPDATE SKIP LOCKED``
+        so concurrent claimers get disjoint batches; on SQLite the transaction
+        holds the single write lock.
+        """
+        n = self.check_poll_args(capabilities, limit, wait_ms)
+        lease_s = self.settings.LOCK_LEASE_SECONDS
+        actor = runtime_actor(instance_id)
+
+        async def body(session: AsyncSession) -> list[JobRecord]:
+            q = (
+                select(jobs.c.job_id)
+                .where(
+                    jobs.c.status == PENDING,
+                    jobs.c.job_type.in_(list(capabilities)),
+                    jobs.c.available_at <= self.clock.now(),
+                )
+                .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                .limit(n)
+            )
+            if not self.clock.is_sqlite:
+                q = q.with_for_update(skip_locked=True)
+            ids = list((await session.execute(q)).scalars())
+            if not ids:
+                return []
+            await apply_many(
+                session,
+                self.clock,
+                Op.LOCK,
+                job_ids=ids,
+                where=lock_guard(self.clock),
+                values=self._lock_values(instance_id, lease_s),
+            )
+            rows = (
+                await session.execute(
+                    select(jobs)
+                    .where(
+                        jobs.c.job_id.in_(ids),
+                        jobs.c.status == LOCKED,
+                        jobs.c.locked_by == instance_id,
+                    )
+                    .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                )
+            ).all()
+            out = [JobRecord.from_row(r) for r in rows]
+            if out:
+                await session.execute(
+                    insert(events),
+                    [
+                        {
+                            "job_id": j.job_id,
+                            "from_status": PENDING,
+                            "to_status": LOCKED,
+                            "error_code": None,
+                            "actor": actor,
+                            "attempt_no": j.attempt_no,
+                            "at": j.locked_at,
+                        }
+                        for j in out
+                    ],
+                )
+            return out
+
+        async def once() -> list[JobRecord]:
+            return await self.tx(body)
+
+        claimed = await self._long_poll(once, wait_ms)
+        for job in claimed:
+            self._observe_pickup(job)
+        return claimed
+
+    def _lock_values(self, instance_id: str, lease_s: float) -> dict[str, Any]:
+        return {
+            "attempt_no": jobs.c.attempt_no + 1,
+            "locked_by": instance_id,
+            "locked_at": self.clock.now(),
+            "lock_until": self.clock.plus(lease_s),
+        }
+
+    async def _lock_event(self, session: AsyncSession, job: JobRecord) -> None:
+        await record_event(
+            session,
+            self.clock,
+            job_id=job.job_id,
+            from_status=PENDING,
+            to_status=LOCKED,
+            actor=runtime_actor(job.locked_by or ""),
+            attempt_no=job.attempt_no,
+        )
+
+    def _observe_pickup(self, job: JobRecord) -> None:
+        if job.locked_at is not None:
+            delay = (job.locked_at - job.available_at).total_seconds()
+            metrics.PICKUP_LATENCY.labels(job.job_type).observe(max(0.0, delay))
+
+    async def _long_poll(
+        self, once: Callable[[], Awaitable[list[JobRecord]]], wait_ms: int
+    ) -> list[JobRecord]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000.0
+        while True:
+            found = await once()
+            remaining = deadline - loop.time()
+            if found or remaining <= 0:
+                return found
+            await self.signal.wait(min(RECHECK_SECONDS, remaining))
+
+    async def lock(self, job_id: str, instance_id: str) -> JobRecord:
+        """pending → locked for the caller (SPEC §2.3 lock).
+
+        Raises:
+            AppError: JOB_NOT_FOUND; INVALID_JOB_STATE (terminal/cancelled);
+                JOB_ALREADY_LOCKED (leased, or a pending job whose old lease has not lapsed).
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            ok = await apply(
+                session,
+                self.clock,
+                Op.LOCK,
+                job_id=job_id,
+                actor=runtime_actor(instance_id),
+                where=lock_guard(self.clock),
+                values=self._lock_values(instance_id, self.settings.LOCK_LEASE_SECONDS),
+                record=False,
+            )
+            job = await self._must_get(session, job_id)
+            if not ok:
+                if job.status in TERMINAL:
+                    raise AppError(
+                        ErrorCode.INVALID_JOB_STATE,
+                        f"job is {job.status}",
+                        {"jobId": job_id, "status": job.status},
+                    )
+                raise AppError(
+                    ErrorCode.JOB_ALREADY_LOCKED,
+                    "job is already locked",
+                    {"jobId": job_id, "status": job.status},
+                )
+            await self._lock_event(session, job)
+            return job
+
+        job = await self.tx(body)
+        self._observe_pickup(job)
+        return job
+
+    # ---------------------------------------------------------- lease holder
+
+    async def _start_or_renew(
+        self, session: AsyncSession, lease: Lease, *, renew: bool
+    ) -> JobRecord | None:
+        """locked → running (implied start) and/or renew; None when the lease is not held."""
+        actor = runtime_actor(lease.instance_id)
+        values: dict[str, Any] = {"started_at": self.clock.now()}
+        if renew:
+            values["lock_until"] = self.clock.plus(self.settings.LOCK_LEASE_SECONDS)
+        ok = await apply(
+            session,
+            self.clock,
+            Op.START,
+            job_id=lease.job_id,
+            actor=actor,
+            lease=lease,
+            values=values,
+        )
+        if not ok and renew:
+            ok = await apply(
+                session,
+                self.clock,
+                Op.RENEW,
+                job_id=lease.job_id,
+                actor=actor,
+                lease=lease,
+                values={"lock_until": self.clock.plus(self.settings.LOCK_LEASE_SECONDS)},
+            )
+        if not ok:
+            row = (
+                await session.execute(select(jobs).where(lease_guard(self.clock, lease)))
+            ).first()
+            if row is None:
+                return None
+            return JobRecord.from_row(row)
+        return await self._get(session, lease.job_id)
+
+    async def start(self, lease: Lease) -> JobRecord:
+        """locked → running; a repeat by the holder returns the same ``startedAt`` (SPEC §2.3).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, LOCK_NOT_HELD.
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            job = await self._start_or_renew(session, lease, renew=False)
+            if job is None:
+                raise self._lease_lost(await self._get(session, lease.job_id), lease)
+            return job
+
+        return await self.tx(body)
+
+    async def heartbeat(self, lease: Lease) -> JobRecord:
+        """Renew the lease (``lockUntil = now + lease``); implies start (SPEC §2.3).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, LOCK_NOT_HELD (the lease lapsed or moved: stop work).
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            job = await self._start_or_renew(session, lease, renew=True)
+            if job is None:
+                raise self._lease_lost(await self._get(session, lease.job_id), lease)
+            return job
+
+        try:
+            return await self.tx(body)
+        except AppError as err:
+            if err.code == ErrorCode.LOCK_NOT_HELD:
+                metrics.LEASE_LOSSES.labels("heartbeat").inc()
+            raise
+
+    async def heartbeat_leases(
+        self, instance_id: str, leases: list[tuple[str, int]]
+    ) -> list[LeaseAnswer]:
+        """Renew up to 500 leases; one answer per lease, in order (SPEC §3).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for more than 500 leases.
+        """
+        if len(leases) > MAX_HEARTBEAT_LEASES:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "at most 500 leases", {"field": "leases"})
+
+        async def body(session: AsyncSession) -> list[LeaseAnswer]:
+            out: list[LeaseAnswer] = []
+            for job_id, attempt_no in leases:
+                job = await self._start_or_renew(
+                    session, Lease(job_id, instance_id, attempt_no), renew=True
+                )
+                if job is None:
+                    out.append(LeaseAnswer(job_id, attempt_no, False, None, False))
+                else:
+                    out.append(
+                        LeaseAnswer(job_id, attempt_no, True, job.lock_until, job.cancel_requested)
+                    )
+            return out
+
+        return await self.tx(body)
+
+    async def verify_lease(self, lease: Lease, *, start: bool = False) -> JobRecord:
+        """The job when ``lease`` is live (SPEC §3 fencing); ``start=True`` implies start.
+
+        Raises:
+            AppError: JOB_NOT_FOUND, LOCK_NOT_HELD.
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            if start:
+                job = await self._start_or_renew(session, lease, renew=False)
+            else:
+                row = (
+                    await session.execute(select(jobs).where(lease_guard(self.clock, lease)))
+                ).first()
+                job = JobRecord.from_row(row) if row is not None else None
+            if job is None:
+                raise self._lease_lost(await self._get(session, lease.job_id), lease)
+            return job
+
+        return await self.tx(body)
+
+    async def snapshot(self, lease: Lease) -> SnapshotView:
+        """The leased job's snapshot; reading it implies start (SPEC §2.3, §3).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, LOCK_NOT_HELD, INVALID_SNAPSHOT (job has none).
+        """
+        job = await self.verify_lease(lease, start=True)
+        if not job.snapshot_id:
+            raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no snapshot", {"jobId": job.job_id})
+        async with self.sessions() as session:
+            return await self.learning.load_snapshot(session, job.snapshot_id)
+
+    async def submit_result(
+        self,
+        lease: Lease,
+        *,
+        prompt_version: str | None,
+        output_schema_version: str,
+        output: Any,
+    ) -> SubmitOutcome:
+        """Accept an attempt's output (SPEC §2.3 result, §2.5 idempotency, §5 validation).
+
+        Order: exact replay (200) → already succeeded with another hash
+        (RESULT_ALREADY_EXISTS) → lease (LOCK_NOT_HELD) → validation (INVALID_SCHEMA:
+        business rows rolled back, job → failed, committed, then raised).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA.
+        """
+        output_hash = content_hash(output)
+        key = f"{lease.job_id}:{lease.attempt_no}:{output_hash}"
+        actor = runtime_actor(lease.instance_id)
+        invalid: list[AppError] = []
+        job_types: list[str] = []
+
+        async def body(session: AsyncSession) -> SubmitOutcome:
+            invalid.clear()
+            prior = (
+                await session.execute(
+                    select(results.c.result_id).where(results.c.idempotency_key == key)
+                )
+            ).scalar_one_or_none()
+            job = await self._get(session, lease.job_id, lock=True)
+            if job is None:
+                raise self._lease_lost(None, lease)
+            job_types[:] = [job.job_type]
+            if prior is not None:
+                return SubmitOutcome(job.job_id, job.status, prior, output_hash, True)
+            if job.status == SUCCEEDED:
+                raise AppError(
+                    ErrorCode.RESULT_ALREADY_EXISTS,
+                    "the job already has a different result",
+                    {"jobId": job.job_id},
+                )
+            held = (
+                await session.execute(select(jobs.c.job_id).where(lease_guard(self.clock, lease)))
+            ).first()
+            if held is None:
+                metrics.LEASE_LOSSES.labels("result").inc()
+                raise self._lease_lost(job, lease)
+            if not isinstance(output, dict):
+                err = AppError(ErrorCode.INVALID_SCHEMA, "output must be a JSON object", None)
+            else:
+                err = None
+                nested = await session.begin_nested()
+                try:
+                    await self.learning.accept_result(
+                        session,
+                        job_id=job.job_id,
+                        user_id=job.user_id,
+                        job_type=job.job_type,
+                        snapshot_id=job.snapshot_id or "",
+                        output_schema_version=output_schema_version,
+                        output=output,
+                    )
+                except AppError as exc:
+                    await nested.rollback()
+                    if exc.code != ErrorCode.INVALID_SCHEMA:
+                        raise
+                    err = exc
+                else:
+                    await nested.commit()
+            if err is not None:
+                message = (err.message or "invalid output")[:MAX_ERROR_MESSAGE]
+                ok = await apply(
+                    session,
+                    self.clock,
+                    Op.FAIL,
+                    job_id=job.job_id,
+                    actor=actor,
+                    lease=lease,
+                    from_state=job.status,
+                    error_code=ErrorCode.INVALID_SCHEMA,
+                    values={
+                        "lock_until": None,
+                        "finished_at": self.clock.now(),
+                        "error_code": ErrorCode.INVALID_SCHEMA,
+                        "error_message": message,
+                        "prompt_version": prompt_version,
+                        "output_schema_version": output_schema_version,
+                    },
+                )
+                if not ok:
+                    raise self._lease_lost(job, lease)
+                invalid.append(err)
+                return SubmitOutcome(job.job_id, FAILED, "", output_hash, False)
+            result_id = new_id()
+            await session.execute(
+                insert(results).values(
+                    result_id=result_id,
+                    idempotency_key=key,
+                    job_id=job.job_id,
+                    attempt_no=lease.attempt_no,
+                    output_hash=output_hash,
+                    prompt_version=prompt_version,
+                    output_schema_version=output_schema_version,
+                    output=output,
+                    created_at=self.clock.now(),
+                )
+            )
+            ok = await apply(
+                session,
+                self.clock,
+                Op.SUCCEED,
+                job_id=job.job_id,
+                actor=actor,
+                lease=lease,
+                from_state=job.status,
+                values={
+                    "lock_until": None,
+                    "finished_at": self.clock.now(),
+                    "prompt_version": prompt_version,
+                    "output_schema_version": output_schema_version,
+                    "error_code": None,
+                    "error_message": None,
+                },
+            )
+            if not ok:
+                raise self._lease_lost(job, lease)
+            if job.api_key_mode == "platform_key":
+                await breaker_mod.record_ending(session, self.clock, self.settings, None)
+            return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+
+        outcome = await self.tx(body)
+        if invalid:
+            metrics.JOBS_FINISHED.labels(job_types[0], FAILED).inc()
+            err = invalid[0]
+            raise AppError(ErrorCode.INVALID_SCHEMA, err.message, err.details)
+        if not outcome.replayed:
+            metrics.JOBS_FINISHED.labels(job_types[0], SUCCEEDED).inc()
+        return outcome
+
+    async def fail(
+        self,
+        lease: Lease,
+        *,
+        error_code: str,
+        error_message: str,
+        retry_after_seconds: float | None = None,
+    ) -> JobRecord:
+        """End an attempt with a failure (SPEC §2.3, §2.4).
+
+        cancelRequested or ``CANCELLED`` → cancelled; a retryable code with retries
+        left → pending (``retryCount+1``, ``availableAt = now + backoff``); otherwise
+        failed. A repeat of the fail that ended this attempt answers the current state.
+
+        Raises:
+            AppError: INVALID_ARGUMENT (empty code), JOB_NOT_FOUND, LOCK_NOT_HELD.
+        """
+        if not error_code:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT, "errorCode is required", {"field": "errorCode"}
+            )
+        if retry_after_seconds is not None and retry_after_seconds < 0:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "retryAfterSeconds must be ≥ 0",
+                {"field": "retryAfterSeconds"},
+            )
+        error_code = error_code[:64]
+        message = (error_message or "")[:MAX_ERROR_MESSAGE]
+        actor = runtime_actor(lease.instance_id)
+        mark_credential: list[str] = []
+
+        async def body(session: AsyncSession) -> JobRecord:
+            mark_credential.clear()
+            row = (
+                await session.execute(
+                    self._for_update(select(jobs).where(lease_guard(self.clock, lease)))
+                )
+            ).first()
+            if row is None:
+                job = await self._get(session, lease.job_id)
+                if job is not None and await self._is_repeat_fail(session, job, lease, error_code):
+                    return job
+                metrics.LEASE_LOSSES.labels("fail").inc()
+                raise self._lease_lost(job, lease)
+            job = JobRecord.from_row(row)
+            common = {"lock_until": None, "error_code": error_code, "error_message": message}
+            if job.cancel_requested or error_code == ErrorCode.CANCELLED:
+                op = Op.ACK_CANCEL
+                values = {
+                    **common,
+                    "cancelled_at": self.clock.now(),
+                    "finished_at": self.clock.now(),
+                }
+            elif is_retryable(error_code) and job.retry_count < job.max_retry_count:
+                op = Op.RETRY
+                delay = backoff_seconds(
+                    self.settings, job.retry_count + 1, error_code, retry_after_seconds
+                )
+                values = {
+                    **common,
+                    "locked_by": None,
+                    "retry_count": jobs.c.retry_count + 1,
+                    "available_at": self.clock.plus(delay),
+                }
+            else:
+                op = Op.FAIL
+                values = {**common, "finished_at": self.clock.now()}
+            ok = await apply(
+                session,
+                self.clock,
+                op,
+                job_id=job.job_id,
+                actor=actor,
+                lease=lease,
+                from_state=job.status,
+                error_code=error_code,
+                values=values,
+                where=jobs.c.retry_count == job.retry_count,
+            )
+            if not ok:
+                raise self._lease_lost(job, lease)
+            if job.api_key_mode == "platform_key":
+                await breaker_mod.record_ending(session, self.clock, self.settings, error_code)
+            elif error_code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
+                mark_credential.append(job.credential_id)
+            out = await self._get(session, job.job_id)
+            assert out is not None
+            return out
+
+        job = await self.tx(body)
+        for credential_id in mark_credential:
+            await self.credentials.mark_invalid(credential_id, "model refused the key")
+        if job.status == PENDING:
+            self.signal.notify()
+        elif job.status in TERMINAL:
+            metrics.JOBS_FINISHED.labels(job.job_type, job.status).inc()
+        return job
+
+    async def _is_repeat_fail(
+        self, session: AsyncSession, job: JobRecord, lease: Lease, error_code: str
+    ) -> bool:
+        if job.attempt_no != lease.attempt_no or job.status in LEASED:
+            return False
+        last = (
+            await session.execute(
+                select(events.c.actor, events.c.error_code, events.c.attempt_no)
+                .where(events.c.job_id == job.job_id)
+                .order_by(events.c.seq.desc())
+                .limit(1)
+            )
+        ).first()
+        return (
+            last is not None
+            and last.actor == runtime_actor(lease.instance_id)
+            and last.error_code == error_code
+            and last.attempt_no == lease.attempt_no
+        )
+
+    # ------------------------------------------------------- cancel and auth
+
+    async def cancel(self, job_id: str, *, user_id: str | None, actor: str) -> JobRecord:
+        """pending → cancelled; leased → cancelRequested; terminal → INVALID_JOB_STATE (SPEC §2.3).
+
+        Raises:
+            AppError: JOB_NOT_FOUND (also another user's job), INVALID_JOB_STATE.
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            job = await self._must_get(session, job_id, user_id=user_id, lock=True)
+            if job.status == PENDING:
+                ok = await apply(
+                    session,
+                    self.clock,
+                    Op.CANCEL_PENDING,
+                    job_id=job_id,
+                    actor=actor,
+                    attempt_no=job.attempt_no,
+                    values={
+                        "cancelled_at": self.clock.now(),
+                        "finished_at": self.clock.now(),
+                        "cancel_requested": True,
+                        "locked_by": None,
+                        "lock_until": None,
+                    },
+                )
+            elif job.status in LEASED:
+                if job.cancel_requested:
+                    return job
+                ok = await apply(
+                    session,
+                    self.clock,
+                    Op.REQUEST_CANCEL,
+                    job_id=job_id,
+                    actor=actor,
+                    from_state=job.status,
+                    attempt_no=job.attempt_no,
+                    values={"cancel_requested": True},
+                )
+            else:
+                raise AppError(
+                    ErrorCode.INVALID_JOB_STATE,
+                    f"job is {job.status}",
+                    {"jobId": job_id, "status": job.status},
+                )
+            if not ok:  # pragma: no cover - the row is locked / the writer is single
+                raise AppError(ErrorCode.INVALID_JOB_STATE, "job changed", {"jobId": job_id})
+            return await self._must_get(session, job_id)
+
+        job = await self.tx(body)
+        if job.status == CANCELLED:
+            metrics.JOBS_FINISHED.labels(job.job_type, CANCELLED).inc()
+        return job
+
+    async def get_authorization(self, user_id: str) -> AuthorizationView:
+        """Per-user AI authorization; granted by default (SPEC §6)."""
+        async with self.sessions() as session:
+            row = (
+                await session.execute(
+                    select(authorizations.c.granted, authorizations.c.changed_at).where(
+                        authorizations.c.user_id == user_id
+                    )
+                )
+            ).first()
+        if row is None:
+            return AuthorizationView(True, None)
+        return AuthorizationView(bool(row.granted), row.changed_at)
+
+    async def set_authorization(self, user_id: str, granted: bool) -> AuthorizationView:
+        """Grant or revoke AI for a user; revoking cancels pending and flags leased jobs (SPEC §6).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` without a user id.
+        """
+        if not user_id:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
+        actor = f"user:{user_id}"
+
+        async def body(session: AsyncSession) -> AuthorizationView:
+            exists = (
+                await session.execute(
+                    self._for_update(
+                        select(authorizations.c.user_id).where(authorizations.c.user_id == user_id)
+                    )
+                )
+            ).first()
+            if exists is None:
+                await session.execute(
+                    insert(authorizations).values(
+                        user_id=user_id, granted=granted, changed_at=self.clock.now()
+                    )
+                )
+            else:
+                await session.execute(
+                    update(authorizations)
+                    .where(authorizations.c.user_id == user_id)
+                    .values(granted=granted, changed_at=self.clock.now())
+                )
+            cancelled = requested = 0
+            if not granted:
+                rows = (
+                    await session.execute(
+                        self._for_update(
+                            select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+                                jobs.c.user_id == user_id,
+                                jobs.c.status.in_([PENDING, LOCKED, RUNNING]),
+                            )
+                        )
+                    )
+                ).all()
+                for r in rows:
+                    if r.status == PENDING:
+                        ok = await apply(
+                            session,
+                            self.clock,
+                            Op.CANCEL_PENDING,
+                            job_id=r.job_id,
+                            actor=actor,
+                            attempt_no=r.attempt_no,
+                            values={
+                                "cancelled_at": self.clock.now(),
+                                "finished_at": self.clock.now(),
+                                "cancel_requested": True,
+                            },
+                        )
+                        cancelled += int(ok)
+                    else:
+                        ok = await apply(
+                            session,
+                            self.clock,
+                            Op.REQUEST_CANCEL,
+                            job_id=r.job_id,
+                            actor=actor,
+                            from_state=r.status,
+                            attempt_no=r.attempt_no,
+                            where=jobs.c.cancel_requested.is_(False),
+                            values={"cancel_requested": True},
+                        )
+                        requested += int(ok)
+            changed = (
+                await session.execute(
+                    select(authorizations.c.changed_at).where(authorizations.c.user_id == user_id)
+                )
+            ).scalar_one()
+            return AuthorizationView(granted, changed, cancelled, requested)
+
+        return await self.tx(body)
+
+    # ------------------------------------------------------------------ rerun
+
+    async def rerun(self, job_id: str, *, rebuild_snapshot: bool, actor: str) -> JobRecord:
+        """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (SPEC §2.3).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, INVALID_JOB_STATE (not failed), PLATFORM_CIRCUIT_OPEN,
+                PLATFORM_BUDGET_EXCEEDED, NOT_FOUND (target gone, when rebuilding).
+        """
+
+        async def body(session: AsyncSession) -> JobRecord:
+            old = await self._must_get(session, job_id)
+            if old.status != FAILED:
+                raise AppError(
+                    ErrorCode.INVALID_JOB_STATE,
+                    "only failed jobs can be re-run",
+                    {"jobId": job_id, "status": old.status},
+                )
+            if old.api_key_mode == "platform_key":
+                await self._platform_guards(session)
+            snapshot_id = old.snapshot_id
+            if rebuild_snapshot or not snapshot_id:
+                snapshot_id = await self.learning.build_snapshot(
+                    session,
+                    user_id=old.user_id,
+                    job_type=old.job_type,
+                    target_type=old.target_type,
+                    target_id=old.target_id,
+                    params=old.params,
+                )
+            new_job_id = new_id()
+            await self._insert_job(
+                session,
+                job_id=new_job_id,
+                user_id=old.user_id,
+                job_type=old.job_type,
+                target_type=old.target_type,
+                target_id=old.target_id,
+                snapshot_id=snapshot_id,
+                params=old.params,
+                api_key_mode=old.api_key_mode,
+                credential_id=old.credential_id,
+                idempotency_key=None,
+                priority=old.priority,
+                max_retry_count=old.max_retry_count,
+                timeout_seconds=old.timeout_seconds,
+                retried_from_job_id=old.job_id,
+                actor=actor or "admin",
+                model_provider=old.model_provider,
+                model_name=old.model_name,
+            )
+            return await self._must_get(session, new_job_id)
+
+        job = await self.tx(body)
+        metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
+        self.signal.notify()
+        return job
+
+    # ------------------------------------------------------------ invocations
+
+    async def record_invocation(
+        self,
+        *,
+        job_id: str,
+        attempt_no: int,
+        model_provider: str,
+        model_name: str,
+        api_key_mode: str | None,
+        credential_id: str | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cache_hit_tokens: int,
+        latency_ms: int,
+        outcome: str,
+        error_code: str | None,
+        provider_request_id: str | None,
+    ) -> str:
+        """Store one model call with its cost (SPEC §5); returns the log id.
+
+        Raises:
+            AppError: INVALID_ARGUMENT (bad outcome, negative counts), JOB_NOT_FOUND.
+        """
+        if outcome not in ("succeeded", "failed"):
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "outcome must be succeeded or failed",
+                {"field": "outcome"},
+            )
+        for name, value in (
+            ("promptTokens", prompt_tokens),
+            ("completionTokens", completion_tokens),
+            ("cacheHitTokens", cache_hit_tokens),
+            ("latencyMs", latency_ms),
+            ("attemptNo", attempt_no),
+        ):
+            if value < 0:
+                raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
+        log_id = new_id()
+
+        async def body(session: AsyncSession) -> str:
+            job = await self._must_get(session, job_id)
+            await session.execute(
+                insert(invocations).values(
+                    id=log_id,
+                    job_id=job_id,
+                    job_type=job.job_type,
+                    attempt_no=attempt_no,
+                    model_provider=model_provider or job.model_provider,
+                    model_name=model_name or job.model_name,
+                    api_key_mode=api_key_mode or job.api_key_mode,
+                    credential_id=credential_id,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=completion_tokens,
+                    cache_hit_tokens=cache_hit_tokens,
+                    latency_ms=latency_ms,
+                    outcome=outcome,
+                    error_code=error_code,
+                    provider_request_id=provider_request_id,
+                    cost_usd=cost_usd(
+                        self.settings.MODEL_PRICES,
+                        model_name or job.model_name,
+                        prompt_tokens,
+                        completion_tokens,
+                        cache_hit_tokens,
+                    ),
+                    created_at=self.clock.now(),
+                )
+            )
+            return log_id
+
+        return await self.tx(body)
+
+    async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
+        """Cost rollup over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).
+
+        Returns:
+            ``[{"key","calls","promptTokens","completionTokens","cacheHitTokens","costUsd"}]``.
+
+        Raises:
+            AppError: INVALID_ARGUMENT for bad dates or ``groupBy``.
+        """
+        from datetime import date, timedelta
+
+        try:
+            start = date.fromisoformat(from_date)
+            end = date.fromisoformat(to_date)
+        except ValueError:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT, "from/to must be YYYY-MM-DD", {"field": "from"}
+            ) from None
+        if end < start:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "to is before from", {"field": "to"})
+        columns = {
+            "day": func.date(invocations.c.created_at),
+            "jobType": invocations.c.job_type,
+            "modelName": invocations.c.model_name,
+            "apiKeyMode": invocations.c.api_key_mode,
+        }
+        if group_by not in columns:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "groupBy must be day, jobType, modelName or apiKeyMode",
+                {"field": "groupBy"},
+            )
+        key = columns[group_by].label("k")
+        lo = datetime(start.year, start.month, start.day)
+        hi_d = end + timedelta(days=1)
+        hi = datetime(hi_d.year, hi_d.month, hi_d.day)
+        stmt = (
+            select(
+                key,
+                func.count(),
+                func.coalesce(func.sum(invocations.c.prompt_tokens), 0),
+                func.coalesce(func.sum(invocations.c.completion_tokens), 0),
+                func.coalesce(func.sum(invocations.c.cache_hit_tokens), 0),
+                func.coalesce(func.sum(invocations.c.cost_usd), 0),
+            )
+            .where(and_(invocations.c.created_at >= lo, invocations.c.created_at < hi))
+            .group_by(key)
+            .order_by(key)
+        )
+        async with self.sessions() as session:
+            rows = (await session.execute(stmt)).all()
+        return [
+            {
+                "key": str(r[0]),
+                "calls": int(r[1]),
+                "promptTokens": int(r[2]),
+                "completionTokens": int(r[3]),
+                "cacheHitTokens": int(r[4]),
+                "costUsd": float(r[5]),
+            }
+            for r in rows
+        ]
+
+    # ---------------------------------------------------------------- breaker
+
+    async def breaker_view(self) -> breaker_mod.BreakerView:
+        """The platform circuit breaker (SPEC §3.1 admin)."""
+        return await self.tx(lambda s: breaker_mod.read(s, self.clock))
+
+    async def breaker_reset(self) -> breaker_mod.BreakerView:
+        """Close the platform circuit breaker (SPEC §3.1 admin reset)."""
+        return await self.tx(lambda s: breaker_mod.reset(s, self.clock))
+
+    async def health(self) -> tuple[bool, list[Any]]:
+        """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""
+        async with self.sessions() as session:
+            found = await self.registry.list_workers(session, self.settings.worker_alive_seconds())
+        return any(w.status == "alive" for w in found), found

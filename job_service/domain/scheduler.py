@@ -1,0 +1,135 @@
+"""Long-poll wake-ups and the runtime-instance registry (SPEC §2.6, §3).
+
+Long poll: a waiter re-runs the poll query when :class:`JobSignal` fires (a
+job became pending in *this* process: create, retry, reaper requeue) and in
+any case every :data:`RECHECK_SECONDS` (0.25 s), which is how jobs created or
+requeued by *another* replica, or whose ``availableAt`` backoff ran out, are
+found. The recheck is one index-backed query, so its cost is small.
+
+Registry: instances are upserted from the ``x-runtime-instance-id`` and
+capabilities of their poll/claim/heartbeat calls, at most once a second per
+instance and process. Health is SERVING while at least one instance was seen
+within :meth:`JobServiceSettings.worker_alive_seconds` (three poll intervals,
+at least 30 s because a long poll keeps a worker silent for up to 20 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from job_service.domain.clock import DbClock
+from job_service.domain.statemachine import LEASED
+from job_service.models import jobs, workers
+
+RECHECK_SECONDS = 0.25
+TOUCH_EVERY_SECONDS = 1.0
+
+
+class JobSignal:
+    """Wakes long-poll waiters of this process when a job becomes pending."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def notify(self) -> None:
+        """Wake every current waiter."""
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, seconds: float) -> None:
+        """Wait until :meth:`notify` or ``seconds``, whichever is first."""
+        event = self._event
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=max(0.0, seconds))
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One runtime instance for the health view."""
+
+    instance_id: str
+    capabilities: list[str]
+    in_flight: int
+    last_seen_at: datetime
+    status: str
+    status_address: str | None
+
+
+class WorkerRegistry:
+    """Upserts and reads ``ai_runtime_workers``."""
+
+    def __init__(self, clock: DbClock) -> None:
+        self.clock = clock
+        self._last_touch: dict[str, float] = {}
+
+    def due(self, instance_id: str, force: bool = False) -> bool:
+        """Whether this instance should be written now (throttle: once a second)."""
+        now = time.monotonic()
+        last = self._last_touch.get(instance_id)
+        if force or last is None or now - last >= TOUCH_EVERY_SECONDS:
+            self._last_touch[instance_id] = now
+            return True
+        return False
+
+    async def touch(
+        self,
+        session: AsyncSession,
+        instance_id: str,
+        capabilities: list[str] | None = None,
+        status_address: str | None = None,
+    ) -> None:
+        """Record that ``instance_id`` was seen now (database clock)."""
+        values: dict[str, object] = {
+            "instance_id": instance_id,
+            "capabilities": capabilities or [],
+            "status_address": status_address or None,
+            "in_flight": 0,
+            "last_seen_at": self.clock.now(),
+        }
+        update_cols: dict[str, object] = {"last_seen_at": self.clock.now()}
+        if capabilities:
+            update_cols["capabilities"] = capabilities
+        if status_address:
+            update_cols["status_address"] = status_address
+        if self.clock.is_sqlite:
+            stmt = sqlite_insert(workers).values(**values)
+            await session.execute(
+                stmt.on_conflict_do_update(index_elements=["instance_id"], set_=update_cols)
+            )
+        else:
+            mstmt = mysql_insert(workers).values(**values)
+            await session.execute(mstmt.on_duplicate_key_update(**update_cols))
+
+    async def list_workers(self, session: AsyncSession, alive_seconds: float) -> list[WorkerView]:
+        """Every known instance, newest first, with live lease counts and alive/stale status."""
+        now = await self.clock.read(session)
+        leased = await session.execute(
+            select(jobs.c.locked_by, func.count())
+            .where(jobs.c.status.in_(sorted(LEASED)), jobs.c.locked_by.is_not(None))
+            .group_by(jobs.c.locked_by)
+        )
+        counts: dict[str, int] = {str(r[0]): int(r[1]) for r in leased.all()}
+        rows = (
+            await session.execute(select(workers).order_by(workers.c.last_seen_at.desc()))
+        ).all()
+        cutoff = now - timedelta(seconds=alive_seconds)
+        return [
+            WorkerView(
+                instance_id=r.instance_id,
+                capabilities=list(r.capabilities or []),
+                in_flight=int(counts.get(r.instance_id, 0)),
+                last_seen_at=r.last_seen_at,
+                status="alive" if r.last_seen_at >= cutoff else "stale",
+                status_address=r.status_address,
+            )
+            for r in rows
+        ]

@@ -1,0 +1,64 @@
+"""job_service configuration from the environment (SPEC §7)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from airuntime_common.settings import DEFAULT_JOB_DB, CommonSettings
+
+#: USD per million tokens: cache-hit input, cache-miss input, output (DeepSeek's list prices).
+DEFAULT_MODEL_PRICES: dict[str, dict[str, float]] = {
+    "deepseek-chat": {"cacheHitInput": 0.028, "cacheMissInput": 0.28, "output": 0.42},
+    "deepseek-reasoner": {"cacheHitInput": 0.028, "cacheMissInput": 0.28, "output": 0.42},
+}
+
+
+class JobServiceSettings(CommonSettings):
+    """Every variable job_service reads (SPEC §7); names are the env var names.
+
+    Times are seconds unless the name says ``_MS``. ``RUNTIME_SERVICE_TOKEN``
+    is required: :func:`job_service.app.serve` refuses to start without it.
+    """
+
+    DATABASE_URL: str = DEFAULT_JOB_DB
+    JOB_SERVICE_LISTEN: str = "[::]:50051"
+    JOB_SERVICE_METRICS_PORT: int = Field(default=9101, ge=0, le=65535)
+    LOCK_LEASE_SECONDS: float = Field(default=60, gt=0)
+    REAPER_INTERVAL_SECONDS: float = Field(default=5, gt=0)
+    POLL_INTERVAL_MS: int = Field(default=1000, ge=1)
+    RETRY_BACKOFF_BASE_SECONDS: float = Field(default=5, ge=0)
+    RETRY_BACKOFF_MAX_SECONDS: float = Field(default=300, ge=0)
+    MAX_RETRY_COUNT: int = Field(default=3, ge=0, le=10)
+    JOB_TIMEOUT_SECONDS: int = Field(default=120, ge=1)
+    DEFAULT_PRIORITY: int = 0
+    BREAKER_FAILURE_THRESHOLD: int = Field(default=5, ge=1)
+    BREAKER_COOLDOWN_SECONDS: float = Field(default=60, ge=0)
+    BREAKER_HALF_OPEN_PROBES: int = Field(default=1, ge=1)
+    PLATFORM_DAILY_BUDGET_USD: float = Field(default=50, ge=0)
+    USER_DAILY_JOB_QUOTA: int = Field(default=200, ge=0)
+    PLAN_DAILY_JOB_QUOTAS: dict[str, int] = Field(default_factory=dict)
+    MODEL_PRICES: dict[str, dict[str, float]] = Field(
+        default_factory=lambda: dict(DEFAULT_MODEL_PRICES)
+    )
+    #: Run ``alembic upgrade head`` before serving (tests may turn it off).
+    JOB_SERVICE_MIGRATE_ON_START: bool = True
+    #: Minimum age (seconds) under which a worker still counts as alive for health.
+    WORKER_ALIVE_MIN_SECONDS: float = Field(default=30, ge=0)
+
+    @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
+    @classmethod
+    def _json_text(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
+
+    def worker_alive_seconds(self) -> float:
+        """How recently an instance must have been seen for health to be SERVING.
+
+        Three poll intervals (SPEC §3), but at least ``WORKER_ALIVE_MIN_SECONDS``
+        (30 s): a worker in a 20 s long poll is not seen between its calls.
+        """
+        return max(3 * self.POLL_INTERVAL_MS / 1000.0, self.WORKER_ALIVE_MIN_SECONDS)

@@ -1,0 +1,234 @@
+"""MariaDB specifics: M1–M3, claim disjointness, EXPLAIN of the poll/claim query (cases/README.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from sqlalchemy import func, insert, select, text
+
+from airuntime_common.errors import AppError
+from job_service.domain.jobs import CreateJobInput, JobDomain, new_id
+from job_service.domain.reaper import Reaper
+from job_service.domain.statemachine import Lease
+from job_service.models import events, jobs
+from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
+
+pytestmark = pytest.mark.mysql
+CAPS_A = ["learning_state_analysis", "weak_point_analysis"]
+CAPS_B = ["weak_point_analysis", "next_action_planning"]
+
+
+async def _bulk_pending(domain: JobDomain, n: int, types: list[str]) -> None:
+    rows = [
+        {
+            "job_id": new_id(),
+            "user_id": f"u{i % 50}",
+            "job_type": types[i % len(types)],
+            "target_type": "user",
+            "target_id": f"u{i % 50}",
+            "status": "pending",
+            "priority": i % 3,
+            "params": {},
+            "api_key_mode": "platform_key",
+            "model_provider": "deepseek",
+            "model_name": "deepseek-chat",
+            "attempt_no": 0,
+            "retry_count": 0,
+            "max_retry_count": 3,
+            "timeout_seconds": 120,
+            "cancel_requested": False,
+        }
+        for i in range(n)
+    ]
+    async with domain.sessions() as s, s.begin():
+        now = domain.clock.now()
+        for chunk in range(0, n, 1000):
+            await s.execute(
+                insert(jobs).values(available_at=now, created_at=now, updated_at=now),
+                rows[chunk : chunk + 1000],
+            )
+
+
+async def test_m3_racing_creates_on_mariadb(domain: JobDomain) -> None:
+    async def one() -> tuple[str, bool]:
+        job, replayed = await domain.create(
+            CreateJobInput(
+                user_id="u1",
+                job_type="learning_state_analysis",
+                target_type="user",
+                target_id="u1",
+                idempotency_key="race",
+            )
+        )
+        return job.job_id, replayed
+
+    answers = await asyncio.gather(*(one() for _ in range(50)))
+    assert len({j for j, _ in answers}) == 1
+    assert sum(1 for _, r in answers if not r) == 1
+    async with domain.sessions() as s:
+        assert (await s.execute(select(func.count()).select_from(jobs))).scalar_one() == 1
+
+
+async def test_m2_disjoint_claims_while_one_claim_tx_is_open(domain: JobDomain) -> None:
+    await _bulk_pending(
+        domain, 3000, ["learning_state_analysis", "weak_point_analysis", "next_action_planning"]
+    )
+    # A third worker holds its claim transaction open (rows locked, not committed).
+    async with domain.sessions() as holder, holder.begin():
+        held = (
+            (
+                await holder.execute(
+                    select(jobs.c.job_id)
+                    .where(
+                        jobs.c.status == "pending",
+                        jobs.c.job_type.in_(CAPS_A),
+                        jobs.c.available_at <= domain.clock.now(),
+                    )
+                    .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                    .limit(20)
+                    .with_for_update(skip_locked=True)
+                )
+            )
+            .scalars()
+            .all()
+        )
+        assert len(held) == 20
+
+        async def claimer(name: str, caps: list[str]) -> list[str]:
+            got: list[str] = []
+            for _ in range(5):
+                got += [j.job_id for j in await domain.claim(name, caps, 50, 0)]
+            return got
+
+        results = await asyncio.wait_for(
+            asyncio.gather(*(claimer(f"w{i}", CAPS_A if i % 2 else CAPS_B) for i in range(8))), 30
+        )
+    flat = [j for r in results for j in r]
+    assert all(results), "every claimer got a non-empty batch"
+    assert len(flat) == len(set(flat)), "batches are disjoint"
+    assert not set(flat) & set(held)
+    async with domain.sessions() as s:
+        locks = (
+            await s.execute(
+                select(func.count()).select_from(events).where(events.c.to_status == "locked")
+            )
+        ).scalar_one()
+    assert locks == len(flat)
+
+
+@pytest.mark.parametrize("for_claim", [False, True])
+async def test_explain_uses_index_without_filesort(domain: JobDomain, for_claim: bool) -> None:
+    await _bulk_pending(
+        domain, 3000, ["learning_state_analysis", "quiz_generation", "flashcard_generation"]
+    )
+    async with domain.sessions() as s, s.begin():
+        # finished jobs dominate a real table
+        await s.execute(text("UPDATE ai_runtime_jobs SET status='succeeded' WHERE seq % 10 <> 0"))
+        await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
+    q = domain._poll_query(["learning_state_analysis", "quiz_generation"], 50)
+    if for_claim:
+        q = q.with_for_update(skip_locked=True)
+    async with domain.sessions() as s:
+        compiled = q.compile(s.bind, compile_kwargs={"literal_binds": True})
+        rows = (await s.execute(text(f"EXPLAIN {compiled}"))).mappings().all()
+    plan = " | ".join(f"{r['key']} {r['Extra']}" for r in rows)
+    assert rows[0]["key"] == "ix_jobs_poll", plan
+    assert "filesort" not in (rows[0]["Extra"] or "").lower(), plan
+
+
+async def test_m1_producers_and_claimers_short(make_domain: Callable[..., Any]) -> None:
+    domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=2, MAX_RETRY_COUNT=1)
+    reaper = Reaper(domain)
+    stop = asyncio.Event()
+    created: list[str] = []
+
+    async def producer(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            job, _ = await domain.create(
+                CreateJobInput(
+                    user_id=f"p{i}",
+                    job_type="learning_state_analysis",
+                    target_type="user",
+                    target_id=f"p{i}",
+                )
+            )
+            created.append(job.job_id)
+            n += 1
+            await asyncio.sleep(0.01)
+
+    async def worker(i: int) -> None:
+        name = f"w{i}"
+        while not stop.is_set() or (await domain.poll(name, ["learning_state_analysis"], 1, 0)):
+            for job in await domain.claim(name, ["learning_state_analysis"], 3, 200):
+                lease = Lease(job.job_id, name, job.attempt_no)
+                r = random.random()
+                if r < 0.1:
+                    continue  # "crash": the reaper takes it back
+                try:
+                    if r < 0.2:
+                        await domain.fail(lease, error_code="NETWORK_ERROR", error_message="")
+                    else:
+                        await domain.submit_result(
+                            lease,
+                            prompt_version=None,
+                            output_schema_version="v1",
+                            output=ANALYSIS_OUTPUT,
+                        )
+                except AppError as err:  # the lease lapsed under load: stop, as a worker must
+                    assert err.code == "LOCK_NOT_HELD"
+
+    stop_reaper = asyncio.Event()
+    reaper_task = asyncio.create_task(_reap(reaper, stop_reaper))
+    tasks = [asyncio.create_task(producer(i)) for i in range(10)] + [
+        asyncio.create_task(worker(i)) for i in range(10)
+    ]
+    await asyncio.sleep(4)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    # drain: let leases of "crashed" attempts lapse and be reaped/finished
+    for _ in range(60):
+        async with domain.sessions() as s:
+            open_jobs = (
+                await s.execute(
+                    select(func.count())
+                    .select_from(jobs)
+                    .where(jobs.c.status.in_(["pending", "locked", "running"]))
+                )
+            ).scalar_one()
+        if open_jobs == 0:
+            break
+        for job in await domain.claim("drain", ["learning_state_analysis"], 50, 0):
+            await domain.submit_result(
+                Lease(job.job_id, "drain", job.attempt_no),
+                prompt_version=None,
+                output_schema_version="v1",
+                output=ANALYSIS_OUTPUT,
+            )
+        await asyncio.sleep(0.2)
+    stop_reaper.set()
+    await reaper_task
+    async with domain.sessions() as s:
+        statuses: dict[str, int] = dict(
+            (await s.execute(select(jobs.c.status, func.count()).group_by(jobs.c.status))).all()
+        )
+        over = (
+            await s.execute(
+                select(func.count())
+                .select_from(jobs)
+                .where(jobs.c.retry_count > jobs.c.max_retry_count)
+            )
+        ).scalar_one()
+    assert set(statuses) <= {"succeeded", "failed"}, statuses
+    assert sum(statuses.values()) == len(created) >= 20
+    assert over == 0
+
+
+async def _reap(reaper: Reaper, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        await reaper.sweep()
+        await asyncio.sleep(0.1)

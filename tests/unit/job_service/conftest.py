@@ -1,0 +1,232 @@
+"""Fixtures for job_service core tests: a domain on a fresh database and a real gRPC server.
+
+The learning-data seam is replaced by :class:`FakeLearning` so the core is
+tested on its own; it writes a marker row per accepted result so tests can
+see business rows commit or roll back with the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+from sqlalchemy import insert, select
+
+from airuntime_common import metadata
+from airuntime_common.db import make_sessionmaker
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.outputs import validate_output
+from job_service import learning_models  # noqa: F401  (all tables on one metadata)
+from job_service.app import JobServiceApp, serve
+from job_service.db import make_job_engine
+from job_service.db_base import Base
+from job_service.domain import breaker as breaker_mod
+from job_service.domain.clock import DbClock
+from job_service.domain.jobs import CreateJobInput, JobDomain, JobRecord
+from job_service.domain.ports import AllowAllCredentials
+from job_service.models import workers
+from job_service.settings import JobServiceSettings
+from zhixi.airuntime.job.v1 import service_pb2_grpc
+
+TOKEN = "test-token"
+
+ANALYSIS_OUTPUT: dict[str, Any] = {
+    "summary": "steady progress",
+    "masteryLevel": 0.5,
+    "strengths": ["reading"],
+    "risks": [],
+    "evidence": [],
+}
+
+
+@dataclass(frozen=True)
+class FakeSnapshot:
+    snapshot_id: str
+    schema_version: str
+    target_type: str
+    target_id: str
+    payload: dict[str, Any]
+    content_hash: str
+
+
+@dataclass
+class FakeLearning:
+    """Stand-in for the learning-data module (snapshots, plans, business rows)."""
+
+    snapshots: dict[str, FakeSnapshot] = field(default_factory=dict)
+    plans: list[str] = field(default_factory=list)
+
+    async def build_snapshot(self, session: Any, **kw: Any) -> str:
+        if kw["target_id"].startswith("missing"):
+            raise AppError(ErrorCode.NOT_FOUND, "target not found", {"targetId": kw["target_id"]})
+        sid = uuid.uuid4().hex
+        self.snapshots[sid] = FakeSnapshot(
+            sid, "v1", kw["target_type"], kw["target_id"], {"userId": kw["user_id"]}, "h" * 64
+        )
+        return sid
+
+    async def load_snapshot(self, session: Any, snapshot_id: str) -> FakeSnapshot:
+        return self.snapshots[snapshot_id]
+
+    async def create_generation_plan(self, session: Any, **kw: Any) -> None:
+        if kw["job_type"] in ("quiz_generation", "flashcard_generation"):
+            self.plans.append(kw["job_id"])
+
+    async def accept_result(self, session: Any, **kw: Any) -> dict[str, int]:
+        # A business row first, so a later refusal proves the rollback.
+        await session.execute(
+            insert(workers).values(
+                instance_id=f"biz-{kw['job_id']}",
+                capabilities=[],
+                in_flight=0,
+                last_seen_at=_epoch(),
+            )
+        )
+        validate_output(kw["job_type"], kw["output_schema_version"], kw["output"])
+        if kw["output"].get("summary") == "forbidden":
+            raise AppError(ErrorCode.INVALID_SCHEMA, "cites a block outside the snapshot", None)
+        return {"written": 1}
+
+
+def _epoch() -> Any:
+    from datetime import datetime
+
+    return datetime(2000, 1, 1)
+
+
+async def business_rows(domain: JobDomain, job_id: str) -> int:
+    """How many marker business rows FakeLearning wrote for a job."""
+    async with domain.sessions() as s:
+        rows = (
+            await s.execute(
+                select(workers.c.instance_id).where(workers.c.instance_id == f"biz-{job_id}")
+            )
+        ).all()
+    return len(rows)
+
+
+def make_settings(url: str, **overrides: Any) -> JobServiceSettings:
+    """Short leases and a fast reaper for tests."""
+    values: dict[str, Any] = {
+        "DATABASE_URL": url,
+        "RUNTIME_SERVICE_TOKEN": TOKEN,
+        "JOB_SERVICE_LISTEN": "127.0.0.1:0",
+        "JOB_SERVICE_METRICS_PORT": 0,
+        "LOCK_LEASE_SECONDS": 30,
+        "REAPER_INTERVAL_SECONDS": 3600,
+        "RETRY_BACKOFF_BASE_SECONDS": 0,
+        "RETRY_BACKOFF_MAX_SECONDS": 0,
+        "JOB_SERVICE_MIGRATE_ON_START": False,
+    }
+    values.update(overrides)
+    return JobServiceSettings(**values)
+
+
+async def create_schema(url: str) -> None:
+    engine = make_job_engine(url)
+    async with engine.begin() as conn:
+        await conn.run_sync(Base.metadata.create_all)
+    await engine.dispose()
+
+
+@pytest.fixture
+def db_url(sqlite_url: str) -> str:
+    return sqlite_url
+
+
+@pytest.fixture
+async def make_domain(db_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: a :class:`JobDomain` on a fresh schema, with settings overrides."""
+    engines: list[Any] = []
+    await create_schema(db_url)
+
+    async def factory(**overrides: Any) -> JobDomain:
+        settings = make_settings(db_url, **overrides)
+        engine = make_job_engine(db_url)
+        engines.append(engine)
+        sessions = make_sessionmaker(engine)
+        clock = DbClock(engine.dialect.name)
+        async with sessions() as s, s.begin():
+            await breaker_mod.ensure_row(s, clock)
+        return JobDomain(sessions, clock, settings, FakeLearning(), AllowAllCredentials())
+
+    yield factory
+    for engine in engines:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def domain(make_domain: Callable[..., Any]) -> JobDomain:
+    return await make_domain()  # type: ignore[no-any-return]
+
+
+async def new_job(domain: JobDomain, **kw: Any) -> JobRecord:
+    """Create an analysis job for user ``u1`` (overridable)."""
+    args: dict[str, Any] = {
+        "user_id": "u1",
+        "job_type": "learning_state_analysis",
+        "target_type": "user",
+        "target_id": "",
+    }
+    args.update(kw)
+    job, _ = await domain.create(CreateJobInput(**args))
+    return job
+
+
+@dataclass
+class Server:
+    app: JobServiceApp
+    channel: grpc.aio.Channel
+    stub: service_pb2_grpc.JobServiceStub
+    learning: FakeLearning
+    credentials: AllowAllCredentials
+
+    def md(self, instance: str | None = None) -> tuple[tuple[str, str], ...]:
+        return metadata.outgoing(TOKEN, instance)
+
+    @property
+    def domain(self) -> JobDomain:
+        return self.app.domain
+
+
+@pytest.fixture
+async def make_server(db_url: str) -> AsyncIterator[Callable[..., Any]]:
+    """Factory: a real job_service gRPC server on an ephemeral port."""
+    started: list[Server] = []
+    await create_schema(db_url)
+
+    async def factory(**overrides: Any) -> Server:
+        learning = FakeLearning()
+        creds = AllowAllCredentials()
+        app = await serve(make_settings(db_url, **overrides), learning=learning, credentials=creds)
+        channel = grpc.aio.insecure_channel(app.address)
+        srv = Server(app, channel, service_pb2_grpc.JobServiceStub(channel), learning, creds)
+        started.append(srv)
+        return srv
+
+    yield factory
+    for srv in started:
+        await srv.channel.close()
+        await srv.app.stop(grace=0.1)
+
+
+@pytest.fixture
+async def server(make_server: Callable[..., Any]) -> Server:
+    return await make_server()  # type: ignore[no-any-return]
+
+
+async def wait_until(pred: Callable[[], Any], within: float = 5.0, step: float = 0.05) -> None:
+    """Poll an async predicate until true (fails the test on timeout)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within
+    while True:
+        if await pred():
+            return
+        if loop.time() > end:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(step)

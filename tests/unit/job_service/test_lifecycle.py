@@ -1,0 +1,151 @@
+"""Happy path, events and result idempotency on the domain layer (SPEC §2.3, §2.5)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import select, update
+
+from airuntime_common.canonical import content_hash
+from airuntime_common.errors import AppError
+from job_service.domain.jobs import JobDomain
+from job_service.domain.statemachine import Lease
+from job_service.models import jobs
+from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, business_rows, new_job
+
+CAPS = ["learning_state_analysis"]
+
+
+async def test_create_claim_start_heartbeat_succeed(domain: JobDomain) -> None:
+    job = await new_job(domain)
+    assert job.status == "pending" and job.attempt_no == 0 and job.retry_count == 0
+    assert job.available_at == job.created_at
+    assert job.max_retry_count == 3 and job.timeout_seconds == 120
+    assert job.model_name == "deepseek-chat" and job.api_key_mode == "platform_key"
+    assert job.target_id == "u1"
+
+    [claimed] = await domain.claim("w1", CAPS, 10, 0)
+    assert claimed.job_id == job.job_id
+    assert claimed.status == "locked" and claimed.locked_by == "w1" and claimed.attempt_no == 1
+    assert claimed.lock_until is not None and claimed.locked_at is not None
+    lease = Lease(job.job_id, "w1", 1)
+
+    started = await domain.start(lease)
+    assert started.status == "running" and started.started_at is not None
+    again = await domain.start(lease)
+    assert again.started_at == started.started_at
+
+    beat = await domain.heartbeat(lease)
+    assert beat.lock_until is not None and beat.lock_until >= claimed.lock_until
+    assert beat.cancel_requested is False
+
+    out = await domain.submit_result(
+        lease,
+        prompt_version="learning_state_analysis.v1",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+    )
+    assert out.status == "succeeded" and not out.replayed
+    assert out.output_hash == content_hash(ANALYSIS_OUTPUT)
+    done = await domain.get(job.job_id)
+    assert done.status == "succeeded" and done.finished_at is not None and done.lock_until is None
+    assert done.prompt_version == "learning_state_analysis.v1"
+    assert await business_rows(domain, job.job_id) == 1
+
+    evs, _ = await domain.history(job.job_id)
+    assert [(e.from_status, e.to_status) for e in evs] == [
+        (None, "pending"),
+        ("pending", "locked"),
+        ("locked", "running"),
+        ("running", "succeeded"),
+    ]
+    assert [e.attempt_no for e in evs] == [0, 1, 1, 1]
+
+
+async def test_result_replay_conflict_and_lease_order(domain: JobDomain) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    first = await domain.submit_result(
+        lease, prompt_version=None, output_schema_version="v1", output=ANALYSIS_OUTPUT
+    )
+    # exact replay → 200 replayed, even though the job is terminal; nothing written twice
+    replay = await domain.submit_result(
+        lease, prompt_version=None, output_schema_version="v1", output=dict(ANALYSIS_OUTPUT)
+    )
+    assert replay.replayed and replay.result_id == first.result_id
+    assert await business_rows(domain, job.job_id) == 1
+    # a different output → RESULT_ALREADY_EXISTS (before the lease check)
+    other = {**ANALYSIS_OUTPUT, "summary": "different"}
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            lease, prompt_version=None, output_schema_version="v1", output=other
+        )
+    assert err.value.code == "RESULT_ALREADY_EXISTS"
+    # a stranger: RESULT_ALREADY_EXISTS still wins over LOCK_NOT_HELD
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            Lease(job.job_id, "w2", 1),
+            prompt_version=None,
+            output_schema_version="v1",
+            output=other,
+        )
+    assert err.value.code == "RESULT_ALREADY_EXISTS"
+
+
+async def test_invalid_schema_fails_job_and_rolls_back_rows(domain: JobDomain) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    bad = {**ANALYSIS_OUTPUT, "summary": "forbidden"}
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            lease, prompt_version=None, output_schema_version="v1", output=bad
+        )
+    assert err.value.code == "INVALID_SCHEMA"
+    after = await domain.get(job.job_id)
+    assert after.status == "failed" and after.error_code == "INVALID_SCHEMA"
+    assert after.error_message == "cites a block outside the snapshot"
+    assert after.retry_count == 0
+    assert await business_rows(domain, job.job_id) == 0
+
+
+async def test_schema_mismatch_is_invalid_schema(domain: JobDomain) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            Lease(job.job_id, "w1", 1),
+            prompt_version=None,
+            output_schema_version="v1",
+            output={"items": []},
+        )
+    assert err.value.code == "INVALID_SCHEMA"
+    assert (await domain.get(job.job_id)).status == "failed"
+
+
+async def test_lapsed_lease_is_dead_before_the_reaper(domain: JobDomain) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    # Move lockUntil into the past (as if time passed) — the reaper has not run.
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(jobs).where(jobs.c.job_id == job.job_id).values(lock_until=domain.clock.plus(-1))
+        )
+    for call in (domain.heartbeat(lease), domain.start(lease)):
+        with pytest.raises(AppError) as err:
+            await call
+        assert err.value.code == "LOCK_NOT_HELD"
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            lease, prompt_version=None, output_schema_version="v1", output=ANALYSIS_OUTPUT
+        )
+    assert err.value.code == "LOCK_NOT_HELD"
+    with pytest.raises(AppError) as err:
+        await domain.fail(lease, error_code="MODEL_TIMEOUT", error_message="x")
+    assert err.value.code == "LOCK_NOT_HELD"
+    async with domain.sessions() as s:
+        status = (
+            await s.execute(select(jobs.c.status).where(jobs.c.job_id == job.job_id))
+        ).scalar_one()
+    assert status == "locked"
