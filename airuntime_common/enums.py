@@ -89,6 +89,17 @@ class EnumMap:
         """Enum number → spec string, or None for UNSPECIFIED (an absent filter)."""
         return self._to_str.get(number)
 
+    def optional(self, number: int) -> str | None:
+        """An optional enum of a request: UNSPECIFIED (0) → None, known → spec string.
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a number the enum does not define
+                (enums of requests are closed, SPEC §4; never read as "absent").
+        """
+        if number == 0:
+            return None
+        return self.to_str(number)
+
 
 JOB_TYPE = EnumMap(common_pb2.JobType, "JOB_TYPE_", "jobType")
 JOB_STATUS = EnumMap(common_pb2.JobStatus, "JOB_STATUS_", "status")

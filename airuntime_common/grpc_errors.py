@@ -31,17 +31,48 @@ _FALLBACK_CODES: dict[grpc.StatusCode, str] = {
 }
 
 
+#: Longest string kept in an error's details or message: a status travels in
+#: the trailers, which a peer refuses past its header-list limit (8 KiB by
+#: default), turning a clean refusal into ``INTERNAL``. Echoed input (a 5 MB
+#: "id") is cut to this many characters.
+MAX_ECHO_CHARS = 256
+MAX_MESSAGE_CHARS = 1024
+MAX_ECHO_ITEMS = 20
+
+
+def _bounded(value: Any) -> Any:
+    """``value`` with long strings cut and long lists/dicts shortened (for trailers)."""
+    if isinstance(value, str):
+        if len(value) <= MAX_ECHO_CHARS:
+            return value
+        return f"{value[:MAX_ECHO_CHARS]}…({len(value)} chars)"
+    if isinstance(value, dict):
+        items = list(value.items())[:MAX_ECHO_ITEMS]
+        return {_bounded(str(k)): _bounded(v) for k, v in items}
+    if isinstance(value, list | tuple):
+        return [_bounded(v) for v in value[:MAX_ECHO_ITEMS]]
+    return value
+
+
 def to_status(err: AppError) -> grpc.Status:
-    """Build the rich gRPC status for ``err`` (code per SPEC §4, ErrorInfo.reason = code)."""
+    """Build the rich gRPC status for ``err`` (code per SPEC §4, ErrorInfo.reason = code).
+
+    Strings in the details are cut to :data:`MAX_ECHO_CHARS` and the message to
+    :data:`MAX_MESSAGE_CHARS`, so a refusal that echoes a huge input still fits
+    in the trailers.
+    """
     info = error_details_pb2.ErrorInfo(
         reason=err.code,
         domain=ERROR_DOMAIN,
-        metadata={_DETAILS_KEY: json.dumps(err.details or {}, default=str)},
+        metadata={_DETAILS_KEY: json.dumps(_bounded(err.details or {}), default=str)},
     )
     detail = any_pb2.Any()
     detail.Pack(info)
+    message = err.message
+    if len(message) > MAX_MESSAGE_CHARS:
+        message = message[:MAX_MESSAGE_CHARS] + "…"
     status = status_pb2.Status(
-        code=grpc_status(err.code).value[0], message=err.message, details=[detail]
+        code=grpc_status(err.code).value[0], message=message, details=[detail]
     )
     return rpc_status.to_status(status)
 

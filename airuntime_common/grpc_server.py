@@ -10,7 +10,9 @@ a graceful stop on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
+import importlib
 import logging
 import signal
 import uuid
@@ -26,6 +28,7 @@ from airuntime_common import metadata
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import to_status
 from airuntime_common.logs import bind, log_context
+from airuntime_common.settings import MissingSetting
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +76,52 @@ def _refuse(err: AppError) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse as the method's message."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe_deserializer(
+    deserialize: Callable[[bytes], Any] | None,
+) -> Callable[[bytes], Any] | None:
+    """Wrap a request deserializer so malformed bytes become :class:`_Undecodable`.
+
+    Without it grpc answers a corrupt or too deeply nested message with
+    ``UNKNOWN`` and the parser's exception text; the wrapped handler answers
+    ``INVALID_ARGUMENT`` instead (SPEC §4).
+    """
+    if deserialize is None:
+        return None
+
+    def safe(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as exc:  # DecodeError, RecursionError, ...
+            return _Undecodable(type(exc).__name__)
+
+    return safe
+
+
 def _with_context(handler: grpc.RpcMethodHandler | None, **fields: Any) -> grpc.RpcMethodHandler:
     if handler is None or handler.unary_unary is None:
         return handler
     inner = handler.unary_unary
 
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        if isinstance(request, _Undecodable):
+            await context.abort_with_status(
+                to_status(
+                    AppError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        "request is not a valid protobuf message for this method",
+                        {"reason": request.reason},
+                    )
+                )
+            )
         token = bind(**fields)
         try:
             return await inner(request, context)
@@ -87,7 +130,7 @@ def _with_context(handler: grpc.RpcMethodHandler | None, **fields: Any) -> grpc.
 
     return grpc.unary_unary_rpc_method_handler(
         wrapped,
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=_safe_deserializer(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
 
@@ -95,12 +138,38 @@ def _with_context(handler: grpc.RpcMethodHandler | None, **fields: Any) -> grpc.
 def server_credentials(
     cert_file: str | None, key_file: str | None
 ) -> grpc.ServerCredentials | None:
-    """TLS credentials from PEM files when both are configured, else None (plaintext)."""
-    if not cert_file or not key_file:
+    """TLS credentials from PEM files when both are configured, None when neither is (plaintext).
+
+    Raises:
+        MissingSetting: only one of ``GRPC_TLS_CERT_FILE`` / ``GRPC_TLS_KEY_FILE`` is set
+            (a half-configured listener must not silently fall back to plaintext).
+    """
+    if not cert_file and not key_file:
         return None
+    if not cert_file or not key_file:
+        missing = "GRPC_TLS_CERT_FILE" if not cert_file else "GRPC_TLS_KEY_FILE"
+        raise MissingSetting(
+            f"refusing to start: {missing} is required when the other TLS file is set (SPEC §7)"
+        )
     return grpc.ssl_server_credentials(
         [(Path(key_file).read_bytes(), Path(cert_file).read_bytes())]
     )
+
+
+def load_service_descriptors(service_names: Iterable[str]) -> None:
+    """Import ``<package>.service_pb2`` of each service so reflection can describe it.
+
+    The generated ``*_pb2_grpc`` modules import only the request/response
+    messages, so without this the service's file is missing from the default
+    descriptor pool and ``grpcurl describe <Service>`` answers "Symbol not
+    found" although ``grpcurl list`` shows the service. Names outside a
+    ``zhixi.…`` package with a ``service_pb2`` module are left alone.
+    """
+    for name in service_names:
+        package = name.rpartition(".")[0]
+        if package.startswith("zhixi."):
+            with contextlib.suppress(ImportError):
+                importlib.import_module(f"{package}.service_pb2")
 
 
 class GrpcServer:
@@ -136,6 +205,7 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = list(service_names)
+        load_service_descriptors(self.service_names)
         reflection.enable_server_reflection(
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
