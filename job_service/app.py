@@ -7,6 +7,7 @@ run the real server in-process on an ephemeral port (``JOB_SERVICE_LISTEN=127.0.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ class JobServiceApp:
     reaper: Reaper
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     reaper_task: asyncio.Task[None] | None = None
+    gauges_task: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -65,6 +67,8 @@ class JobServiceApp:
         await self.server.stop(grace)
         if self.reaper_task is not None:
             await self.reaper_task
+        if self.gauges_task is not None:
+            await self.gauges_task
         close = getattr(self.domain.credentials, "close", None)
         if close is not None:
             await close()
@@ -126,8 +130,21 @@ async def serve(
     reaper = Reaper(domain)
     app = JobServiceApp(settings, engine, sessions, domain, server, reaper)
     app.reaper_task = asyncio.create_task(reaper.run(app.stop_event), name="reaper")
+    app.gauges_task = asyncio.create_task(_refresh_gauges(app), name="metrics-gauges")
     log.info(
         "job_service serving",
         extra={"fields": {"port": server.port, "database": engine.url.render_as_string()}},
     )
     return app
+
+
+async def _refresh_gauges(app: JobServiceApp) -> None:
+    """Re-read queue depth and breaker state every ``METRICS_REFRESH_SECONDS`` until stop."""
+    interval = app.settings.METRICS_REFRESH_SECONDS
+    while not app.stop_event.is_set():
+        try:
+            await app.domain.refresh_gauges()
+        except Exception:
+            log.warning("metrics gauge refresh failed", exc_info=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(app.stop_event.wait(), timeout=interval)

@@ -1,8 +1,14 @@
-"""Prometheus metrics of job_service, served on ``JOB_SERVICE_METRICS_PORT`` (0 = off)."""
+"""Prometheus metrics of job_service, served on ``JOB_SERVICE_METRICS_PORT`` (0 = off).
+
+Counters and histograms are updated where the event happens; the gauges
+(queue depth, breaker state) are database-wide numbers refreshed by
+:meth:`job_service.domain.jobs.JobDomain.refresh_gauges` every
+``METRICS_REFRESH_SECONDS`` (every replica reports the same values).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 JOBS_CREATED = Counter(
     "airt_jobs_created_total",
@@ -14,11 +20,40 @@ JOBS_FINISHED = Counter(
 )
 PICKUP_LATENCY = Histogram(
     "airt_job_pickup_latency_seconds",
-    "Seconds from availableAt to lock",
+    "Seconds from availableAt to lock (availableAt = createdAt for a new job)",
     ["job_type"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+)
+RUN_TIME = Histogram(
+    "airt_job_run_seconds",
+    "Seconds from an attempt's startedAt to the job's finishedAt, by job type and outcome",
+    ["job_type", "outcome"],
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
 )
 LEASE_LOSSES = Counter(
     "airt_lease_losses_total", "Leases lost: refused holder calls and reaper expiries", ["where"]
 )
 REAPED = Counter("airt_reaper_expired_total", "Jobs expired by the reaper", ["code", "outcome"])
+QUEUE_DEPTH = Gauge(
+    "airt_jobs_queue_depth",
+    "Non-terminal jobs in the database by state and job type",
+    ["state", "job_type"],
+)
+BREAKER_STATE = Gauge(
+    "airt_platform_breaker_state",
+    "Platform-key circuit breaker: 1 for the current state, 0 for the others",
+    ["state"],
+)
+BREAKER_FAILURES = Gauge(
+    "airt_platform_breaker_consecutive_failures",
+    "Consecutive platform-key failures counted by the breaker",
+)
+
+BREAKER_STATES = ("closed", "open", "half_open")
+
+
+def set_breaker(state: str, consecutive_failures: int) -> None:
+    """Publish the breaker's state (one-hot) and failure count."""
+    for name in BREAKER_STATES:
+        BREAKER_STATE.labels(name).set(1 if name == state else 0)
+    BREAKER_FAILURES.set(consecutive_failures)

@@ -204,3 +204,20 @@ invocations = cast(Table, InvocationLog.__table__)
 workers = cast(Table, RuntimeWorker.__table__)
 authorizations = cast(Table, AiAuthorization.__table__)
 breaker = cast(Table, CircuitBreakerRow.__table__)
+
+
+class UserAdmissionLock(Base):
+    """``ai_user_admission_locks``: one row per user, locked by every create (SPEC §6).
+
+    The create transaction takes ``SELECT … FOR UPDATE`` on the caller's row
+    before counting the day's jobs, so concurrent creates of one user (on any
+    replica) are admitted one at a time and the daily quota is never
+    overshot. (SQLite already runs every write transaction alone.)
+    """
+
+    __tablename__ = "ai_user_admission_locks"
+
+    user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+
+admission_locks = cast(Table, UserAdmissionLock.__table__)

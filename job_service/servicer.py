@@ -103,11 +103,53 @@ def _attempt(value: int) -> int:
     return value
 
 
+#: Bounds of runtime request fields, shared with the REST shim's body models so
+#: both transports refuse the same requests (and no value overflows its column).
+MAX_CAPABILITIES = 10
+MAX_STATUS_ADDRESS = 255
+MAX_PROMPT_VERSION = 64
+MAX_OUTPUT_SCHEMA_VERSION = 16
+MAX_ERROR_CODE = 64
+MAX_ERROR_MESSAGE = 4000
+MAX_RETRY_AFTER_SECONDS = 86400.0
+MAX_MODEL_PROVIDER = 32
+MAX_MODEL_NAME = 64
+MAX_CREDENTIAL_ID = 64
+MAX_PROVIDER_REQUEST_ID = 128
+#: Token counts and latencies stay within the integers JSON handles exactly.
+MAX_COUNTER = 2**53
+
+
 def _caps(values: Any) -> list[str]:
+    if len(values) > MAX_CAPABILITIES:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"at most {MAX_CAPABILITIES} capabilities",
+            {"field": "capabilities"},
+        )
     out = []
     for v in values:
         out.append(JOB_TYPE.to_str(v))
     return out
+
+
+def _text(value: str, field: str, max_len: int, *, required: bool = False) -> str:
+    """A string request field within its bounds (``INVALID_ARGUMENT`` naming it otherwise)."""
+    if required and not value:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, f"{field} is required", {"field": field})
+    if len(value) > max_len:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{field} is longer than {max_len} characters",
+            {"field": field},
+        )
+    return value
+
+
+def _counter(value: int, field: str) -> int:
+    if not 0 <= value <= MAX_COUNTER:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, f"{field} must be 0..2^53", {"field": field})
+    return value
 
 
 def _breaker(view: BreakerView) -> msg.CircuitBreaker:
@@ -151,7 +193,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             target_type=TARGET_TYPE.to_str(request.target_type),
             target_id=request.target_id,
             params=from_struct(request.params),
-            api_key_mode=API_KEY_MODE.to_str_or_none(request.api_key_mode) or "platform_key",
+            api_key_mode=API_KEY_MODE.optional(request.api_key_mode) or "platform_key",
             idempotency_key=request.idempotency_key
             if request.HasField("idempotency_key")
             else None,
@@ -183,8 +225,8 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
         rows, token = await self.domain.list_jobs(
             user_id=request.user_id if request.HasField("user_id") else None,
-            status=JOB_STATUS.to_str_or_none(request.status),
-            job_type=JOB_TYPE.to_str_or_none(request.job_type),
+            status=JOB_STATUS.optional(request.status),
+            job_type=JOB_TYPE.optional(request.job_type),
             page_size=request.page_size,
             page_token=request.page_token,
         )
@@ -273,6 +315,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         instance = _instance(context)
         caps = _caps(request.capabilities)
         JobDomain.check_poll_args(caps, request.limit, request.wait_ms)
+        _text(request.status_address, "statusAddress", MAX_STATUS_ADDRESS)
         await self.domain.seen(instance, caps, request.status_address or None)
         found = await self.domain.poll(instance, caps, request.limit, request.wait_ms)
         return rr.PollJobsResponse(jobs=[job_to_proto(j) for j in found])
@@ -282,6 +325,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         instance = _instance(context)
         caps = _caps(request.capabilities)
         JobDomain.check_poll_args(caps, request.limit, request.wait_ms)
+        _text(request.status_address, "statusAddress", MAX_STATUS_ADDRESS)
         await self.domain.seen(instance, caps, request.status_address or None)
         found = await self.domain.claim(instance, caps, request.limit, request.wait_ms)
         return rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
@@ -367,6 +411,8 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         self, request: rr.SubmitResultRequest, context: Ctx
     ) -> rr.SubmitResultResponse:
         lease = self._lease(context, request.job_id, request.attempt_no)
+        _text(request.prompt_version, "promptVersion", MAX_PROMPT_VERSION)
+        _text(request.output_schema_version, "outputSchemaVersion", MAX_OUTPUT_SCHEMA_VERSION)
         outcome = await self.domain.submit_result(
             lease,
             prompt_version=request.prompt_version or None,
@@ -384,6 +430,16 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     @rpc
     async def FailJob(self, request: rr.FailJobRequest, context: Ctx) -> rr.FailJobResponse:
         lease = self._lease(context, request.job_id, request.attempt_no)
+        _text(request.error_code, "errorCode", MAX_ERROR_CODE, required=True)
+        _text(request.error_message, "errorMessage", MAX_ERROR_MESSAGE)
+        if request.HasField("retry_after_seconds") and not (
+            0 <= request.retry_after_seconds <= MAX_RETRY_AFTER_SECONDS
+        ):
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "retryAfterSeconds must be 0..86400",
+                {"field": "retryAfterSeconds"},
+            )
         job = await self.domain.fail(
             lease,
             error_code=request.error_code,
@@ -402,17 +458,25 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     async def RecordInvocation(
         self, request: rr.RecordInvocationRequest, context: Ctx
     ) -> rr.RecordInvocationResponse:
+        for field, value, max_len in (
+            ("credentialId", request.credential_id, MAX_CREDENTIAL_ID),
+            ("errorCode", request.error_code, MAX_ERROR_CODE),
+            ("providerRequestId", request.provider_request_id, MAX_PROVIDER_REQUEST_ID),
+        ):
+            _text(value, field, max_len)
         log_id = await self.domain.record_invocation(
             job_id=_job_id(request.job_id),
-            attempt_no=request.attempt_no,
-            model_provider=request.model_provider,
-            model_name=request.model_name,
-            api_key_mode=API_KEY_MODE.to_str_or_none(request.api_key_mode),
+            attempt_no=_attempt(request.attempt_no),
+            model_provider=_text(
+                request.model_provider, "modelProvider", MAX_MODEL_PROVIDER, required=True
+            ),
+            model_name=_text(request.model_name, "modelName", MAX_MODEL_NAME, required=True),
+            api_key_mode=API_KEY_MODE.optional(request.api_key_mode),
             credential_id=request.credential_id if request.HasField("credential_id") else None,
-            prompt_tokens=request.prompt_tokens,
-            completion_tokens=request.completion_tokens,
-            cache_hit_tokens=request.cache_hit_tokens,
-            latency_ms=request.latency_ms,
+            prompt_tokens=_counter(request.prompt_tokens, "promptTokens"),
+            completion_tokens=_counter(request.completion_tokens, "completionTokens"),
+            cache_hit_tokens=_counter(request.cache_hit_tokens, "cacheHitTokens"),
+            latency_ms=_counter(request.latency_ms, "latencyMs"),
             outcome=request.outcome,
             error_code=request.error_code if request.HasField("error_code") else None,
             provider_request_id=request.provider_request_id

@@ -47,6 +47,8 @@ class JobServiceSettings(CommonSettings):
     JOB_SERVICE_MIGRATE_ON_START: bool = True
     #: Minimum age (seconds) under which a worker still counts as alive for health.
     WORKER_ALIVE_MIN_SECONDS: float = Field(default=30, ge=0)
+    #: How often the queue-depth and breaker gauges are re-read from the database.
+    METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0)
 
     @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
     @classmethod

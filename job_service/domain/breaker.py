@@ -3,7 +3,10 @@
 States: ``closed`` → (``BREAKER_FAILURE_THRESHOLD`` consecutive failures) →
 ``open`` → (``BREAKER_COOLDOWN_SECONDS`` later, on the next create) →
 ``half_open``: up to ``BREAKER_HALF_OPEN_PROBES`` new platform-key jobs pass as
-probes; the next success closes it, the next failure opens it again. Fed by the
+probes; the next success closes it, the next failure opens it again. A probe
+ending with a neutral code frees its slot; when every slot is taken but no
+probe job is live any more (cancelled before it ran, expired), the slots are
+re-armed so the breaker never stays half-open for good. Fed by the
 endings of platform-key attempts; codes in ``BREAKER_FAILURE_CODES`` are
 failures, a success resets, everything else is neutral. All times are the
 database's.
@@ -21,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import BREAKER_FAILURE_CODES, AppError, ErrorCode
 from job_service.domain.clock import DbClock
-from job_service.models import breaker
+from job_service.models import breaker, jobs
 from job_service.settings import JobServiceSettings
 
 ROW_ID = 1
@@ -82,14 +85,13 @@ async def admit_new_job(
     # The common case (closed) reads without a row lock, so creates never queue on the row.
     if (await _row(session, clock, lock=False))[0] == "closed":
         return
-    state, _failures, opened, _half, probes = await _row(session, clock)
+    state, _failures, opened, half, probes = await _row(session, clock)
     if state == "closed":
         return
     if state == "open":
         now = await clock.read(session)
-        if opened is not None and now < opened + timedelta(
-            seconds=settings.BREAKER_COOLDOWN_SECONDS
-        ):
+        cooldown = timedelta(seconds=settings.BREAKER_COOLDOWN_SECONDS)
+        if opened is not None and now < opened + cooldown:
             raise AppError(
                 ErrorCode.PLATFORM_CIRCUIT_OPEN,
                 "the platform model key is failing; try again later",
@@ -99,6 +101,16 @@ async def admit_new_job(
             update(breaker)
             .where(breaker.c.id == ROW_ID)
             .values(state="half_open", half_open_at=clock.now(), probes_in_flight=0)
+        )
+        probes = 0
+    elif probes >= settings.BREAKER_HALF_OPEN_PROBES and not await _probes_alive(session, half):
+        # Every probe slot taken, but no probe job is left to report back (one was
+        # cancelled before it ran, or expired): probe again rather than stay
+        # half-open forever.
+        await session.execute(
+            update(breaker)
+            .where(breaker.c.id == ROW_ID)
+            .values(half_open_at=clock.now(), probes_in_flight=0)
         )
         probes = 0
     if probes >= settings.BREAKER_HALF_OPEN_PROBES:
@@ -112,6 +124,24 @@ async def admit_new_job(
         .where(breaker.c.id == ROW_ID)
         .values(probes_in_flight=breaker.c.probes_in_flight + 1, updated_at=clock.now())
     )
+
+
+async def _probes_alive(session: AsyncSession, half_open_at: datetime | None) -> bool:
+    """Whether a platform-key job created since ``half_open_at`` (a probe) is still live."""
+    if half_open_at is None:
+        return False
+    live = (
+        await session.execute(
+            select(jobs.c.job_id)
+            .where(
+                jobs.c.status.in_(["pending", "locked", "running"]),
+                jobs.c.api_key_mode == "platform_key",
+                jobs.c.created_at >= half_open_at,
+            )
+            .limit(1)
+        )
+    ).first()
+    return live is not None
 
 
 async def record_ending(

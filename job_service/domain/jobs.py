@@ -20,6 +20,7 @@ from decimal import Decimal
 from typing import Any, TypeVar, cast
 
 from sqlalchemy import Row, Table, and_, func, insert, select, update
+from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -33,7 +34,12 @@ from job_service.domain import breaker as breaker_mod
 from job_service.domain.clock import DbClock
 from job_service.domain.params import check_range, normalize_params
 from job_service.domain.ports import CredentialChecker, LearningPort, SnapshotView
-from job_service.domain.scheduler import RECHECK_SECONDS, JobSignal, WorkerRegistry
+from job_service.domain.scheduler import (
+    RECHECK_SECONDS,
+    JobSignal,
+    PendingProbe,
+    WorkerRegistry,
+)
 from job_service.domain.statemachine import (
     CANCELLED,
     FAILED,
@@ -52,7 +58,7 @@ from job_service.domain.statemachine import (
     record_event,
 )
 from job_service.learning_models import AiResult
-from job_service.models import authorizations, events, invocations, jobs
+from job_service.models import admission_locks, authorizations, events, invocations, jobs
 from job_service.settings import JobServiceSettings
 
 #: Accepted results (``ai_results``, owned by the learning-data module's models).
@@ -288,9 +294,12 @@ class JobDomain:
         self.learning = learning
         self.credentials = credentials
         self.signal = JobSignal()
+        self.probe = PendingProbe(self._any_claimable, RECHECK_SECONDS)
         self.registry = WorkerRegistry(clock)
         #: SQLite has one writer: queue this process's write transactions here.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if clock.is_sqlite else None
+        #: Users whose admission lock row is known to exist (MySQL/MariaDB).
+        self._admission_rows: set[str] = set()
 
     # ---------------------------------------------------------------- helpers
 
@@ -466,8 +475,23 @@ class JobDomain:
                 return existing, True
 
         credential_id = await self.credentials.check(req.user_id, req.api_key_mode)
+        await self._ensure_admission_row(req.user_id)
 
-        async def body(session: AsyncSession) -> JobRecord:
+        async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
+            if not self.clock.is_sqlite:
+                # One create per user at a time on every replica: the quota count
+                # below then sees every job committed before it (SPEC §6).
+                await session.execute(
+                    select(admission_locks.c.user_id)
+                    .where(admission_locks.c.user_id == req.user_id)
+                    .with_for_update()
+                )
+            if req.idempotency_key is not None:
+                # A racing repeat that lost the pre-check gets the original here,
+                # not a quota refusal.
+                existing = await self._by_scope(req, session)
+                if existing is not None:
+                    return existing, True
             await self._admission(session, req)
             snapshot_id = await self.learning.build_snapshot(
                 session,
@@ -496,10 +520,10 @@ class JobDomain:
                 retried_from_job_id=None,
                 actor=req.actor or f"user:{req.user_id}",
             )
-            return await self._must_get(session, job_id)
+            return await self._must_get(session, job_id), False
 
         try:
-            job = await self.tx(body)
+            job, replayed = await self.tx(body)
         except IntegrityError:
             if req.idempotency_key is None:
                 raise
@@ -507,24 +531,59 @@ class JobDomain:
             if existing is None:
                 raise
             return existing, True
+        if replayed:
+            return job, True
         metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
         self.signal.notify()
-        log.info("job created", extra={"fields": {"jobId": job.job_id, "jobType": job.job_type}})
+        log.info(
+            "job created",
+            extra={
+                "fields": {
+                    "jobId": job.job_id,
+                    "jobType": job.job_type,
+                    "apiKeyMode": job.api_key_mode,
+                    "userId": job.user_id,
+                }
+            },
+        )
         return job, False
 
-    async def _by_scope(self, req: CreateJobInput) -> JobRecord | None:
-        async with self.sessions() as session:
-            row = (
+    async def _ensure_admission_row(self, user_id: str) -> None:
+        """Make sure the user's admission lock row exists (MySQL/MariaDB only).
+
+        Inserted in its own short transaction (``INSERT IGNORE``), never in the
+        create transaction: an ignored duplicate takes a shared lock there, and
+        two of those upgrading to the exclusive lock would deadlock.
+        """
+        if self.clock.is_sqlite or user_id in self._admission_rows:
+            return
+
+        async def run() -> None:
+            async with self.sessions() as session, session.begin():
                 await session.execute(
-                    select(jobs).where(
-                        jobs.c.user_id == req.user_id,
-                        jobs.c.job_type == req.job_type,
-                        jobs.c.target_type == req.target_type,
-                        jobs.c.target_id == req.target_id,
-                        jobs.c.idempotency_key == req.idempotency_key,
-                    )
+                    mysql_insert(admission_locks).values(user_id=user_id).prefix_with("IGNORE")
                 )
-            ).first()
+
+        await retry_transient(run)
+        if len(self._admission_rows) > 100_000:
+            self._admission_rows.clear()
+        self._admission_rows.add(user_id)
+
+    async def _by_scope(
+        self, req: CreateJobInput, session: AsyncSession | None = None
+    ) -> JobRecord | None:
+        stmt = select(jobs).where(
+            jobs.c.user_id == req.user_id,
+            jobs.c.job_type == req.job_type,
+            jobs.c.target_type == req.target_type,
+            jobs.c.target_id == req.target_id,
+            jobs.c.idempotency_key == req.idempotency_key,
+        )
+        if session is not None:
+            row = (await session.execute(stmt)).first()
+        else:
+            async with self.sessions() as own:
+                row = (await own.execute(stmt)).first()
         return JobRecord.from_row(row) if row is not None else None
 
     async def _admission(self, session: AsyncSession, req: CreateJobInput) -> None:
@@ -833,7 +892,30 @@ class JobDomain:
             remaining = deadline - loop.time()
             if found or remaining <= 0:
                 return found
-            await self.signal.wait(min(RECHECK_SECONDS, remaining))
+            # Until a local wake-up, ask the shared probe (one query per process
+            # per RECHECK_SECONDS) instead of re-running this caller's query; when
+            # the wait ends with the probe still saying "nothing", answer empty
+            # without a last query of our own (the caller polls again anyway).
+            while True:
+                if await self.signal.wait(min(RECHECK_SECONDS, remaining)):
+                    break
+                if await self.probe.claimable():
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []
+
+    async def _any_claimable(self) -> bool:
+        """Whether some pending job is available now (the :class:`PendingProbe` query)."""
+        async with self.sessions() as session:
+            row = (
+                await session.execute(
+                    select(jobs.c.seq)
+                    .where(jobs.c.status == PENDING, jobs.c.available_at <= self.clock.now())
+                    .limit(1)
+                )
+            ).first()
+        return row is not None
 
     async def lock(self, job_id: str, instance_id: str) -> JobRecord:
         """pending → locked for the caller (SPEC §2.3 lock).
@@ -1099,6 +1181,11 @@ class JobDomain:
                 )
                 if not ok:
                     raise self._lease_lost(job, lease)
+                if job.api_key_mode == "platform_key":
+                    # Neutral for the breaker, but it frees a half-open probe slot.
+                    await breaker_mod.record_ending(
+                        session, self.clock, self.settings, ErrorCode.INVALID_SCHEMA
+                    )
                 invalid.append(err)
                 return SubmitOutcome(job.job_id, FAILED, "", output_hash, False)
             result_id = new_id()
@@ -1139,13 +1226,35 @@ class JobDomain:
             return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
 
         outcome = await self.tx(body)
+        if invalid or not outcome.replayed:
+            status = FAILED if invalid else SUCCEEDED
+            metrics.JOBS_FINISHED.labels(job_types[0], status).inc()
+            await self._observe_run_time(lease.job_id)
+            log.info(
+                "attempt ended",
+                extra={
+                    "fields": {
+                        "jobId": lease.job_id,
+                        "attemptNo": lease.attempt_no,
+                        "runtimeInstanceId": lease.instance_id,
+                        "status": status,
+                        "errorCode": ErrorCode.INVALID_SCHEMA if invalid else None,
+                    }
+                },
+            )
         if invalid:
-            metrics.JOBS_FINISHED.labels(job_types[0], FAILED).inc()
             err = invalid[0]
             raise AppError(ErrorCode.INVALID_SCHEMA, err.message, err.details)
-        if not outcome.replayed:
-            metrics.JOBS_FINISHED.labels(job_types[0], SUCCEEDED).inc()
         return outcome
+
+    async def _observe_run_time(self, job_id: str, job: JobRecord | None = None) -> None:
+        """Feed ``airt_job_run_seconds`` from a finished job's startedAt/finishedAt."""
+        if job is None:
+            async with self.sessions() as session:
+                job = await self._get(session, job_id)
+        if job is not None and job.started_at is not None and job.finished_at is not None:
+            seconds = (job.finished_at - job.started_at).total_seconds()
+            metrics.RUN_TIME.labels(job.job_type, job.status).observe(max(0.0, seconds))
 
     async def fail(
         self,
@@ -1179,8 +1288,11 @@ class JobDomain:
         actor = runtime_actor(lease.instance_id)
         mark_credential: list[str] = []
 
+        repeated: list[bool] = []
+
         async def body(session: AsyncSession) -> JobRecord:
             mark_credential.clear()
+            repeated.clear()
             row = (
                 await session.execute(
                     self._for_update(select(jobs).where(lease_guard(self.clock, lease)))
@@ -1189,6 +1301,7 @@ class JobDomain:
             if row is None:
                 job = await self._get(session, lease.job_id)
                 if job is not None and await self._is_repeat_fail(session, job, lease, error_code):
+                    repeated.append(True)
                     return job
                 metrics.LEASE_LOSSES.labels("fail").inc()
                 raise self._lease_lost(job, lease)
@@ -1238,12 +1351,28 @@ class JobDomain:
             return out
 
         job = await self.tx(body)
+        if repeated:
+            return job
         for credential_id in mark_credential:
             await self.credentials.mark_invalid(credential_id, "model refused the key")
         if job.status == PENDING:
             self.signal.notify()
         elif job.status in TERMINAL:
             metrics.JOBS_FINISHED.labels(job.job_type, job.status).inc()
+            await self._observe_run_time(job.job_id, job)
+        log.info(
+            "attempt failed",
+            extra={
+                "fields": {
+                    "jobId": job.job_id,
+                    "attemptNo": lease.attempt_no,
+                    "runtimeInstanceId": lease.instance_id,
+                    "errorCode": error_code,
+                    "status": job.status,
+                    "retryCount": job.retry_count,
+                }
+            },
+        )
         return job
 
     async def _is_repeat_fail(
@@ -1344,8 +1473,17 @@ class JobDomain:
         if not user_id:
             raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
         actor = f"user:{user_id}"
+        await self._ensure_admission_row(user_id)
 
         async def body(session: AsyncSession) -> AuthorizationView:
+            if not self.clock.is_sqlite:
+                # Serialise with this user's creates (same lock, same order as
+                # create_job), so no create can slip a pending job past a revoke.
+                await session.execute(
+                    select(admission_locks.c.user_id)
+                    .where(admission_locks.c.user_id == user_id)
+                    .with_for_update()
+                )
             exists = (
                 await session.execute(
                     self._for_update(
@@ -1614,11 +1752,38 @@ class JobDomain:
 
     async def breaker_view(self) -> breaker_mod.BreakerView:
         """The platform circuit breaker (SPEC §3.1 admin)."""
-        return await self.tx(lambda s: breaker_mod.read(s, self.clock))
+        view = await self.tx(lambda s: breaker_mod.read(s, self.clock))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        return view
 
     async def breaker_reset(self) -> breaker_mod.BreakerView:
         """Close the platform circuit breaker (SPEC §3.1 admin reset)."""
-        return await self.tx(lambda s: breaker_mod.reset(s, self.clock))
+        view = await self.tx(lambda s: breaker_mod.reset(s, self.clock))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        log.info("circuit breaker reset")
+        return view
+
+    async def refresh_gauges(self) -> dict[tuple[str, str], int]:
+        """Re-read the database-wide gauges: queue depth by state/type and the breaker.
+
+        Returns:
+            ``{(state, jobType): count}`` of the non-terminal jobs (also published
+            as ``airt_jobs_queue_depth``; pairs that emptied are set to 0).
+        """
+        stmt = (
+            select(jobs.c.status, jobs.c.job_type, func.count())
+            .where(jobs.c.status.in_([PENDING, LOCKED, RUNNING]))
+            .group_by(jobs.c.status, jobs.c.job_type)
+        )
+        async with self.sessions() as session:
+            rows = (await session.execute(stmt)).all()
+            view = await breaker_mod.read(session, self.clock)
+        depth = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        for state in (PENDING, LOCKED, RUNNING):
+            for job_type in JOB_TYPES:
+                metrics.QUEUE_DEPTH.labels(state, job_type).set(depth.get((state, job_type), 0))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        return depth
 
     async def health(self) -> tuple[bool, list[Any]]:
         """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""

@@ -19,6 +19,7 @@ from airuntime_common.enums import API_KEY_MODE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
+from airuntime_common.logs import log_context
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +148,13 @@ class GrpcCredentialChecker:
 
         self._channel = insecure_or_tls_channel(target, ca_file)
         self._stub = service_pb2_grpc.CredentialServiceStub(self._channel)
-        self._md = metadata.outgoing(token)
+        self._token = token
         self._timeout = timeout
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        """The service token, plus the request id of the RPC being served (log correlation)."""
+        request_id = (log_context.get() or {}).get("requestId")
+        return metadata.outgoing(self._token, request_id=request_id)
 
     async def check(self, user_id: str, api_key_mode: str) -> str | None:
         from zhixi.airuntime.credential.v1 import request_response_pb2 as crr
@@ -158,7 +164,7 @@ class GrpcCredentialChecker:
                 crr.CheckCredentialRequest(
                     user_id=user_id, api_key_mode=cast(Any, API_KEY_MODE.to_proto(api_key_mode))
                 ),
-                metadata=self._md,
+                metadata=self._metadata(),
                 timeout=self._timeout,
             )
         except grpc.RpcError as exc:
@@ -177,7 +183,7 @@ class GrpcCredentialChecker:
         try:
             await self._stub.MarkCredentialInvalid(
                 crr.MarkCredentialInvalidRequest(credential_id=credential_id, reason=reason),
-                metadata=self._md,
+                metadata=self._metadata(),
                 timeout=self._timeout,
             )
         except grpc.RpcError as exc:
