@@ -7,8 +7,10 @@ reach the endpoint. For each HTTP request it
   echoes it on the answer;
 * refuses a body over ``MAX_BODY_BYTES`` with 413 ``PAYLOAD_TOO_LARGE``, by
   ``Content-Length`` and by the bytes actually streamed;
-* refuses a JSON body that is not UTF-8 or nests deeper than ``MAX_JSON_DEPTH``
-  with 400 ``INVALID_ARGUMENT`` (before any parser recurses into it);
+* refuses a JSON body that is not UTF-8, nests deeper than ``MAX_JSON_DEPTH``
+  or holds a NUL character in a string with 400 ``INVALID_ARGUMENT`` (before
+  any parser recurses into it; NUL has no place in ids or text and some
+  databases truncate at it);
 * marks answers under ``/internal/`` and ``/v1/me/`` ``Cache-Control: no-store``
   (the resolved key, errors included);
 * counts requests and latency by route template and status (Prometheus);
@@ -88,6 +90,29 @@ def json_depth_ok(text: str, limit: int) -> bool:
         elif ch in "]}":
             depth -= 1
     return True
+
+
+def _has_nul(text: str) -> bool:
+    """Whether a JSON document holds a NUL character in any string or key.
+
+    Invalid JSON answers False: the route's own parser refuses it with 400.
+    """
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 async def _send_error(send: Send, err: AppError, headers: list[tuple[bytes, bytes]]) -> None:
@@ -240,4 +265,6 @@ class GatewayMiddleware:
                     f"JSON nests deeper than {self.max_json_depth} levels",
                     {"maxDepth": self.max_json_depth},
                 )
+            if "\x00" in text or ("\\u0000" in text.lower() and _has_nul(text)):
+                return AppError(ErrorCode.INVALID_ARGUMENT, "text must not contain NUL characters")
         return _replay([{"type": "http.request", "body": body, "more_body": False}], receive)

@@ -9,14 +9,18 @@ protobuf fields are bounded accordingly.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 INT32_MAX = 2**31 - 1
 #: Counters (tokens, ms) stay within the integers JSON tools handle exactly.
 INT64_MAX = 2**53
 ID = Field(min_length=1, max_length=128)
+#: A job id the shim forwards as is: ids are opaque, so an unknown one of any
+#: length is the backend's 404 ``JOB_NOT_FOUND`` (SPEC §3), never a 400
+#: (the body size limit bounds it).
+JOB_REF = Field(min_length=1)
 
 JobType = Literal[
     "learning_state_analysis",
@@ -36,9 +40,27 @@ AttemptNo = Field(ge=1, le=INT32_MAX)
 
 
 class Body(BaseModel):
-    """Base of request bodies: unknown keys are ignored, strings are not coerced."""
+    """Base of request bodies: closed and strictly typed.
 
-    model_config = ConfigDict(extra="ignore", strict=False)
+    An unknown key is refused (a misspelt ``timeoutSecond`` must not be silently
+    dropped), and values are not coerced across JSON types (``"granted": 0``,
+    ``"waitMs": false`` or ``"attemptNo": "1"`` are 400 ``INVALID_ARGUMENT``, not
+    ``False`` / ``0`` / ``1``). The document says so too
+    (``additionalProperties: false``).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _rfc3339_text(value: Any) -> Any:
+    """Timestamps in a body are RFC 3339 text only (no numbers read as UNIX seconds)."""
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 timestamp string")
+    return value
+
+
+#: An RFC 3339 timestamp in a body (strict models parse it from its JSON text).
+Rfc3339 = Annotated[datetime, BeforeValidator(_rfc3339_text), Field(strict=False)]
 
 
 # ---------------------------------------------------------------- public requests
@@ -64,12 +86,12 @@ class LearningEventIn(Body):
 
     eventId: str = ID
     type: Literal["reading", "quiz_attempt"]
-    materialId: str | None = Field(default=None, max_length=128)
-    blockId: str | None = Field(default=None, max_length=128)
-    knowledgePointId: str | None = Field(default=None, max_length=128)
+    materialId: str | None = Field(default=None, min_length=1, max_length=128)
+    blockId: str | None = Field(default=None, min_length=1, max_length=128)
+    knowledgePointId: str | None = Field(default=None, min_length=1, max_length=128)
     dwellSeconds: float | None = Field(default=None, ge=0, le=86400 * 7)
     correct: bool | None = None
-    occurredAt: datetime | None = None
+    occurredAt: Rfc3339 | None = None
 
 
 class LearningEventsCreate(Body):
@@ -125,7 +147,7 @@ class PollBody(Body):
     capabilities: list[JobType] = Field(min_length=1, max_length=10)
     limit: int = Field(default=10, ge=1, le=INT32_MAX)
     waitMs: int = Field(default=0, ge=0, le=20000)
-    statusAddress: str | None = Field(default=None, max_length=256)
+    statusAddress: str | None = Field(default=None, max_length=255)
 
 
 class AttemptBody(Body):
@@ -137,7 +159,7 @@ class AttemptBody(Body):
 class LeaseRefIn(Body):
     """One lease of a batched heartbeat."""
 
-    jobId: str = ID
+    jobId: str = JOB_REF
     attemptNo: int = AttemptNo
 
 
@@ -150,7 +172,7 @@ class LeasesBody(Body):
 class ResolveBody(Body):
     """``POST /internal/runtime/model-credentials/resolve``."""
 
-    jobId: str = ID
+    jobId: str = JOB_REF
     attemptNo: int = AttemptNo
 
 
@@ -158,8 +180,8 @@ class ResultBody(Body):
     """``POST /internal/runtime/jobs/{jobId}/result``."""
 
     attemptNo: int = AttemptNo
-    promptVersion: str = Field(default="", max_length=128)
-    outputSchemaVersion: str = Field(default="v1", max_length=32)
+    promptVersion: str = Field(default="", max_length=64)
+    outputSchemaVersion: str = Field(default="v1", max_length=16)
     output: dict[str, Any]
 
 
@@ -175,19 +197,19 @@ class FailBody(Body):
 class InvocationBody(Body):
     """``POST /internal/runtime/invocation-logs``: one model call, never the key."""
 
-    jobId: str = ID
+    jobId: str = JOB_REF
     attemptNo: int = AttemptNo
-    modelProvider: str = Field(min_length=1, max_length=64)
-    modelName: str = Field(min_length=1, max_length=128)
+    modelProvider: str = Field(min_length=1, max_length=32)
+    modelName: str = Field(min_length=1, max_length=64)
     apiKeyMode: ApiKeyMode
-    credentialId: str | None = Field(default=None, max_length=128)
+    credentialId: str | None = Field(default=None, max_length=64)
     promptTokens: int = Field(default=0, ge=0, le=INT64_MAX)
     completionTokens: int = Field(default=0, ge=0, le=INT64_MAX)
     cacheHitTokens: int = Field(default=0, ge=0, le=INT64_MAX)
     latencyMs: int = Field(default=0, ge=0, le=INT64_MAX)
     outcome: Literal["succeeded", "failed"]
     errorCode: str | None = Field(default=None, max_length=64)
-    providerRequestId: str | None = Field(default=None, max_length=256)
+    providerRequestId: str | None = Field(default=None, max_length=128)
 
 
 # ---------------------------------------------------------------- responses

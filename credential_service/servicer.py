@@ -105,6 +105,17 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
         unspecified mode."""
         mode = API_KEY_MODE.to_str(request.api_key_mode)
         result = await self.store.check(request.user_id, mode)
+        log.info(
+            "credential checked",
+            extra={
+                "fields": {
+                    "userId": request.user_id,
+                    "apiKeyMode": mode,
+                    "usable": result.usable,
+                    "credentialId": result.credential_id or None,
+                }
+            },
+        )
         return rr.CheckCredentialResponse(
             usable=result.usable, credential_id=result.credential_id, reason=result.reason
         )

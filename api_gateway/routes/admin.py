@@ -56,7 +56,7 @@ def _iso_date_only(value: Any) -> Any:
 _ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 IsoDate = Annotated[date, BeforeValidator(_iso_date_only)]
 
-JobId = Annotated[str, Path(min_length=1, max_length=128)]
+JobId = Annotated[str, Path(min_length=1)]
 
 
 @router.post(

@@ -43,7 +43,8 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 router = APIRouter(prefix="/internal/runtime", tags=["runtime"], responses=ERRORS)
 
-JobId = Annotated[str, Path(min_length=1, max_length=128)]
+#: Opaque: an unknown id of any length is 404 ``JOB_NOT_FOUND`` from the backend, never 400.
+JobId = Annotated[str, Path(min_length=1)]
 #: Extra seconds of deadline on top of a long poll's ``waitMs``.
 LONG_POLL_SLACK_SECONDS = 10.0
 

@@ -51,7 +51,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
 
-JobId = Annotated[str, Path(min_length=1, max_length=128)]
+JobId = Annotated[str, Path(min_length=1)]
 PageSize = Annotated[int, Query(ge=1, le=100)]
 PageToken = Annotated[str | None, Query(max_length=1024)]
 
@@ -89,7 +89,7 @@ async def create_material(
 async def get_material(
     principal: UserPrincipal,
     call: Backend,
-    materialId: Annotated[str, Path(min_length=1, max_length=128)],
+    materialId: Annotated[str, Path(min_length=1)],
 ) -> dict[str, Any]:
     """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``)."""
     resp = await call(
