@@ -2,7 +2,9 @@
 
 Exposes the worker's live numbers through a custom collector, so nothing is
 double-booked: ``airt_worker_in_flight``, ``airt_worker_draining`` and
-``airt_worker_attempts_total{outcome}`` (same keys as GetStatus counters).
+``airt_worker_attempts_total{outcome}`` (same keys as GetStatus counters); plus
+the model-call histogram ``airt_model_call_latency_seconds`` and the token
+counter ``airt_model_tokens_total``.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -18,6 +20,41 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from runtime_worker.worker import Worker
+
+
+#: Model calls of this process (registered in the registry :func:`serve` creates).
+MODEL_LATENCY = Histogram(
+    "airt_model_call_latency_seconds",
+    "Wall time of one model call, by model, key mode and outcome",
+    ["model_name", "api_key_mode", "outcome"],
+    buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+    registry=None,
+)
+MODEL_TOKENS = Counter(
+    "airt_model_tokens",
+    "Tokens of model calls by model and kind (prompt, completion, cache_hit)",
+    ["model_name", "kind"],
+    registry=None,
+)
+
+
+def observe_model_call(
+    model_name: str,
+    api_key_mode: str,
+    outcome: str,
+    latency_ms: int,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cache_hit_tokens: int,
+) -> None:
+    """Record one model call (latency in ms, token counts) in the model metrics."""
+    MODEL_LATENCY.labels(model_name, api_key_mode, outcome).observe(max(0, latency_ms) / 1000.0)
+    for kind, count in (
+        ("prompt", prompt_tokens),
+        ("completion", completion_tokens),
+        ("cache_hit", cache_hit_tokens),
+    ):
+        MODEL_TOKENS.labels(model_name, kind).inc(max(0, count))
 
 
 class WorkerCollector(Collector):
@@ -50,5 +87,7 @@ def serve(port: int, worker: Worker) -> CollectorRegistry:
     """
     registry = CollectorRegistry()
     registry.register(WorkerCollector(worker))
+    registry.register(MODEL_LATENCY)
+    registry.register(MODEL_TOKENS)
     start_http_server(port, registry=registry)
     return registry

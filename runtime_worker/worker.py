@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from airuntime_common.enums import JOB_TYPE
+from airuntime_common.enums import API_KEY_MODE, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
 from airuntime_common.timeutil import utcnow
+from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
 from runtime_worker.generation import ABORTED, Invocation, generate
 from runtime_worker.lease_keeper import LeaseKeeper
@@ -402,7 +403,17 @@ class Worker:
             if code:
                 request.error_code = code
             if inv.provider_request_id:
-                request.provider_request_id = inv.provider_request_id
+                # the provider's header is untrusted: keep the log within its column
+                request.provider_request_id = inv.provider_request_id[:128]
+            worker_metrics.observe_model_call(
+                run.model_name,
+                API_KEY_MODE.to_str_or_none(run.api_key_mode) or "unknown",
+                inv.outcome,
+                inv.latency_ms,
+                inv.usage.prompt_tokens,
+                inv.usage.completion_tokens,
+                inv.usage.cache_hit_tokens,
+            )
             try:
                 await self.client.record_invocation(request)
             except AppError as exc:
