@@ -1,0 +1,175 @@
+"""Property-based fuzzing of every gateway route from its own OpenAPI document.
+
+schemathesis fuzzes the gateway's OpenAPI document (built from the app; a test
+checks it equals the live ``/openapi.json``) against the live gateway (real
+job_service and credential_service behind it, see ``conftest.py``; the
+document is built offline because schemathesis' lazy fixture loader does not
+work with pytest 9) and generates requests for
+every ``/v1``, ``/admin`` and ``/internal/runtime`` operation, valid and invalid,
+sent with valid credentials for the route's area. Every answer must
+
+* never be a 5xx,
+* have a status the document lists for the operation,
+* match the documented schema of that status (the ``ErrorBody`` for errors),
+* have the documented content type and headers.
+
+Path ids are drawn half the time from rows that exist (the seeded material
+and jobs), so the "found" branches run too.
+
+Profile: default 6 examples per operation, no coverage phase (CI);
+``HOSTILE_PROFILE=long`` runs 40 examples plus schemathesis' coverage phase
+(boundary values; ~8 min); ``HOSTILE_MAX_EXAMPLES=n`` overrides the count.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+import hypothesis
+import pytest
+import schemathesis
+from hypothesis import strategies as st
+from schemathesis.core.parameters import ParameterLocation
+
+from tests.hostile.conftest import Stack
+
+LONG = os.environ.get("HOSTILE_PROFILE") == "long"
+MAX_EXAMPLES = int(os.environ.get("HOSTILE_MAX_EXAMPLES", 40 if LONG else 6))
+
+#: schemathesis checks that judge the API against its document. Left out:
+#: ``positive_data_acceptance`` (a schema-valid request may still be refused by
+#: business rules: a random job id is 404, a terminal job's cancel 409…) and
+#: the stateful/auth-probing checks that need a second credential set
+#: (``ignored_auth`` is covered by tests/unit/api_gateway/test_auth.py).
+CHECKS = {
+    "not_a_server_error": True,
+    "status_code_conformance": True,
+    "content_type_conformance": True,
+    "response_headers_conformance": True,
+    "response_schema_conformance": True,
+    "negative_data_rejection": True,
+    "positive_data_acceptance": False,
+    "missing_required_header": True,
+    "unsupported_method": True,
+    "ignored_auth": False,
+    "use_after_free": False,
+    "ensure_resource_availability": False,
+}
+
+
+def _config() -> schemathesis.Config:
+    return schemathesis.Config.from_dict(
+        {
+            "seed": 20261130,
+            # Credentials are the test's own (valid) headers; auth refusals are
+            # tests/unit/api_gateway/test_auth.py's job.
+            "generation": {
+                "max-examples": MAX_EXAMPLES,
+                "database": "none",
+                "with-security-parameters": False,
+            },
+            "checks": {name: {"enabled": on} for name, on in CHECKS.items()},
+            "phases": {"coverage": {"enabled": LONG}},
+        }
+    )
+
+
+def _document() -> dict[str, Any]:
+    """The gateway's OpenAPI document, built offline (equal to the served one, see below)."""
+    from api_gateway.app import create_app
+    from api_gateway.settings import GatewaySettings
+
+    app = create_app(GatewaySettings(RUNTIME_SERVICE_TOKEN="x", JWT_SECRET="y"))
+    return app.openapi()
+
+
+DOCUMENT = _document()
+#: Ids that exist in the live stack, filled in by :func:`_existing_ids`.
+EXISTING: dict[str, list[str]] = {}
+
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=_config()).include(
+    path_regex=r"^/(v1|admin|internal)/"
+)
+
+
+@schema.hook
+def flatmap_path_parameters(context: Any, path_parameters: dict[str, Any]) -> Any:
+    """Half the time, swap a generated id for one that exists.
+
+    Only a value that is itself a valid id is swapped: in a negative case the
+    invalid id must stay what makes the case negative.
+    """
+    if not path_parameters:
+        return st.just(path_parameters)
+    choices = [
+        st.one_of(st.just(path_parameters[name]), st.sampled_from(ids)).map(
+            lambda v, n=name: (n, v)
+        )
+        for name, ids in EXISTING.items()
+        if ids and _valid_id(path_parameters.get(name))
+    ]
+    if not choices:
+        return st.just(path_parameters)
+    return st.tuples(*choices).map(lambda pairs: {**path_parameters, **dict(pairs)})
+
+
+@schema.hook
+def filter_failure(context: Any, failure: Any, case: schemathesis.Case, response: Any) -> bool:
+    """Drop "negative data accepted" when the only negation is an undeclared query key.
+
+    OpenAPI query parameters have no ``additionalProperties``; like most HTTP
+    APIs the gateway ignores query keys it does not know (``?_=cache-buster``).
+    Declared query values stay strictly checked (FastAPI validates each).
+    """
+    if type(failure).__name__ != "AcceptedNegativeData" or case.meta is None:
+        return True
+    negative = {
+        str(location)
+        for location, info in case.meta.components.items()
+        if info.mode.name == "NEGATIVE"
+    }
+    declared = {p.name for p in case.operation.query}
+    undeclared = set(case.query or {}) - declared
+    return not (undeclared and negative <= {str(ParameterLocation.QUERY)})
+
+
+def _valid_id(value: Any) -> bool:
+    return isinstance(value, str) and 1 <= len(value) <= 128
+
+
+@pytest.fixture(autouse=True)
+def _existing_ids(stack: Stack) -> None:
+    EXISTING["jobId"] = list(stack.seed.job_ids)
+    EXISTING["materialId"] = [stack.seed.material_id, stack.seed.other_material_id]
+
+
+def test_fuzzed_document_is_the_served_one(stack: Stack) -> None:
+    served = httpx.get(f"{stack.base_url}/openapi.json", timeout=10).json()
+    assert served == DOCUMENT
+    fuzzed = {(op.method.upper(), op.path) for op in _operations()}
+    api_routes = {
+        (method.upper(), path)
+        for path, ops in served["paths"].items()
+        for method in ops
+        if path.startswith(("/v1/", "/admin/", "/internal/"))
+    }
+    assert fuzzed == api_routes
+    assert len(api_routes) >= 35
+
+
+def _operations() -> list[Any]:
+    return [result.ok() for result in schema.get_all_operations()]
+
+
+@schema.parametrize()
+@hypothesis.settings(
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    max_examples=MAX_EXAMPLES,
+)
+def test_gateway_conforms_to_its_openapi(case: schemathesis.Case, stack: Stack) -> None:
+    headers = dict(case.headers or {})
+    headers.update(stack.headers_for(case.path))
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=30)
