@@ -1,0 +1,114 @@
+"""``python -m chaos`` — run the fault table (or one fault) and print it.
+
+Options:
+
+* ``--fault NAME`` (repeatable): one of :data:`chaos.runner.ALL_SCENARIOS`
+  (default: every fault and the race; with ``--profile soak``: the soak);
+* ``--profile short|long|soak`` (``CHAOS_PROFILE``, default short);
+* ``--jobs N``: jobs per fault scenario (and in the race);
+* ``--soak-seconds S``, ``--soak-rate R``, ``--fault-rate P`` (soak);
+* ``--mysql-url URL`` (``CHAOS_MYSQL_URL`` / ``TEST_MYSQL_URL``): the MariaDB
+  server to create databases on; without one a private ``mariadbd`` is used;
+* ``--skew-method auto|faketime|python``, ``--seed N``, ``--keep``;
+* ``--time-scale X|auto`` (``CHAOS_TIME_SCALE``): multiply leases and timeouts;
+* ``--json PATH``: also write every row with its details as JSON.
+
+Exit status 0 when every row is clean, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from chaos.runner import ALL_SCENARIOS, FAULTS, Options, format_table, run_scenarios
+from chaos.scenarios import PROFILES, ScenarioResult
+from chaos.system import time_scale
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--fault", action="append", choices=ALL_SCENARIOS, dest="faults")
+    p.add_argument(
+        "--profile", choices=sorted(PROFILES), default=os.environ.get("CHAOS_PROFILE", "short")
+    )
+    p.add_argument("--jobs", type=int, default=None)
+    p.add_argument("--soak-seconds", type=float, default=None)
+    p.add_argument("--soak-rate", type=float, default=None)
+    p.add_argument("--fault-rate", type=float, default=0.05)
+    p.add_argument(
+        "--mysql-url",
+        default=os.environ.get("CHAOS_MYSQL_URL") or os.environ.get("TEST_MYSQL_URL") or None,
+    )
+    p.add_argument("--skew-method", choices=("auto", "faketime", "python"), default="auto")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument(
+        "--time-scale",
+        default=os.environ.get("CHAOS_TIME_SCALE", "1"),
+        help="multiply every lease/timeout by this (or 'auto': load average per CPU, 1..4)",
+    )
+    p.add_argument("--keep", action="store_true")
+    p.add_argument("--work-dir", default=None)
+    p.add_argument("--json", default=None, help="write the rows as JSON here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    args = _parse(argv)
+    os.environ["CHAOS_TIME_SCALE"] = str(args.time_scale)
+    profile = PROFILES[args.profile]
+    if args.jobs:
+        profile = dataclasses.replace(profile, jobs=args.jobs, race_jobs=args.jobs)
+    names = args.faults or (["soak"] if args.profile == "soak" else list(FAULTS))
+    options = Options(
+        soak_seconds=args.soak_seconds,
+        soak_rate=args.soak_rate,
+        soak_fault_rate=args.fault_rate,
+        seed=args.seed,
+        keep=args.keep,
+        skew_method=args.skew_method,
+    )
+    began = time.monotonic()
+    print(
+        f"chaos: profile {profile.name}, scenarios {', '.join(names)}, database"
+        f" {'private mariadbd' if not args.mysql_url else args.mysql_url},"
+        f" time scale {time_scale():g} (lease {3 * time_scale():g} s)",
+        flush=True,
+    )
+
+    def on_result(r: ScenarioResult) -> None:
+        print(
+            f"  {r.name}: {'ok' if r.ok else 'PROBLEMS'} in {r.duration_seconds:.1f} s", flush=True
+        )
+        for line in [*r.checks, *r.audit.problems[:10]]:
+            print(f"    - {line}", flush=True)
+
+    results = asyncio.run(
+        run_scenarios(
+            names,
+            profile,
+            options,
+            mysql_url=args.mysql_url,
+            work_dir=args.work_dir,
+            on_result=on_result,
+        )
+    )
+    print()
+    print(format_table(results))
+    print(f"\n{len(results)} scenario(s) in {time.monotonic() - began:.0f} s")
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps([r.as_dict() for r in results], indent=2, default=str)
+        )
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

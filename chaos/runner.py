@@ -1,0 +1,240 @@
+"""Runs scenarios: a fresh MariaDB database and system each, then the table.
+
+The database server is the one at ``mysql_url`` (``CHAOS_MYSQL_URL`` or
+``TEST_MYSQL_URL``; a database ``chaos_<hex>`` is created and dropped per
+scenario) or, without one — and always for ``mariadb_restart`` — a private
+``mariadbd`` started for the run (:mod:`chaos.mariadb`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pymysql
+from sqlalchemy.engine import make_url
+
+from chaos import scenarios as sc
+from chaos.mariadb import PrivateMariaDB
+from chaos.system import System
+
+FAULTS: tuple[str, ...] = (
+    "worker_kill",
+    "job_service_restart",
+    "mariadb_restart",
+    "credential_down",
+    "model_faults",
+    "clock_skew",
+    "race",
+)
+ALL_SCENARIOS: tuple[str, ...] = (*FAULTS, "soak")
+#: Scenarios that can share one running system (same settings, faults they recover from).
+SHAREABLE: tuple[str, ...] = ("worker_kill", "credential_down", "model_faults")
+
+
+@dataclass
+class Options:
+    """Run options beyond the profile.
+
+    Attributes:
+        skew_seconds: the clock-skew fault's offset (L7: 90 s fast).
+        skew_method: ``auto`` | ``faketime`` | ``python``.
+        soak_seconds / soak_rate / soak_fault_rate: the soak's duration, creates per second
+            and random model-500 probability.
+        seed: random seed of the race's kills.
+        keep: keep databases and logs after the run.
+    """
+
+    skew_seconds: float = 90.0
+    skew_method: str = "auto"
+    soak_seconds: float | None = None
+    soak_rate: float | None = None
+    soak_fault_rate: float = 0.05
+    seed: int | None = None
+    keep: bool = False
+
+
+def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str, Any]:
+    """How the system of scenario ``name`` is configured."""
+    if name in SHAREABLE:
+        return {"workers": 3}
+    if name == "job_service_restart":
+        # the lease outlives the outage, so results finished meanwhile still belong to their holder
+        return {"workers": 2, "extra_env": {"LOCK_LEASE_SECONDS": "12"}}  # scaled too
+    if name == "mariadb_restart":
+        return {"workers": 2}
+    if name == "clock_skew":
+        return {
+            "workers": 2,
+            "skew_seconds": options.skew_seconds,
+            "skew_method": options.skew_method,
+        }
+    if name == "race":
+        return {"workers": profile.race_workers, "replicas": 2}
+    if name == "soak":
+        return {"workers": profile.soak_workers}
+    raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(ALL_SCENARIOS)}")
+
+
+async def run_on(
+    name: str,
+    system: System,
+    profile: sc.Profile,
+    options: Options,
+    db: PrivateMariaDB | None = None,
+) -> sc.ScenarioResult:
+    """Run scenario ``name`` on an already started system."""
+    if name == "worker_kill":
+        return await sc.worker_kill(system, profile)
+    if name == "job_service_restart":
+        return await sc.job_service_restart(system, profile)
+    if name == "mariadb_restart":
+        if db is None:
+            raise ValueError("mariadb_restart needs the private MariaDB")
+        return await sc.mariadb_restart(system, profile, db)
+    if name == "credential_down":
+        return await sc.credential_down(system, profile)
+    if name == "model_faults":
+        return await sc.model_faults(system, profile)
+    if name == "clock_skew":
+        return await sc.clock_skew(system, profile, options.skew_seconds)
+    if name == "race":
+        return await sc.race(system, profile, options.seed)
+    if name == "soak":
+        return await sc.soak(
+            system,
+            profile,
+            options.soak_seconds or profile.soak_seconds,
+            options.soak_rate or profile.soak_rate,
+            options.soak_fault_rate,
+        )
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+def _admin(url: str) -> pymysql.Connection:
+    u = make_url(url)
+    return pymysql.connect(
+        host=u.host or "127.0.0.1",
+        port=u.port or 3306,
+        user=u.username or "root",
+        password=u.password or "",
+        autocommit=True,
+    )
+
+
+@contextlib.contextmanager
+def shared_database(mysql_url: str, keep: bool = False) -> Any:
+    """A fresh database ``chaos_<hex>`` on the server of ``mysql_url``; yields its URL."""
+    name = f"chaos_{uuid.uuid4().hex[:12]}"
+    conn = _admin(mysql_url)
+    with conn.cursor() as cur:
+        cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+    url = make_url(mysql_url).set(drivername="mysql+aiomysql", database=name)
+    try:
+        yield url.render_as_string(hide_password=False)
+    finally:
+        if not keep:
+            with conn.cursor() as cur:
+                cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
+        conn.close()
+
+
+@contextlib.asynccontextmanager
+async def scenario_system(
+    name: str,
+    profile: sc.Profile,
+    options: Options,
+    *,
+    mysql_url: str | None,
+    work_dir: Path,
+) -> AsyncIterator[tuple[System, PrivateMariaDB | None]]:
+    """Database (shared server or private mariadbd) + started system for scenario ``name``."""
+    private: PrivateMariaDB | None = None
+    with contextlib.ExitStack() as stack:
+        if mysql_url is None or name == "mariadb_restart":
+            private = PrivateMariaDB(work_dir / "mariadb")
+            private.start()
+            stack.callback(private.stop)
+            private.create_database("chaos")
+            url = private.url("chaos")
+        else:
+            url = stack.enter_context(shared_database(mysql_url, options.keep))
+        system = System(url, work_dir / name, **system_kwargs(name, profile, options))
+        await system.start()
+        try:
+            yield system, private
+        finally:
+            await system.stop()
+
+
+async def run_scenarios(
+    names: list[str],
+    profile: sc.Profile,
+    options: Options | None = None,
+    *,
+    mysql_url: str | None = None,
+    work_dir: str | os.PathLike[str] | None = None,
+    on_result: Any = None,
+) -> list[sc.ScenarioResult]:
+    """Run each scenario on its own fresh system; returns the rows in order."""
+    opts = options or Options()
+    base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="chaos-"))
+    results: list[sc.ScenarioResult] = []
+    for name in names:
+        async with scenario_system(
+            name, profile, opts, mysql_url=mysql_url, work_dir=base / name
+        ) as (system, private):
+            result = await run_on(name, system, profile, opts, private)
+            result.notes.setdefault("logs", str(system.log_dir))
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
+
+
+def format_table(results: list[sc.ScenarioResult]) -> str:
+    """The harness table: fault, jobs, succeeded, failed (by code), refused, duplicates,
+    lost, stuck, other violations, recovery time."""
+    head = (
+        "fault",
+        "jobs",
+        "succeeded",
+        "failed (by code)",
+        "refused",
+        "dup",
+        "lost",
+        "stuck",
+        "viol",
+        "recovery s",
+        "ok",
+    )
+    rows: list[tuple[str, ...]] = [head]
+    for r in results:
+        a = r.audit
+        failed = ", ".join(f"{k} {v}" for k, v in sorted(a.failed_by_code.items())) or "0"
+        refused = ", ".join(f"{k} {v}" for k, v in sorted(r.load.refused.items())) or "0"
+        rows.append(
+            (
+                r.name,
+                str(a.jobs),
+                str(a.by_status.get("succeeded", 0)),
+                failed,
+                refused,
+                str(a.duplicates),
+                str(a.lost),
+                str(a.stuck),
+                str(a.violations),
+                "-" if r.recovery_seconds is None else f"{r.recovery_seconds:.1f}",
+                "yes" if r.ok else "NO",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

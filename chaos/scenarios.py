@@ -1,0 +1,715 @@
+"""The faults, one at a time, under steady load; then the audit.
+
+Every scenario: start the system (:class:`chaos.system.System`) on a fresh
+MariaDB database, run the load generator (:mod:`chaos.load`), inject one
+fault while jobs are in flight, wait until every created job is terminal
+(the *settle* wait), then :func:`chaos.audit.audit` the database. A
+background sampler flags leases left overdue (past ``lockUntil`` + lease +
+reaper interval + 5 s, or a running attempt past ``startedAt + timeoutSeconds``
++ the same) outside the fault's own window. Scenario-specific checks (the breaker opened and closed,
+the skewed worker did work, no service was restarted by a database restart,
+…) are added to ``ScenarioResult.checks`` as failures.
+
+Scenarios (``--fault NAME``): ``worker_kill``, ``job_service_restart``,
+``mariadb_restart``, ``credential_down``, ``model_faults``, ``clock_skew``,
+``race`` (2 job_service replicas + N workers, random worker SIGKILLs) and
+``soak``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from chaos.audit import AuditConfig, AuditReport, audit
+from chaos.load import LoadGenerator, LoadStats
+from chaos.mariadb import PrivateMariaDB
+from chaos.system import CHAOS_ENV, System
+from launcher.token import mint_token
+
+TERMINAL_SQL = "('succeeded','failed','cancelled')"
+#: A lease is "overdue" once past ``lockUntil`` + lease + reaper interval + this
+#: (or a running attempt past ``startedAt + timeoutSeconds`` + the same).
+OVERDUE_SLACK_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one run.
+
+    Attributes:
+        name: ``short`` (CI), ``long`` or ``soak``.
+        jobs: jobs per fault scenario.
+        rate: creates per second in fault scenarios.
+        kills: worker SIGKILLs in ``worker_kill``.
+        race_jobs: jobs in ``race``.
+        race_workers: worker processes in ``race``.
+        race_kills: random worker SIGKILLs in ``race``.
+        settle_seconds: most seconds to wait for every job to be terminal.
+        soak_seconds: duration of ``soak``.
+        soak_rate: creates per second in ``soak``.
+        soak_workers: worker processes in ``soak``.
+    """
+
+    name: str
+    jobs: int
+    rate: float
+    kills: int
+    race_jobs: int
+    race_workers: int
+    race_kills: int
+    settle_seconds: float
+    soak_seconds: float = 1200.0
+    soak_rate: float = 16.7
+    soak_workers: int = 4
+
+
+PROFILES: dict[str, Profile] = {
+    "short": Profile("short", 30, 8.0, 2, 200, 4, 2, 90.0, soak_seconds=60.0),
+    "long": Profile("long", 300, 10.0, 5, 2000, 8, 6, 180.0),
+    "soak": Profile("soak", 300, 10.0, 5, 2000, 8, 6, 180.0),
+}
+
+
+@dataclass
+class ScenarioResult:
+    """One row of the table.
+
+    Attributes:
+        name: the fault.
+        audit: the database audit.
+        load: what the load generator saw.
+        recovery_seconds: from the end of the fault until the jobs it caught were
+            terminal again (or the breaker closed, for ``model_faults``).
+        duration_seconds: wall time of the scenario (without start/stop).
+        checks: failed scenario-specific checks (empty: all passed).
+        notes: figures worth reporting (fault timings, RSS, breaker states, ...).
+    """
+
+    name: str
+    audit: AuditReport
+    load: LoadStats
+    recovery_seconds: float | None = None
+    duration_seconds: float = 0.0
+    checks: list[str] = field(default_factory=list)
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Audit clean, nothing given up and every scenario check passed."""
+        return self.audit.ok and not self.checks and not self.load.gave_up
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready view."""
+        return {
+            "fault": self.name,
+            "ok": self.ok,
+            "recoverySeconds": self.recovery_seconds,
+            "durationSeconds": round(self.duration_seconds, 1),
+            "audit": self.audit.as_dict(),
+            "load": {
+                "acknowledged": len(self.load.job_ids),
+                "refused": dict(self.load.refused),
+                "gaveUp": dict(self.load.gave_up),
+                "transient": dict(self.load.transient),
+                "replays": self.load.replays,
+            },
+            "checks": self.checks,
+            "notes": self.notes,
+        }
+
+
+class Run:
+    """Shared state of one scenario: the system, the load, the sampler and timings."""
+
+    def __init__(self, system: System, profile: Profile, name: str) -> None:
+        self.system = system
+        self.profile = profile
+        self.name = name
+        self.tag = uuid.uuid4().hex[:8]
+        self.load = LoadGenerator(system.gateway_url, system.env["JWT_SECRET"], tag=self.tag)
+        self.checks: list[str] = []
+        self.notes: dict[str, Any] = {}
+        self.began = time.monotonic()
+        self.notes["loadAverageAtStart"] = round(os.getloadavg()[0], 2)
+        self.windows: list[tuple[float, float]] = []  # monotonic fault windows (sampler ignores)
+        self.overdue: dict[str, str] = {}
+        self._sampler: asyncio.Task[None] | None = None
+        self._lease = float(system.env.get("LOCK_LEASE_SECONDS", CHAOS_ENV["LOCK_LEASE_SECONDS"]))
+        self._reaper = float(system.env.get("REAPER_INTERVAL_SECONDS", "0.5"))
+        self.scale = float(system.env.get("CHAOS_TIME_SCALE", "1"))
+        self.notes["timeScale"] = self.scale
+        self.notes["leaseSeconds"] = self._lease
+
+    # -- SQL helpers ----------------------------------------------------------
+
+    @property
+    def user_like(self) -> str:
+        """``LIKE`` pattern of this scenario's users."""
+        return f"chaos-{self.tag}-%"
+
+    async def sql(self, query: str, args: Any = None) -> list[Any]:
+        """Run a query in a thread (blocking pymysql)."""
+        return await asyncio.to_thread(self.system.sql, query, args)
+
+    async def in_flight(self) -> dict[str, str]:
+        """This scenario's locked/running jobs: jobId → lockedBy."""
+        rows = await self.sql(
+            "SELECT job_id, locked_by FROM ai_runtime_jobs WHERE user_id LIKE %s"
+            " AND status IN ('locked','running')",
+            (self.user_like,),
+        )
+        return {r[0]: r[1] for r in rows}
+
+    async def not_terminal(self, job_ids: set[str]) -> set[str]:
+        """Those of ``job_ids`` not terminal now."""
+        if not job_ids:
+            return set()
+        ids = sorted(job_ids)
+        out: set[str] = set()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i : i + 500]
+            marks = ",".join(["%s"] * len(chunk))
+            rows = await self.sql(
+                f"SELECT job_id FROM ai_runtime_jobs WHERE job_id IN ({marks})"
+                f" AND status NOT IN {TERMINAL_SQL}",
+                chunk,
+            )
+            out.update(r[0] for r in rows)
+        return out
+
+    async def wait_terminal(self, job_ids: set[str], limit_s: float) -> float | None:
+        """Seconds until every one of ``job_ids`` is terminal (None: timed out)."""
+        began = time.monotonic()
+        while True:
+            try:
+                if not await self.not_terminal(job_ids):
+                    return time.monotonic() - began
+            except Exception:  # the database may be down for a moment
+                pass
+            if time.monotonic() - began > limit_s:
+                return None
+            await asyncio.sleep(0.2)
+
+    async def settle(self) -> float | None:
+        """Wait until every job this scenario created is terminal (``settle_seconds`` at most)."""
+        ids = set(self.load.stats.job_ids)
+        waited = await self.wait_terminal(ids, self.profile.settle_seconds)
+        if waited is None:
+            self.checks.append(f"not every job terminal after {self.profile.settle_seconds:.0f} s")
+        return waited
+
+    # -- sampler ----------------------------------------------------------------
+
+    def start_sampler(self) -> None:
+        """Start flagging overdue leases every second (outside fault windows)."""
+        self._sampler = asyncio.create_task(self._sample())
+
+    async def stop_sampler(self) -> None:
+        """Stop the sampler."""
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+
+    def fault_window(self, start: float, end: float | None = None) -> None:
+        """Mark ``[start, end + grace]`` (monotonic) as a fault window for the sampler."""
+        self.windows.append((start, end if end is not None else float("inf")))
+
+    def close_window(self) -> None:
+        """End the latest open fault window now."""
+        if self.windows and self.windows[-1][1] == float("inf"):
+            self.windows[-1] = (self.windows[-1][0], time.monotonic())
+
+    def _in_window(self, t: float) -> bool:
+        grace = self._lease + self._reaper + 3.0
+        return any(a <= t <= b + grace for a, b in self.windows)
+
+    async def _sample(self) -> None:
+        grace = self._lease + self._reaper + OVERDUE_SLACK_SECONDS * self.scale
+        while True:
+            await asyncio.sleep(1.0)
+            t = time.monotonic()
+            if self._in_window(t):
+                continue
+            try:
+                rows = await self.sql(
+                    "SELECT job_id, status, lock_until, started_at, timeout_seconds, NOW(6)"
+                    " FROM ai_runtime_jobs WHERE user_id LIKE %s AND status IN ('locked','running')",
+                    (self.user_like,),
+                )
+            except Exception:  # the database may be down
+                continue
+            if self._in_window(time.monotonic()):
+                continue
+            for job_id, status, lock_until, started_at, timeout_s, now in rows:
+                late = lock_until is not None and (now - lock_until).total_seconds() > grace
+                if status == "running" and started_at is not None:
+                    run_for = (now - started_at).total_seconds()
+                    late = late or run_for > timeout_s + grace
+                if late:
+                    self.overdue[job_id] = f"{status}, lockUntil {lock_until}, now {now}"
+
+    # -- stand-in / admin ---------------------------------------------------------
+
+    async def standin(self, body: Any) -> Any:
+        """POST ``/_standin/faults`` (faults list or settings object)."""
+        async with httpx.AsyncClient(base_url=self.system.standin_url, trust_env=False) as c:
+            reply = await c.post("/_standin/faults", json=body)
+            reply.raise_for_status()
+            return reply.json()
+
+    async def standin_get(self, path: str) -> Any:
+        """GET a stand-in control path (``stats``, ``faults``)."""
+        async with httpx.AsyncClient(base_url=self.system.standin_url, trust_env=False) as c:
+            reply = await c.get(f"/_standin/{path}")
+            reply.raise_for_status()
+            return reply.json()
+
+    def admin_headers(self) -> dict[str, str]:
+        """An admin bearer token for ``/admin/*``."""
+        token = mint_token(self.system.env["JWT_SECRET"], sub="chaos-admin", role="admin")
+        return {"Authorization": f"Bearer {token}"}
+
+    # -- finish -------------------------------------------------------------------
+
+    async def finish(self, recovery: float | None) -> ScenarioResult:
+        """Settle, stop the sampler, audit, and build the row."""
+        settle = await self.settle()
+        await self.stop_sampler()
+        await self.load.close()
+        self.notes["settleSeconds"] = None if settle is None else round(settle, 2)
+        self.notes["loadAverageAtEnd"] = round(os.getloadavg()[0], 2)
+        live = self.system.live_worker_ids()
+        report = await asyncio.to_thread(
+            audit,
+            self.system.connect,
+            self.load.stats.job_ids,
+            AuditConfig(
+                backoff_base=float(self.system.env.get("RETRY_BACKOFF_BASE_SECONDS", "0")),
+                backoff_max=float(self.system.env.get("RETRY_BACKOFF_MAX_SECONDS", "300")),
+                live_workers=live,
+            ),
+        )
+        for job_id, what in list(self.overdue.items())[:20]:
+            report.add("stuck", f"{job_id}: lease overdue outside a fault window ({what})")
+        report.stuck += len(self.overdue)
+        if self.system.launcher.failure is not None:
+            self.checks.append(
+                f"a service exited unexpectedly: {self.system.launcher.failure.name}"
+            )
+        return ScenarioResult(
+            name=self.name,
+            audit=report,
+            load=self.load.stats,
+            recovery_seconds=None if recovery is None else round(recovery, 2),
+            duration_seconds=time.monotonic() - self.began,
+            checks=self.checks,
+            notes=self.notes,
+        )
+
+
+async def _load_in_background(run: Run, count: int, rate: float) -> asyncio.Task[LoadStats]:
+    task = asyncio.create_task(run.load.run(count, rate))
+    await asyncio.sleep(0)
+    return task
+
+
+async def _wait_in_flight(run: Run, minimum: int = 1, limit_s: float = 20.0) -> dict[str, str]:
+    """Wait until at least ``minimum`` of the scenario's jobs are locked/running."""
+    began = time.monotonic()
+    while True:
+        flying = await run.in_flight()
+        if len(flying) >= minimum or time.monotonic() - began > limit_s:
+            return flying
+        await asyncio.sleep(0.1)
+
+
+# ---------------------------------------------------------------- the faults
+
+
+async def worker_kill(system: System, profile: Profile) -> ScenarioResult:
+    """Fault 1 (case L5): SIGKILL the worker holding most jobs, restart it; repeat.
+
+    Recovery: the longest time from a kill until every job that worker held
+    was terminal again (lease expiry + reaper + backoff + a new attempt).
+    """
+    run = Run(system, profile, "worker_kill")
+    await run.standin({"delayMs": 800})
+    run.start_sampler()
+    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    ids = system.worker_ids()
+    by_id = {v: k for k, v in ids.items()}
+    recoveries: list[float] = []
+    killed: list[dict[str, Any]] = []
+    for _ in range(profile.kills):
+        flying = await _wait_in_flight(run, 2)
+        holders: dict[str, int] = {}
+        for holder in flying.values():
+            if holder in by_id:
+                holders[holder] = holders.get(holder, 0) + 1
+        if not holders:
+            run.checks.append("no worker held a job when a kill was due")
+            break
+        victim = max(holders, key=lambda h: holders[h])
+        held = {j for j, h in flying.items() if h == victim}
+        t0 = time.monotonic()
+        run.fault_window(t0, t0)  # the kill itself: leases lapse by design
+        await system.launcher.stop_service(by_id[victim], signal.SIGKILL)
+        killed.append({"worker": victim, "jobsHeld": len(held)})
+        await system.launcher.restart_service(by_id[victim])
+        waited = await run.wait_terminal(held, profile.settle_seconds)
+        if waited is None:
+            run.checks.append(f"jobs of killed {victim} not terminal in time")
+        else:
+            recoveries.append(time.monotonic() - t0)
+    await loader
+    run.notes["kills"] = killed
+    result = await run.finish(max(recoveries) if recoveries else None)
+    if result.audit.lease_expiries == 0 and killed:
+        result.checks.append("no LEASE_EXPIRED retry: the kills caught no job in flight")
+    return result
+
+
+async def job_service_restart(system: System, profile: Profile) -> ScenarioResult:
+    """Fault 2: SIGKILL job_service while workers are mid-call, restart it.
+
+    The stand-in answers after 1.5 s so model calls are in flight; results
+    finished during the outage are retried by the workers (``RPC_RETRY_SECONDS``)
+    and land once after the restart. Runs with a lease longer than the
+    outage (``LOCK_LEASE_SECONDS`` 12), so those results are still the holder's.
+    """
+    run = Run(system, profile, "job_service_restart")
+    await run.standin({"delayMs": 1500})
+    run.start_sampler()
+    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    # kill while model calls are open: results will come back during the outage
+    running: list[Any] = []
+    for _ in range(300):
+        running = await run.sql(
+            "SELECT job_id FROM ai_runtime_jobs WHERE user_id LIKE %s AND status = 'running'",
+            (run.user_like,),
+        )
+        if len(running) >= 2:
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # past snapshot and key: inside the 1.5 s model call
+    run.notes["runningAtKill"] = len(running)
+    flying = await run.in_flight()
+    attempts = {
+        r[0]: r[1]
+        for r in await run.sql(
+            "SELECT job_id, attempt_no FROM ai_runtime_jobs WHERE user_id LIKE %s"
+            " AND status IN ('locked','running')",
+            (run.user_like,),
+        )
+    }
+    t0 = time.monotonic()
+    run.fault_window(t0)
+    await system.launcher.stop_service("job_service", signal.SIGKILL)
+    await asyncio.sleep(1.0)
+    await system.launcher.restart_service("job_service")
+    t1 = time.monotonic()
+    run.close_window()
+    run.notes["outageSeconds"] = round(t1 - t0, 2)
+    run.notes["inFlightAtKill"] = len(flying)
+    waited = await run.wait_terminal(set(flying), profile.settle_seconds)
+    await loader
+    rows = await run.sql(
+        "SELECT job_id, status, attempt_no FROM ai_runtime_jobs WHERE user_id LIKE %s",
+        (run.user_like,),
+    )
+    landed = sum(1 for j, st, a in rows if j in attempts and st == "succeeded" and a == attempts[j])
+    run.notes["landedSameAttempt"] = landed
+    result = await run.finish(waited)
+    if flying and landed == 0:
+        result.checks.append("no result finished during the outage landed on its own attempt")
+    return result
+
+
+async def mariadb_restart(system: System, profile: Profile, db: PrivateMariaDB) -> ScenarioResult:
+    """Fault 3: SIGKILL the (private) MariaDB under load, start it again.
+
+    No service is restarted: their pools must reconnect by themselves. The
+    process ids of every service are compared before and after.
+    """
+    run = Run(system, profile, "mariadb_restart")
+    await run.standin({"delayMs": 300})
+    run.start_sampler()
+    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    flying = await _wait_in_flight(run, 2)
+    pids = system.launcher.pids()
+    t0 = time.monotonic()
+    run.fault_window(t0)
+    await asyncio.to_thread(db.restart, 2.0)
+    t1 = time.monotonic()
+    run.close_window()
+    run.notes["outageSeconds"] = round(t1 - t0, 2)
+    run.notes["inFlightAtKill"] = len(flying)
+    waited = await run.wait_terminal(set(flying), profile.settle_seconds)
+    await loader
+    result = await run.finish(waited)
+    if system.launcher.pids() != pids:
+        result.checks.append(f"service processes changed: {pids} → {system.launcher.pids()}")
+    return result
+
+
+async def credential_down(system: System, profile: Profile) -> ScenarioResult:
+    """Fault 4: credential_service SIGKILLed, down 3 s, restarted.
+
+    Workers retry ResolveCredential while it is UNAVAILABLE (keeping their
+    leases by heartbeat), so jobs wait; none may be lost.
+    """
+    run = Run(system, profile, "credential_down")
+    await run.standin({"delayMs": 200})
+    run.start_sampler()
+    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    await _wait_in_flight(run, 2)
+    t0 = time.monotonic()
+    run.fault_window(t0)
+    await system.launcher.stop_service("credential_service", signal.SIGKILL)
+    await asyncio.sleep(3.0)
+    flying = await run.in_flight()
+    await system.launcher.restart_service("credential_service")
+    t1 = time.monotonic()
+    run.close_window()
+    run.notes["outageSeconds"] = round(t1 - t0, 2)
+    run.notes["waitingDuringOutage"] = len(flying)
+    waited = await run.wait_terminal(set(flying), profile.settle_seconds)
+    await loader
+    result = await run.finish(waited)
+    if not flying:
+        result.checks.append("no job was waiting on a credential during the outage")
+    return result
+
+
+async def model_faults(system: System, profile: Profile) -> ScenarioResult:
+    """Fault 5: the model endpoint hangs, then answers 5xx, then recovers.
+
+    Hanging calls end as ``MODEL_TIMEOUT`` at ``MODEL_CALL_MAX_SECONDS``; the
+    5xx as ``TEMPORARY_PROVIDER_ERROR``; both retryable with backoff (checked
+    by the audit) and never past ``maxRetryCount``. Enough consecutive
+    failures open the platform breaker (creates refused
+    ``PLATFORM_CIRCUIT_OPEN``); after the cool-down a probe job closes it.
+    Recovery: from the last scripted fault consumed until the breaker is closed.
+    """
+    run = Run(system, profile, "model_faults")
+    await run.standin({"delayMs": 100})
+    headers = run.admin_headers()
+    states: list[tuple[float, str]] = []
+    stop = asyncio.Event()
+
+    async def watch_breaker() -> None:
+        async with httpx.AsyncClient(
+            base_url=system.gateway_url, headers=headers, trust_env=False, timeout=5
+        ) as c:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                    reply = await c.get("/admin/ai/circuit-breaker")
+                    state = str(reply.json()["state"])
+                    if not states or states[-1][1] != state:
+                        states.append((time.monotonic(), state))
+                await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch_breaker())
+    run.start_sampler()
+    # the load goes on until the breaker has been seen open for a while (creates
+    # are then refused), at least profile.jobs creates, at most 60 s
+    load_stop = asyncio.Event()
+    loader = asyncio.create_task(run.load.run(profile.jobs * 20, profile.rate, load_stop))
+
+    async def stop_load() -> None:
+        began = time.monotonic()
+        while time.monotonic() - began < 60:
+            opened = [t for t, s in states if s == "open"]
+            enough = len(run.load.stats.job_ids) >= profile.jobs
+            if enough and opened and time.monotonic() - opened[0] > 2.0:
+                break
+            await asyncio.sleep(0.1)
+        load_stop.set()
+
+    stopper = asyncio.create_task(stop_load())
+    await _wait_in_flight(run, 1)
+    t0 = time.monotonic()
+    await run.standin(
+        [
+            {"kind": "hang", "count": 3},
+            {"kind": "status", "status": 503, "count": 12},
+            {"kind": "status", "status": 500, "count": 4},
+        ]
+    )
+    # wait until every scripted fault is consumed
+    for _ in range(300):
+        if not (await run.standin_get("faults"))["faults"]:
+            break
+        await asyncio.sleep(0.2)
+    t1 = time.monotonic()
+    run.notes["faultSeconds"] = round(t1 - t0, 2)
+    await loader
+    await stopper
+    # probes: keep creating one job a second until the breaker closes
+    probes = 0
+    while time.monotonic() - t1 < 30:
+        if states and states[-1][1] == "closed" and any(s == "open" for _, s in states):
+            break
+        await run.load.run(1, 0)
+        probes += 1
+        await asyncio.sleep(1.0)
+    closed_at = next((t for t, s in reversed(states) if s == "closed" and t >= t1 - 1), None)
+    stop.set()
+    await watcher
+    run.notes["breakerStates"] = [s for _, s in states]
+    run.notes["probeCreates"] = probes
+    recovery = None if closed_at is None else max(0.0, closed_at - t1)
+    result = await run.finish(recovery)
+    seen = [s for _, s in states]
+    if "open" not in seen:
+        result.checks.append(f"breaker never opened (states {seen})")
+    if not seen or seen[-1] != "closed":
+        result.checks.append(f"breaker not closed at the end (states {seen})")
+    if result.load.refused.get("PLATFORM_CIRCUIT_OPEN", 0) == 0:
+        result.checks.append("no create refused PLATFORM_CIRCUIT_OPEN while open")
+    codes = set(result.audit.retries)
+    if not codes & {"MODEL_TIMEOUT", "JOB_TIMEOUT"}:
+        result.checks.append(
+            f"hanging calls were not retried as MODEL_TIMEOUT ({dict(result.audit.retries)})"
+        )
+    if "TEMPORARY_PROVIDER_ERROR" not in codes:
+        result.checks.append("5xx answers were not retried as TEMPORARY_PROVIDER_ERROR")
+    return result
+
+
+async def clock_skew(system: System, profile: Profile, skew_seconds: float) -> ScenarioResult:
+    """Fault 6 (case L7): one worker's wall clock runs ``skew_seconds`` ahead.
+
+    Leases use the database clock only, so nothing changes: no lease expires,
+    no job times out, the skewed worker completes jobs like the others. The
+    skew itself is verified from the worker's log timestamps.
+    """
+    run = Run(system, profile, "clock_skew")
+    await run.standin({"delayMs": 300})
+    run.start_sampler()
+    await run.load.run(profile.jobs, profile.rate)
+    result = await run.finish(None)
+    name = system.skewed_worker
+    assert name is not None
+    skewed_id = system.worker_ids()[name]
+    observed = _log_skew(system.launcher.log_path(name))
+    result.notes.update(
+        {
+            "skewMethod": system.skew_method,
+            "skewedWorker": skewed_id,
+            "observedSkewSeconds": observed,
+        }
+    )
+    if observed is None or abs(observed - skew_seconds) > 15:
+        result.checks.append(f"worker clock skew not in effect (observed {observed})")
+    if result.audit.actors.get(f"runtime:{skewed_id}", 0) == 0:
+        result.checks.append(f"the skewed worker finished no job ({dict(result.audit.actors)})")
+    # leases use the database clock: the skewed worker loses no more leases than the others
+    # (on a quiet machine neither loses any)
+    losses = result.audit.lease_losses_by_actor
+    skewed_losses = losses.get(f"runtime:{skewed_id}", 0)
+    others = max([v for k, v in losses.items() if k != f"runtime:{skewed_id}"] or [0])
+    result.notes["leaseLossesByActor"] = dict(losses)
+    if skewed_losses > 2 * others + 1:
+        result.checks.append(f"the skewed worker lost {skewed_losses} leases, others {others}")
+    if result.audit.by_status.get("succeeded", 0) != result.audit.jobs:
+        result.checks.append(f"not every job succeeded: {dict(result.audit.by_status)}")
+    return result
+
+
+def _log_skew(path: Path | None) -> float | None:
+    """Seconds between a worker's log timestamps (its clock) and this machine's clock."""
+    if path is None or not path.exists():
+        return None
+    for line in reversed(path.read_text(errors="replace").splitlines()[-200:]):
+        try:
+            ts = json.loads(line)["ts"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        when = datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        mtime = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        return round((when - mtime).total_seconds(), 1)
+    return None
+
+
+async def race(system: System, profile: Profile, seed: int | None = None) -> ScenarioResult:
+    """Two job_service replicas, many workers, one database; random worker SIGKILLs.
+
+    Every job must end in exactly one terminal state with its business rows
+    written once; never two holders of one attempt; none stuck.
+    """
+    run = Run(system, profile, "race")
+    rng = random.Random(seed)
+    await run.standin({"delayMs": 50})
+    run.start_sampler()
+    rate = max(profile.race_jobs / 15.0, 20.0)
+    loader = await _load_in_background(run, profile.race_jobs, rate)
+    names = list(system.worker_ids())
+    kills: list[str] = []
+    load_seconds = profile.race_jobs / rate
+    for k in range(profile.race_kills):
+        await asyncio.sleep(rng.uniform(0.5, max(1.0, load_seconds / max(1, profile.race_kills))))
+        victim = rng.choice(names)
+        t0 = time.monotonic()
+        run.fault_window(t0, t0)
+        await system.launcher.stop_service(victim, signal.SIGKILL)
+        kills.append(victim)
+        if k % 2 == 0:  # restart half of them at once, the rest after the load
+            await system.launcher.restart_service(victim)
+    await loader
+    for name in set(kills):
+        if name not in system.launcher.pids():
+            await system.launcher.restart_service(name)
+    run.notes["kills"] = kills
+    run.notes["replicas"] = len(system.specs("job_service"))
+    run.notes["workers"] = len(names)
+    return await run.finish(None)
+
+
+async def soak(
+    system: System, profile: Profile, seconds: float, rate: float, fault_rate: float
+) -> ScenarioResult:
+    """Steady load for ``seconds`` at up to ``rate`` jobs/s with ``fault_rate`` random model 500s.
+
+    Records the RSS of every service at the start and at the end.
+    """
+    run = Run(system, profile, "soak")
+    await run.standin({"faultRate": fault_rate, "delayMs": 100})
+    rss_start = system.rss()
+    run.start_sampler()
+    count = int(seconds * rate)
+    began = time.monotonic()
+    stop = asyncio.Event()
+    # the load lasts ``seconds`` even when the system cannot keep up with ``rate``
+    asyncio.get_running_loop().call_later(seconds, stop.set)
+    await run.load.run(count, rate, stop)
+    run.notes["loadSeconds"] = round(time.monotonic() - began, 1)
+    run.notes["offeredRate"] = rate
+    run.notes["achievedCreateRate"] = round(
+        len(run.load.stats.job_ids) / max(1e-9, time.monotonic() - began), 2
+    )
+    result = await run.finish(None)
+    rss_end = system.rss()
+    result.notes["rssKiB"] = {
+        n: {"start": rss_start.get(n), "end": rss_end.get(n)} for n in rss_start
+    }
+    result.notes["standin"] = await run.standin_get("stats")
+    return result
+
+
+ScenarioFn = Callable[..., Awaitable[ScenarioResult]]
