@@ -1,0 +1,105 @@
+"""``python -m bench [--scenario NAME ...] [--quick] [--jobs N] [--out DIR]``.
+
+Runs the scenarios against MariaDB (``BENCH_MYSQL_URL`` or ``TEST_MYSQL_URL``;
+a fresh database per scenario), writes ``<out>/<UTC timestamp>.json`` (default
+``bench-results/``) and prints a table. Each figure carries its unit; the JSON
+has every scenario's parameters and raw figures (EXPLAIN output, statement lists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench.harness import mysql_base_url
+from bench.report import table
+from bench.scenarios import SCENARIOS, Params
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command line (see module doc)."""
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument(
+        "--scenario",
+        action="append",
+        choices=sorted(SCENARIOS),
+        help="run only this scenario (repeatable); default: all",
+    )
+    p.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
+    p.add_argument("--jobs", type=int, help="jobs per throughput/floor run")
+    p.add_argument("--slots", help="comma-separated worker slot counts, e.g. 1,4,16")
+    p.add_argument("--out", default="bench-results", help="directory for the JSON file")
+    return p.parse_args(argv)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the selected scenarios; a failing scenario is recorded, the rest still run."""
+    base = mysql_base_url()
+    params = Params.quick(base) if args.quick else Params(base_url=base)
+    if args.jobs:
+        params = replace(params, jobs=args.jobs)
+    if args.slots:
+        params = replace(params, slots=tuple(int(s) for s in args.slots.split(",")))
+    names = args.scenario or list(SCENARIOS)
+    started = datetime.now(UTC)
+    results: dict[str, Any] = {}
+    p = {k: v for k, v in asdict(params).items() if k != "base_url"}
+    doc = {
+        "started_at": started.isoformat(timespec="seconds"),
+        "command": " ".join(["python -m bench", *sys.argv[1:]]),
+        "quick": bool(args.quick),
+        "params": p,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "loadavg_at_start": os.getloadavg(),
+        },
+        "results": results,
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
+    path = out / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
+    doc["path"] = str(path)
+    for name in names:
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        try:
+            results[name] = await SCENARIOS[name](params)
+        except Exception as exc:  # keep the other scenarios' figures
+            traceback.print_exc()
+            results[name] = {"error": repr(exc)}
+        results[name]["scenario_seconds"] = round(time.perf_counter() - t0, 1)
+        print(
+            f"[bench] {name} done in {results[name]['scenario_seconds']} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        results[name]["loadavg_after"] = os.getloadavg()
+        path.write_text(json.dumps(doc, indent=2, default=str))  # partial results survive
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, write the JSON, print the table; exit 1 when a scenario failed."""
+    args = parse_args(argv)
+    doc = asyncio.run(run(args))
+    path = Path(doc["path"])
+    path.write_text(json.dumps(doc, indent=2, default=str))
+    print(table(doc))
+    print(f"\nwritten: {path}")
+    return 1 if any("error" in r for r in doc["results"].values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

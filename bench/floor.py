@@ -1,0 +1,304 @@
+"""The database floor: the per-job SQL of the real system, captured and replayed.
+
+:func:`capture_one_job` runs one job through the real services with MariaDB's
+general log on and keeps the statements of this database's connections, from
+the claim to the job's last write. :func:`replay` then issues exactly those
+statements per job with plain aiomysql connections (one per "slot"), taking
+each job id from the replayed claim and giving every id the original inserted
+a fresh value, so the floor costs what the SQL costs and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiomysql
+import pymysql
+from sqlalchemy.engine import URL
+
+from bench.harness import System, admin_connect, global_status
+
+HEX_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+
+
+def _kind(stmt: str) -> str:
+    words = stmt.strip().split()
+    head = " ".join(words[:1]).upper() if words else ""
+    m = re.search(r"\b(?:FROM|INTO|UPDATE)\s+`?([a-z_]+)`?", stmt, re.IGNORECASE)
+    return (
+        f"{head} {m.group(1)}" if m and head in {"SELECT", "INSERT", "UPDATE", "DELETE"} else head
+    )
+
+
+@dataclass
+class Capture:
+    """One job's statements, in order, as sent (client-side interpolated).
+
+    Attributes:
+        job_id: the captured job.
+        statements: its SQL text.
+        fresh_ids: ids first seen in an INSERT (given new values on replay).
+    """
+
+    job_id: str
+    statements: list[str]
+    fresh_ids: set[str] = field(default_factory=set)
+
+    def kinds(self) -> dict[str, int]:
+        """Statement counts by verb and table."""
+        return dict(Counter(_kind(s) for s in self.statements).most_common())
+
+
+def _db_threads(conn: pymysql.connections.Connection[Any], database: str) -> set[int]:
+    with conn.cursor() as cur:
+        cur.execute("SELECT ID FROM information_schema.PROCESSLIST WHERE DB=%s", (database,))
+        return {int(r[0]) for r in cur.fetchall()}
+
+
+class GeneralLog:
+    """MariaDB's general log into ``mysql.general_log`` for a window (restores the settings)."""
+
+    def __init__(self, conn: pymysql.connections.Connection[Any]) -> None:
+        self.conn = conn
+        self.t0: Any = None
+        self._saved: tuple[Any, Any] = ("OFF", "FILE")
+
+    def __enter__(self) -> GeneralLog:
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT @@global.general_log, @@global.log_output, NOW(6)")
+            on, output, self.t0 = cur.fetchone()
+            self._saved = (on, output)
+            if "TABLE" not in str(output).upper():
+                cur.execute(
+                    "SET GLOBAL log_output = 'TABLE,FILE'"
+                    if "FILE" in str(output).upper()
+                    else "SET GLOBAL log_output = 'TABLE'"
+                )
+            cur.execute("SET GLOBAL general_log = 1")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self.conn.cursor() as cur:
+            on, output = self._saved
+            cur.execute(f"SET GLOBAL general_log = {int(on)}")
+            cur.execute("SET GLOBAL log_output = %s", (output,))
+
+    def rows(self, threads: set[int]) -> list[tuple[int, str, str]]:
+        """(thread, command, text) of ``threads`` since the window opened, in log order."""
+        if not threads:
+            return []
+        ids = ",".join(str(t) for t in threads)
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT thread_id, command_type, argument FROM mysql.general_log"
+                f" WHERE event_time >= %s AND thread_id IN ({ids})",
+                (self.t0,),
+            )
+            out = []
+            for tid, cmd, arg in cur.fetchall():
+                text = arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
+                out.append((int(tid), str(cmd), text))
+            return out
+
+
+async def capture_one_job(system: System) -> Capture:
+    """Run one job (worker with 1 slot) with the general log on; keep its statements."""
+    name = system.worker_names()[0]
+    await system.launcher.stop_service(name)
+    job_id = await system.create_job("floor-user")
+    database = system.db_url.database or ""
+    conn = admin_connect(system.db_url.render_as_string(hide_password=False))
+    try:
+        with GeneralLog(conn) as glog:
+            await system.launcher.restart_service(name)
+            await system.wait_terminal(1, 30)
+            await asyncio.sleep(0.3)
+            rows = glog.rows(_db_threads(conn, database))
+    finally:
+        conn.close()
+    queries = [(tid, text) for tid, cmd, text in rows if cmd == "Query"]
+    snapshot_id = system.sql("SELECT snapshot_id FROM ai_runtime_jobs WHERE job_id=%s", (job_id,))[
+        0
+    ][0]
+    statements = job_statements(queries, job_id, snapshot_id)
+    fresh: set[str] = set()
+    seen: set[str] = set()
+    for text in statements:
+        for token in HEX_ID.findall(text):
+            if token not in seen:
+                seen.add(token)
+                if token != job_id and text.lstrip().upper().startswith("INSERT"):
+                    fresh.add(token)
+    return Capture(job_id=job_id, statements=statements, fresh_ids=fresh)
+
+
+def job_statements(
+    queries: list[tuple[int, str]], job_id: str, snapshot_id: str | None
+) -> list[str]:
+    """The job's transactions, de-interleaved, in the order they began.
+
+    A transaction is a run of one connection's statements up to COMMIT/ROLLBACK
+    (a pool's reset ROLLBACK on its own counts as one). Kept: the claim (``SKIP
+    LOCKED``), every transaction naming the job or its snapshot, and the reset
+    ROLLBACK that follows a kept transaction on the same connection; background
+    work (reaper sweeps, gauges, idle polls after the job) is dropped.
+    """
+    open_tx: dict[int, list[str]] = {}
+    txs: list[tuple[int, list[str]]] = []
+    for tid, text in queries:
+        cur = open_tx.setdefault(tid, [])
+        if not cur:
+            txs.append((tid, cur))
+        cur.append(text)
+        if text.strip().upper() in {"COMMIT", "ROLLBACK"}:
+            open_tx[tid] = []
+    keys = [k for k in (job_id, snapshot_id) if k]
+    first = next(i for i, (_, tx) in enumerate(txs) if any(job_id in s for s in tx))
+    claim = max(
+        (i for i in range(first + 1) if any("SKIP LOCKED" in s.upper() for s in txs[i][1])),
+        default=first,
+    )
+    last = max(i for i, (_, tx) in enumerate(txs) if any(k in s for s in tx for k in keys))
+    out: list[str] = []
+    kept_tids: set[int] = set()
+    for i in range(claim, len(txs)):
+        tid, tx = txs[i]
+        mentions = any(k in s for s in tx for k in keys) or i == claim
+        reset = len(tx) == 1 and tx[0].strip().upper() == "ROLLBACK" and tid in kept_tids
+        if (mentions and i <= last) or reset:
+            out.extend(tx)
+        if reset or not (mentions and i <= last):
+            kept_tids.discard(tid)
+        else:
+            kept_tids.add(tid)
+        if i > last and not kept_tids:
+            break
+    return out
+
+
+def clone_pending(url: URL, template_job_id: str, n: int) -> None:
+    """Replace every other unfinished job with ``n`` pending copies of ``template_job_id``.
+
+    The copies share the template's snapshot; its id and user are kept.
+    """
+    conn = admin_connect(url.render_as_string(hide_password=False), url.database)
+    try:
+        with conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM ai_runtime_jobs"
+                " WHERE status IN ('pending','locked','running') AND job_id <> %s",
+                (template_job_id,),
+            )
+            cur.execute(
+                "INSERT INTO ai_runtime_jobs (job_id, user_id, job_type, target_type, target_id,"
+                " snapshot_id, status, priority, params, api_key_mode, credential_id,"
+                " model_provider, model_name, attempt_no, retry_count, max_retry_count,"
+                " timeout_seconds, cancel_requested, available_at, created_at, updated_at)"
+                " SELECT REPLACE(UUID(),'-',''), user_id, job_type, target_type, target_id,"
+                " snapshot_id, 'pending', priority, params, api_key_mode, credential_id,"
+                " model_provider, model_name, 0, 0, max_retry_count, timeout_seconds, 0,"
+                " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)"
+                f" FROM ai_runtime_jobs JOIN seq_1_to_{int(n)} WHERE job_id=%s",
+                (template_job_id,),
+            )
+    finally:
+        conn.close()
+
+
+async def replay(url: URL, capture: Capture, n: int, concurrency: int) -> dict[str, Any]:
+    """Replay the captured statements for ``n`` jobs with ``concurrency`` connections.
+
+    Returns:
+        ``{"jobs", "jobs_per_s", "statements_per_s", "errors", "first_error"}``.
+    """
+    claim_idx = next(
+        (i for i, s in enumerate(capture.statements) if "SKIP LOCKED" in s.upper()), None
+    )
+    templates = [HEX_ID.split(s) for s in capture.statements]
+    tokens = [HEX_ID.findall(s) for s in capture.statements]
+    done = 0
+    errors = 0
+    first_error: str | None = None
+    remaining = [n]
+
+    def render(i: int, mapping: dict[str, str]) -> str:
+        parts = templates[i]
+        out = [parts[0]]
+        for tok, tail in zip(tokens[i], parts[1:], strict=True):
+            out.append(mapping.get(tok, tok))
+            out.append(tail)
+        return "".join(out)
+
+    async def slot() -> None:
+        nonlocal done, errors, first_error
+        conn = await aiomysql.connect(
+            host=url.host or "127.0.0.1",
+            port=url.port or 3306,
+            user=url.username or "root",
+            password=url.password or "",
+            db=url.database,
+            autocommit=False,
+        )
+        try:
+            async with conn.cursor() as cur:
+                await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
+                for i in range(len(templates)):
+                    sql = render(i, mapping)
+                    try:
+                        async with conn.cursor() as cur:
+                            await cur.execute(sql)
+                            if i == claim_idx:
+                                row = await cur.fetchone()
+                                if row is None:
+                                    break
+                                mapping[capture.job_id] = str(row[0])
+                            else:
+                                await cur.fetchall()
+                    except pymysql.err.MySQLError as exc:
+                        errors += 1
+                        if first_error is None:
+                            first_error = f"{exc!r} in {sql[:200]}"
+                        await conn.rollback()
+                done += 1
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(slot() for _ in range(concurrency)))
+    elapsed = time.perf_counter() - t0
+    return {
+        "jobs": done,
+        "seconds": round(elapsed, 3),
+        "jobs_per_s": round(done / elapsed, 1),
+        "statements_per_s": round(done * len(templates) / elapsed, 1),
+        "errors": errors,
+        "first_error": first_error,
+    }
+
+
+def count_db_statements(
+    conn: pymysql.connections.Connection[Any], database: str, seconds: float
+) -> dict[str, Any]:
+    """Statements sent by ``database``'s connections during ``seconds`` (general log),
+    and the server-wide ``Questions`` delta over the same window."""
+    before = _db_threads(conn, database)
+    with GeneralLog(conn) as glog:
+        s0 = global_status(conn, ["Questions"])
+        time.sleep(seconds)
+        s1 = global_status(conn, ["Questions"])
+        rows = glog.rows(before | _db_threads(conn, database))
+    queries = [text for _, cmd, text in rows if cmd == "Query"]
+    return {
+        "statements": len(queries),
+        "questions": s1["Questions"] - s0["Questions"],
+        "by_kind": dict(Counter(_kind(q) for q in queries).most_common()),
+    }

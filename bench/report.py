@@ -1,0 +1,171 @@
+"""The printed table: one row per figure, with unit, parameters and target (2-core machine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Row = tuple[str, str, str, str, str]
+
+
+def _f(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _check(ok: bool | None) -> str:
+    return "" if ok is None else ("ok" if ok else "MISSED")
+
+
+def rows(doc: dict[str, Any]) -> list[Row]:
+    """(figure, value, unit, params, target check) rows from a result document."""
+    r = doc["results"]
+    out: list[Row] = []
+    tp = r.get("throughput", {})
+    fl = r.get("floor", {})
+    for slots, run in tp.get("runs", {}).items():
+        jps = run.get("jobs_per_s")
+        params = f"N={run['jobs']}, 1 worker, {slots} slots"
+        target = f"≥500 {_check(jps is not None and jps >= 500)}" if slots == "16" else ""
+        out.append((f"throughput @{slots} slots", _f(jps), "jobs/s", params, target))
+        cpu = run.get("cpu_ms_per_job") or {}
+        if cpu:
+            shown = ", ".join(f"{k.split(' ')[0]} {v:.1f}" for k, v in cpu.items())
+            out.append(
+                (
+                    f"  CPU per job @{slots}",
+                    _f(round(sum(v for k, v in cpu.items() if not k.startswith("mariadb")), 2)),
+                    "ms",
+                    shown,
+                    "services only",
+                )
+            )
+        floor_run = fl.get("runs", {}).get(slots)
+        if floor_run and jps:
+            ratio = jps / floor_run["jobs_per_s"]
+            out.append(
+                (
+                    f"  ratio to DB floor @{slots}",
+                    f"{ratio:.0%}",
+                    "",
+                    f"floor {floor_run['jobs_per_s']:,.0f} jobs/s",
+                    f"≥40% {_check(ratio >= 0.4)}",
+                )
+            )
+    for slots, run in fl.get("runs", {}).items():
+        out.append(
+            (
+                f"DB floor @{slots} conns",
+                _f(run["jobs_per_s"]),
+                "jobs/s",
+                f"{fl['statements_per_job']} stmts/job, errors {run['errors']}",
+                "",
+            )
+        )
+    pk = r.get("pickup", {})
+    for phase in ("idle", "under_load"):
+        s = pk.get(phase)
+        if s and "error" in s:
+            out.append((f"pickup ({phase}) FAILED", str(s["error"])[:60], "", "", "MISSED"))
+        elif s:
+            prm = ", ".join(f"{k}={v}" for k, v in s["params"].items())
+            t50 = f"≤50 {_check(s['p50_ms'] <= 50)}" if phase == "idle" else ""
+            t99 = f"≤250 {_check(s['p99_ms'] <= 250)}" if phase == "idle" else ""
+            out.append((f"pickup p50 ({phase})", _f(s["p50_ms"]), "ms", prm, t50))
+            out.append((f"pickup p99 ({phase})", _f(s["p99_ms"]), "ms", prm, t99))
+    ps = r.get("poll_scale", {})
+    for key, s in ps.items():
+        if isinstance(s, dict) and "finished_rows" in s:
+            prm = f"{s['finished_rows']:,} finished rows, waitMs=0"
+            out.append(
+                (
+                    f"poll p50/p99 @{key}",
+                    f"{s['poll']['p50_ms']}/{s['poll']['p99_ms']}",
+                    "ms",
+                    prm,
+                    "",
+                )
+            )
+            out.append(
+                (
+                    f"claim p50/p99 @{key}",
+                    f"{s['claim']['p50_ms']}/{s['claim']['p99_ms']}",
+                    "ms",
+                    prm,
+                    f"key={s['explain_claim'][0].get('key') if s['explain_claim'] else '?'}",
+                )
+            )
+    if "claim_p99_ratio_big_to_small" in ps:
+        for what in ("poll", "claim"):
+            ratio = ps[f"{what}_p99_ratio_big_to_small"]
+            out.append(
+                (f"{what} p99 big/small", _f(ratio), "×", "", f"≤1.5 {_check(ratio <= 1.5)}")
+            )
+    idle = r.get("idle", {})
+    if "db_statements_per_s_per_worker" in idle:
+        v = idle["db_statements_per_s_per_worker"]
+        prm = f"{idle['params']['workers']} idle workers, {idle['params']['seconds']} s"
+        out.append(("idle queries per worker", _f(v), "queries/s", prm, f"≤2 {_check(v <= 2)}"))
+        out.append(("idle queries total", _f(idle["db_statements_per_s"]), "queries/s", prm, ""))
+        out.append(
+            (
+                "  server Questions with/without",
+                f"{idle['global_questions_per_s_with_system']}/"
+                f"{idle['global_questions_per_s_without_system']}",
+                "queries/s",
+                "whole server (shared)",
+                "",
+            )
+        )
+    gw = r.get("gateway", {})
+    if "requests_per_s" in gw:
+        prm = f"{gw['params']['requests']} POSTs, {gw['params']['concurrency']} conns"
+        out.append(("gateway POST /v1/ai/jobs", _f(gw["requests_per_s"]), "requests/s", prm, ""))
+        out.append(
+            (
+                "gateway p50/p99",
+                f"{gw['latency']['p50_ms']}/{gw['latency']['p99_ms']}",
+                "ms",
+                f"statuses {gw['status_counts']}",
+                "",
+            )
+        )
+    w = r.get("worker500", {})
+    if "sustained_jobs_per_s" in w:
+        prm = f"1 worker x500 slots, stand-in 2 s, {w['params']['seconds']} s"
+        v = w["sustained_jobs_per_s"]
+        out.append(("500-slot worker", _f(v), "jobs/s", prm, f"≥150 {_check(v >= 150)}"))
+        out.append(
+            (
+                "  lost leases",
+                _f(w["lost_leases"]),
+                "leases",
+                prm,
+                f"=0 {_check(w['lost_leases'] == 0)}",
+            )
+        )
+        out.append(
+            (
+                "  peak RSS",
+                _f(w["peak_rss_mb"]),
+                "MB",
+                prm,
+                f"≤250 {_check(w['peak_rss_mb'] <= 250)}",
+            )
+        )
+    for name, res in r.items():
+        if "error" in res:
+            out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
+    return out
+
+
+def table(doc: dict[str, Any]) -> str:
+    """A fixed-width text table of :func:`rows`."""
+    header: Row = ("figure", "value", "unit", "parameters", "target")
+    body = [header, *rows(doc)]
+    widths = [max(len(r[i]) for r in body) for i in range(5)]
+    lines = ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

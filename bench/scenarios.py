@@ -1,0 +1,453 @@
+"""The benchmark scenarios; each returns a JSON-able dict of figures with units.
+
+Every scenario starts the real services as child processes on a fresh MariaDB
+database (see :class:`bench.harness.System`) and reads its timings from the
+job rows (database clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from airuntime_common.enums import JOB_TYPE, JOB_TYPES
+from bench import floor as floor_mod
+from bench.harness import (
+    System,
+    admin_connect,
+    cpu_snapshot,
+    fresh_database,
+    global_status,
+    mariadb_pid,
+    rss_peak_mb,
+    summary_ms,
+)
+from launcher.core import LauncherError
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+TERMINAL_SQL = "('succeeded','failed','cancelled')"
+
+
+@dataclass
+class Params:
+    """Sizes of one run (``--quick`` shrinks them).
+
+    Attributes:
+        base_url: MariaDB server URL (a fresh database is created per scenario).
+        jobs: jobs per throughput run.
+        slots: worker slot counts for the throughput/floor scenarios.
+        pickup_jobs: jobs measured one by one in the idle pickup scenario.
+        load_seconds: length of the pickup-under-load phase (s).
+        load_rate: job creation rate during the pickup-under-load phase (jobs/s).
+        scale_rows: finished-row counts for the poll-at-scale scenario.
+        poll_samples: poll/claim calls measured per table size.
+        idle_workers: worker processes in the idle-cost scenario.
+        idle_seconds: measuring window of the idle-cost scenario (s).
+        gateway_requests: POSTs sent by the gateway load process.
+        gateway_concurrency: concurrent connections of the load process.
+        w500_seconds: measuring window of the 500-slot worker scenario (s).
+    """
+
+    base_url: str
+    jobs: int = 2000
+    slots: tuple[int, ...] = (1, 4, 16)
+    pickup_jobs: int = 40
+    load_seconds: float = 10.0
+    load_rate: float = 100.0
+    scale_rows: tuple[int, ...] = (1_000, 1_000_000)
+    poll_samples: int = 300
+    idle_workers: int = 10
+    idle_seconds: float = 10.0
+    gateway_requests: int = 2000
+    gateway_concurrency: int = 32
+    w500_seconds: float = 60.0
+
+    @classmethod
+    def quick(cls, base_url: str) -> Params:
+        """Small sizes: the whole suite in a few minutes."""
+        return cls(
+            base_url=base_url,
+            jobs=300,
+            pickup_jobs=20,
+            load_seconds=4.0,
+            load_rate=60.0,
+            scale_rows=(1_000, 100_000),
+            poll_samples=100,
+            idle_seconds=5.0,
+            gateway_requests=500,
+            w500_seconds=15.0,
+        )
+
+
+def _worker_pid(system: System) -> int:
+    return system.launcher.pids()[system.worker_names()[0]]
+
+
+async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]:
+    """Stop the worker, create ``n`` jobs, restart it, wait; figures from the rows."""
+    name = system.worker_names()[0]
+    await system.launcher.stop_service(name)
+    create_rate = await system.create_jobs(n)
+    t0 = time.perf_counter()
+    try:
+        await system.launcher.restart_service(name)
+    except LauncherError:  # a child that died while starting gets one more try
+        await system.launcher.restart_service(name)
+    pids = dict(system.launcher.pids())
+    db_pid = mariadb_pid()
+    if db_pid is not None:
+        pids["mariadb (shared)"] = db_pid
+    cpu0 = cpu_snapshot(pids)
+    done = await system.wait_terminal(n, limit_s)
+    cpu1 = cpu_snapshot(pids)
+    wall = time.perf_counter() - t0
+    cpu_ms = {k: round((cpu1[k] - cpu0[k]) * 1000 / max(1, done), 2) for k in cpu1 if k in cpu0}
+    (span_us, ok, lost) = system.sql(
+        "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(locked_at), MAX(finished_at)),"
+        " SUM(status='succeeded'), SUM(attempt_no > 1) FROM ai_runtime_jobs"
+    )[0]
+    span = float(span_us or 0) / 1e6
+    return {
+        "jobs": n,
+        "terminal": done,
+        "succeeded": int(ok or 0),
+        "retried_attempts": int(lost or 0),
+        "span_s": round(span, 3),
+        "jobs_per_s": round(done / span, 1) if span > 0 else None,
+        "wall_incl_worker_start_s": round(wall, 2),
+        "create_jobs_per_s": round(create_rate, 1),
+        "cpu_ms_per_job": cpu_ms,
+    }
+
+
+async def throughput(p: Params) -> dict[str, Any]:
+    """Scenario 1: a backlog of N jobs through the full path at 1/4/16 worker slots.
+
+    jobs/s = terminal jobs / (last ``finished_at`` − first ``locked_at``), DB clock.
+    """
+    runs: dict[str, Any] = {}
+    for slots in p.slots:
+        with fresh_database(p.base_url) as url:
+            async with System(url, extra_env={"WORKER_CONCURRENCY": str(slots)}) as system:
+                runs[str(slots)] = await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
+    return {"params": {"jobs": p.jobs, "slots": list(p.slots), "workers": 1}, "runs": runs}
+
+
+async def floor(p: Params) -> dict[str, Any]:
+    """Scenario 2: the captured per-job SQL replayed directly with aiomysql (no services)."""
+    with fresh_database(p.base_url) as url:
+        async with System(url, extra_env={"WORKER_CONCURRENCY": "1"}) as system:
+            capture = await floor_mod.capture_one_job(system)
+        runs: dict[str, Any] = {}
+        for slots in p.slots:
+            await asyncio.to_thread(floor_mod.clone_pending, url, capture.job_id, p.jobs)
+            runs[str(slots)] = await floor_mod.replay(url, capture, p.jobs, slots)
+    return {
+        "params": {"jobs": p.jobs, "concurrency": list(p.slots)},
+        "statements_per_job": len(capture.statements),
+        "statements_by_kind": capture.kinds(),
+        "statements": [s[:300] for s in capture.statements],
+        "runs": runs,
+    }
+
+
+async def pickup(p: Params) -> dict[str, Any]:
+    """Scenario 3: created → locked (DB clock), idle (one by one) and under load."""
+    out: dict[str, Any] = {}
+    try:
+        out["idle"] = await _pickup_idle(p)
+    except Exception as exc:  # keep the other phase
+        out["idle"] = {"error": repr(exc)}
+    try:
+        out["under_load"] = await _pickup_load(p)
+    except Exception as exc:
+        out["under_load"] = {"error": repr(exc)}
+    return out
+
+
+async def _pickup_idle(p: Params) -> dict[str, Any]:
+    with fresh_database(p.base_url) as url:
+        async with System(url) as system:  # default settings (long poll on)
+            await asyncio.sleep(1.0)
+            for i in range(p.pickup_jobs):
+                job_id = await system.create_job(f"pickup-{i % 5}")
+                for _ in range(200):
+                    st = system.sql(
+                        "SELECT status FROM ai_runtime_jobs WHERE job_id=%s", (job_id,)
+                    )[0][0]
+                    if st != "pending":
+                        break
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.1)
+            lat = [
+                float(r[0]) / 1e6
+                for r in system.sql(
+                    "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, locked_at) FROM ai_runtime_jobs"
+                    " WHERE locked_at IS NOT NULL"
+                )
+            ]
+            return {"params": {"jobs": p.pickup_jobs, "gap_ms": 100}, **summary_ms(lat)}
+
+
+async def _pickup_load(p: Params) -> dict[str, Any]:
+    with fresh_database(p.base_url) as url:
+        async with System(url, extra_env={"WORKER_CONCURRENCY": "16"}) as system:
+            await asyncio.sleep(1.0)
+            n = int(p.load_rate * p.load_seconds)
+            t0 = time.perf_counter()
+
+            gate = asyncio.Semaphore(16)  # at most 16 creates in flight: no pile-up
+
+            async def one(i: int) -> None:
+                delay = t0 + i / p.load_rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                async with gate:
+                    await system.create_job(f"load-{i % 50}")
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+            achieved = n / (time.perf_counter() - t0)
+            await system.wait_terminal(n, 60)
+            lat = [
+                float(r[0]) / 1e6
+                for r in system.sql(
+                    "SELECT TIMESTAMPDIFF(MICROSECOND, created_at, locked_at) FROM ai_runtime_jobs"
+                    " WHERE locked_at IS NOT NULL"
+                )
+            ]
+            return {
+                "params": {
+                    "rate_jobs_per_s": p.load_rate,
+                    "achieved_create_jobs_per_s": round(achieved, 1),
+                    "seconds": p.load_seconds,
+                    "worker_slots": 16,
+                },
+                **summary_ms(lat),
+            }
+
+
+def _grow_finished(system: System, target: int) -> float:
+    """Double finished rows with INSERT … SELECT until ``target``; returns seconds taken."""
+    t0 = time.perf_counter()
+    cols = (
+        "user_id, job_type, target_type, target_id, status, priority, params, api_key_mode,"
+        " model_provider, model_name, attempt_no, retry_count, max_retry_count, timeout_seconds,"
+        " cancel_requested, available_at, created_at, updated_at, started_at, finished_at, locked_at"
+    )
+    have = int(system.sql("SELECT COUNT(*) FROM ai_runtime_jobs WHERE status='succeeded'")[0][0])
+    if have == 0:
+        system.sql(
+            f"INSERT INTO ai_runtime_jobs (job_id, {cols}) VALUES (REPLACE(UUID(),'-',''),"
+            " 'old-0', 'learning_state_analysis', 'user', 'old-0', 'succeeded', 100, '{}',"
+            " 'platform_key', 'deepseek', 'deepseek-chat', 1, 0, 3, 120, 0,"
+            " UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 2 DAY,"
+            " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6),"
+            " UTC_TIMESTAMP(6) - INTERVAL 2 DAY)"
+        )
+        have = 1
+    while have < target:
+        k = min(have, target - have)
+        system.sql(
+            f"INSERT INTO ai_runtime_jobs (job_id, {cols}) SELECT REPLACE(UUID(),'-',''), {cols}"
+            f" FROM ai_runtime_jobs WHERE status='succeeded' LIMIT {k}"
+        )
+        have += k
+    return time.perf_counter() - t0
+
+
+async def poll_scale(p: Params) -> dict[str, Any]:
+    """Scenario 4: PollJobs / ClaimJobs latency (waitMs=0) with 1k and 1M finished rows."""
+    caps = cast(Any, [JOB_TYPE.to_proto(t) for t in JOB_TYPES])
+    out: dict[str, Any] = {"params": {"samples": p.poll_samples, "pending_jobs": p.poll_samples}}
+    explain_sql = (
+        "EXPLAIN SELECT job_id FROM ai_runtime_jobs WHERE status='pending' AND job_type IN ("
+        + ",".join(f"'{t}'" for t in JOB_TYPES)
+        + ") AND available_at <= UTC_TIMESTAMP(6) ORDER BY priority, created_at, seq LIMIT 10"
+        " FOR UPDATE SKIP LOCKED"
+    )
+    with fresh_database(p.base_url) as url:
+        async with System(url, workers=0) as system:
+            assert system.stub is not None
+            md = system.md("bench-poller")
+            for rows in p.scale_rows:
+                grow_s = await asyncio.to_thread(_grow_finished, system, rows)
+                await asyncio.to_thread(system.sql, "ANALYZE TABLE ai_runtime_jobs")
+                await system.create_jobs(p.poll_samples)
+                polls: list[float] = []
+                claims: list[float] = []
+                for _ in range(p.poll_samples):
+                    t0 = time.perf_counter()
+                    await system.stub.PollJobs(
+                        rr.PollJobsRequest(capabilities=caps, limit=10, wait_ms=0), metadata=md
+                    )
+                    polls.append(time.perf_counter() - t0)
+                for _ in range(p.poll_samples):
+                    t0 = time.perf_counter()
+                    await system.stub.ClaimJobs(
+                        rr.ClaimJobsRequest(capabilities=caps, limit=1, wait_ms=0), metadata=md
+                    )
+                    claims.append(time.perf_counter() - t0)
+                cols = [
+                    "id",
+                    "select_type",
+                    "table",
+                    "type",
+                    "possible_keys",
+                    "key",
+                    "key_len",
+                    "ref",
+                    "rows",
+                    "extra",
+                ]
+                explain = [
+                    dict(zip(cols, map(str, r), strict=False)) for r in system.sql(explain_sql)
+                ]
+                out[str(rows)] = {
+                    "finished_rows": rows,
+                    "grow_s": round(grow_s, 1),
+                    "poll": summary_ms(polls),
+                    "claim": summary_ms(claims),
+                    "explain_claim": explain,
+                }
+    small, big = (str(r) for r in (p.scale_rows[0], p.scale_rows[-1]))
+    out["claim_p99_ratio_big_to_small"] = round(
+        out[big]["claim"]["p99_ms"] / out[small]["claim"]["p99_ms"], 2
+    )
+    out["poll_p99_ratio_big_to_small"] = round(
+        out[big]["poll"]["p99_ms"] / out[small]["poll"]["p99_ms"], 2
+    )
+    out["explain_sql"] = explain_sql
+    return out
+
+
+async def idle(p: Params) -> dict[str, Any]:
+    """Scenario 5: queries/s that idle workers cause (long poll, default settings).
+
+    Two figures: the server-wide ``Questions`` delta (includes anything else using the
+    server), and the statements of this database's connections counted in the general log.
+    """
+    with fresh_database(p.base_url) as url:
+        async with System(url, workers=p.idle_workers):
+            await asyncio.sleep(3.0)
+            conn = admin_connect(p.base_url)
+            try:
+                counted = await asyncio.to_thread(
+                    floor_mod.count_db_statements, conn, url.database or "", p.idle_seconds
+                )
+            finally:
+                conn.close()
+    conn = admin_connect(p.base_url)
+    try:
+        s0 = global_status(conn, ["Questions", "Queries"])
+        await asyncio.sleep(p.idle_seconds)
+        s1 = global_status(conn, ["Questions", "Queries"])
+    finally:
+        conn.close()
+    background = (s1["Questions"] - s0["Questions"]) / p.idle_seconds
+    qps = counted["statements"] / p.idle_seconds
+    return {
+        "params": {"workers": p.idle_workers, "seconds": p.idle_seconds},
+        "db_statements_per_s": round(qps, 2),
+        "db_statements_per_s_per_worker": round(qps / p.idle_workers, 3),
+        "global_questions_per_s_with_system": round(counted["questions"] / p.idle_seconds, 2),
+        "global_questions_per_s_without_system": round(background, 2),
+        "by_statement": counted["by_kind"],
+    }
+
+
+async def gateway(p: Params) -> dict[str, Any]:
+    """Scenario 6: POST /v1/ai/jobs from a separate load process (``python -m bench.load``)."""
+    with fresh_database(p.base_url) as url:
+        async with System(
+            url, workers=0, only=["job_service", "credential_service", "api_gateway"]
+        ) as system:
+            env = dict(os.environ)
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.load",
+                "--url",
+                system.launcher.gateway_url,
+                "--requests",
+                str(p.gateway_requests),
+                "--concurrency",
+                str(p.gateway_concurrency),
+            ]
+            env["BENCH_JWT_SECRET"] = system.launcher.env["JWT_SECRET"]
+            proc = await asyncio.to_thread(
+                subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=600
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"load process failed: {proc.stderr[-2000:]}")
+            result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "params": {"requests": p.gateway_requests, "concurrency": p.gateway_concurrency},
+        **result,
+    }
+
+
+async def worker500(p: Params) -> dict[str, Any]:
+    """Scenario 7: one worker, WORKER_CONCURRENCY=500, stand-in answering after 2 s."""
+    env = {"WORKER_CONCURRENCY": "500", "STANDIN_DELAY_MS": "2000"}
+    backlog = int(260 * (p.w500_seconds + 10)) + 500
+    with fresh_database(p.base_url) as url:
+        async with System(url, extra_env=env) as system:
+            name = system.worker_names()[0]
+            await system.launcher.stop_service(name)
+            template = await system.create_job("w500-user")
+            await asyncio.to_thread(floor_mod.clone_pending, url, template, backlog - 1)
+            await system.launcher.restart_service(name)
+            pid = _worker_pid(system)
+            warmup = 5.0
+            await asyncio.sleep(warmup)
+            (c0,) = system.sql(
+                "SELECT COUNT(*) FROM ai_runtime_jobs WHERE status IN " + TERMINAL_SQL
+            )[0]
+            t0 = time.perf_counter()
+            rss_samples = []
+            while time.perf_counter() - t0 < p.w500_seconds:
+                await asyncio.sleep(0.5)
+                rss_samples.append(rss_peak_mb(pid))
+            (c1,) = system.sql(
+                "SELECT COUNT(*) FROM ai_runtime_jobs WHERE status IN " + TERMINAL_SQL
+            )[0]
+            elapsed = time.perf_counter() - t0
+            peak = rss_peak_mb(pid)
+            (expired, retried, failed) = system.sql(
+                "SELECT (SELECT COUNT(*) FROM ai_runtime_job_events WHERE to_status='expired'"
+                "   OR error_code='LOCK_NOT_HELD'),"
+                " (SELECT COUNT(*) FROM ai_runtime_jobs WHERE attempt_no > 1),"
+                " (SELECT COUNT(*) FROM ai_runtime_jobs WHERE status='failed')"
+            )[0]
+    return {
+        "params": {
+            "worker_concurrency": 500,
+            "standin_delay_ms": 2000,
+            "seconds": p.w500_seconds,
+            "warmup_s": warmup,
+            "backlog_jobs": backlog,
+        },
+        "sustained_jobs_per_s": round((int(c1) - int(c0)) / elapsed, 1),
+        "lost_leases": int(expired),
+        "retried_attempts": int(retried),
+        "failed_jobs": int(failed),
+        "peak_rss_mb": round(peak, 1),
+        "backlog": "copies of one job made through CreateJob (same snapshot)",
+    }
+
+
+SCENARIOS = {
+    "throughput": throughput,
+    "floor": floor,
+    "pickup": pickup,
+    "poll_scale": poll_scale,
+    "idle": idle,
+    "gateway": gateway,
+    "worker500": worker500,
+}

@@ -1,0 +1,88 @@
+"""Smoke tests of the benchmark harness (``python -m bench``).
+
+The real run uses tiny sizes (5 jobs, one 2-slot worker) so it stays within
+the CI budget; the rest checks the pure helpers the figures depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+from bench.floor import HEX_ID, job_statements
+from bench.harness import pct, summary_ms
+from bench.report import table
+
+JOB = "a" * 32
+SNAP = "b" * 32
+
+
+def test_percentiles_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert pct(values, 50) == 50.0
+    assert pct(values, 99) == 99.0
+    assert pct(values, 100) == 100.0
+    s = summary_ms([0.010, 0.020, 0.030])
+    assert (s["p50_ms"], s["max_ms"], s["n"]) == (20.0, 30.0, 3)
+
+
+def test_job_statements_deinterleaves_and_drops_background() -> None:
+    queries = [
+        (1, "SELECT job_id FROM ai_runtime_jobs WHERE status='pending' FOR UPDATE SKIP LOCKED"),
+        (2, "SELECT job_id FROM ai_runtime_jobs WHERE lock_until < now"),  # reaper
+        (1, f"UPDATE ai_runtime_jobs SET status='locked' WHERE job_id IN ('{JOB}')"),
+        (2, "ROLLBACK"),
+        (1, "COMMIT"),
+        (1, "ROLLBACK"),  # pool reset after the claim
+        (3, f"SELECT payload FROM ai_snapshots WHERE snapshot_id='{SNAP}'"),
+        (3, "ROLLBACK"),
+        (1, "SELECT 1 FROM ai_runtime_jobs WHERE status='pending' FOR UPDATE SKIP LOCKED"),
+        (1, "COMMIT"),
+    ]
+    out = job_statements(queries, JOB, SNAP)
+    assert out == [
+        queries[0][1],
+        queries[2][1],
+        "COMMIT",
+        "ROLLBACK",
+        queries[6][1],
+        "ROLLBACK",
+    ]
+    assert HEX_ID.findall(out[1]) == [JOB]
+
+
+def test_table_marks_missed_targets() -> None:
+    doc = {
+        "results": {
+            "throughput": {"runs": {"16": {"jobs": 10, "jobs_per_s": 100.0}}},
+            "idle": {
+                "params": {"workers": 10, "seconds": 5},
+                "db_statements_per_s_per_worker": 0.5,
+                "db_statements_per_s": 5.0,
+                "global_questions_per_s_with_system": 9.0,
+                "global_questions_per_s_without_system": 4.0,
+            },
+        }
+    }
+    text = table(doc)
+    assert "throughput @16 slots" in text and "≥500 MISSED" in text
+    assert "≤2 ok" in text
+
+
+@pytest.mark.e2e
+def test_bench_throughput_tiny_run(mysql_url: str, tmp_path: Path) -> None:
+    # mysql_url proves MariaDB is configured; the harness makes its own database.
+    assert os.environ.get("TEST_MYSQL_URL")
+    rc = main(["--scenario", "throughput", "--jobs", "5", "--slots", "2", "--out", str(tmp_path)])
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    run = doc["results"]["throughput"]["runs"]["2"]
+    assert rc == 0, doc["results"]
+    assert run["terminal"] == 5 and run["succeeded"] == 5
+    assert run["jobs_per_s"] > 0
+    assert "job_service" in run["cpu_ms_per_job"]
