@@ -14,6 +14,7 @@ help:
 	@echo "make run         start every service in the foreground (python -m launcher --dev)"
 	@echo "make proto       regenerate the Python stubs from protos/"
 	@echo "make bench       benchmarks against MariaDB (writes bench-results/)"
+	@echo "make chaos       fault harness: real processes on MariaDB, one fault at a time, SQL audit"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -66,8 +67,11 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
+# Fault table on MariaDB (real processes): CHAOS_ARGS e.g. "--fault worker_kill --profile long",
+# "--profile soak --soak-seconds 180". Without a MariaDB a private mariadbd is started.
 chaos: $(STAMP)
-	$(BIN)/python -m pytest -q tests/chaos $(PYTEST_ARGS)
+	@export TEST_MYSQL_URL="$${TEST_MYSQL_URL:-$$($(BIN)/python scripts/detect_mysql.py)}"; \
+	  $(BIN)/python -m chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf var bench-results .pytest_cache .mypy_cache .ruff_cache
