@@ -40,45 +40,12 @@ from airuntime_common import metadata
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.timeutil import rfc3339
+from tests.spec_fields import JOB_KEYS
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
-
-#: Every key of the ``Job`` JSON (SPEC §3), in the spec's order.
-JOB_KEYS = (
-    "jobId",
-    "userId",
-    "jobType",
-    "targetType",
-    "targetId",
-    "snapshotId",
-    "status",
-    "priority",
-    "params",
-    "apiKeyMode",
-    "credentialId",
-    "modelProvider",
-    "modelName",
-    "promptVersion",
-    "outputSchemaVersion",
-    "attemptNo",
-    "retryCount",
-    "maxRetryCount",
-    "timeoutSeconds",
-    "lockedBy",
-    "lockUntil",
-    "availableAt",
-    "cancelRequested",
-    "errorCode",
-    "errorMessage",
-    "retriedFromJobId",
-    "createdAt",
-    "updatedAt",
-    "startedAt",
-    "finishedAt",
-)
 
 #: SPEC §4: code → (HTTP status, gRPC status) of the refusals the runtime contract uses.
 SPEC_STATUS: dict[str, tuple[int, grpc.StatusCode]] = {

@@ -6,43 +6,13 @@ import httpx
 import pytest
 
 from airuntime_common.errors import AppError, ErrorCode
+from tests.spec_fields import JOB_KEYS
 from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 from .conftest import OWNER, Backends, bearer, full_job, make_token, sparse_job
 
-JOB_FIELDS = {
-    "jobId",
-    "userId",
-    "jobType",
-    "targetType",
-    "targetId",
-    "snapshotId",
-    "status",
-    "priority",
-    "params",
-    "apiKeyMode",
-    "credentialId",
-    "modelProvider",
-    "modelName",
-    "promptVersion",
-    "outputSchemaVersion",
-    "attemptNo",
-    "retryCount",
-    "maxRetryCount",
-    "timeoutSeconds",
-    "lockedBy",
-    "lockUntil",
-    "availableAt",
-    "cancelRequested",
-    "errorCode",
-    "errorMessage",
-    "retriedFromJobId",
-    "createdAt",
-    "updatedAt",
-    "startedAt",
-    "finishedAt",
-}
+JOB_FIELDS = set(JOB_KEYS)
 USER = bearer(make_token(OWNER, "user", plan="pro"))
 
 

@@ -1,0 +1,38 @@
+"""Field lists copied from SPEC §3, shared by the tests that check them (independent of
+the product's own converters, so a converter bug cannot hide)."""
+
+from __future__ import annotations
+
+#: Every key of the ``Job`` JSON (SPEC §3), in the spec's order.
+JOB_KEYS = (
+    "jobId",
+    "userId",
+    "jobType",
+    "targetType",
+    "targetId",
+    "snapshotId",
+    "status",
+    "priority",
+    "params",
+    "apiKeyMode",
+    "credentialId",
+    "modelProvider",
+    "modelName",
+    "promptVersion",
+    "outputSchemaVersion",
+    "attemptNo",
+    "retryCount",
+    "maxRetryCount",
+    "timeoutSeconds",
+    "lockedBy",
+    "lockUntil",
+    "availableAt",
+    "cancelRequested",
+    "errorCode",
+    "errorMessage",
+    "retriedFromJobId",
+    "createdAt",
+    "updatedAt",
+    "startedAt",
+    "finishedAt",
+)
