@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, insert, or_, update
+from sqlalchemy import ColumnElement, Integer, String, and_, insert, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from job_service.domain.clock import DbClock
@@ -225,16 +225,27 @@ async def record_event(
     attempt_no: int,
     error_code: str | None = None,
 ) -> None:
-    """Append one ``ai_runtime_job_events`` row (time from the database clock)."""
+    """Append one ``ai_runtime_job_events`` row.
+
+    Its ``at`` is the job row's ``updated_at`` as the transition just wrote it, so
+    an event carries exactly the database instant of its transition (the same
+    ``NOW(6)`` that computed ``lockUntil`` / ``availableAt``), not the later
+    instant of this second statement. ``clock`` is kept for the caller's symmetry.
+    """
+    del clock
+    source = select(
+        literal(job_id, String),
+        literal(from_status, String),
+        literal(to_status, String),
+        literal(error_code, String),
+        literal(actor[:160], String),
+        literal(attempt_no, Integer),
+        jobs.c.updated_at,
+    ).where(jobs.c.job_id == job_id)
     await session.execute(
-        insert(events).values(
-            job_id=job_id,
-            from_status=from_status,
-            to_status=to_status,
-            error_code=error_code,
-            actor=actor[:160],
-            attempt_no=attempt_no,
-            at=clock.now(),
+        insert(events).from_select(
+            ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"],
+            source,
         )
     )
 
