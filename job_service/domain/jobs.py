@@ -1126,11 +1126,19 @@ class JobDomain:
             if prior is not None:
                 return SubmitOutcome(job.job_id, job.status, prior, output_hash, True)
             if job.status == SUCCEEDED:
-                raise AppError(
-                    ErrorCode.RESULT_ALREADY_EXISTS,
-                    "the job already has a different result",
-                    {"jobId": job.job_id},
-                )
+                stored = (
+                    await session.execute(
+                        select(results.c.output_hash).where(results.c.job_id == job.job_id)
+                    )
+                ).scalars()
+                # Same output from another attempt is not "another result": the
+                # lease check below answers it (SPEC §2.5 order).
+                if output_hash not in set(stored):
+                    raise AppError(
+                        ErrorCode.RESULT_ALREADY_EXISTS,
+                        "the job already has a different result",
+                        {"jobId": job.job_id},
+                    )
             held = (
                 await session.execute(select(jobs.c.job_id).where(lease_guard(self.clock, lease)))
             ).first()
@@ -1705,6 +1713,8 @@ class JobDomain:
             ) from None
         if end < start:
             raise AppError(ErrorCode.INVALID_ARGUMENT, "to is before from", {"field": "to"})
+        if end >= date.max:  # the exclusive upper bound (end + 1 day) must exist
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "to is out of range", {"field": "to"})
         columns = {
             "day": func.date(invocations.c.created_at),
             "jobType": invocations.c.job_type,

@@ -90,6 +90,17 @@ async def test_result_replay_conflict_and_lease_order(domain: JobDomain) -> None
             output=other,
         )
     assert err.value.code == "RESULT_ALREADY_EXISTS"
+    # the SAME output under another attempt number is neither a replay (other key) nor
+    # another result (same hash): the lease decides (SPEC §2.5 order)
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            Lease(job.job_id, "w1", 2),
+            prompt_version=None,
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+        )
+    assert err.value.code == "LOCK_NOT_HELD"
+    assert await business_rows(domain, job.job_id) == 1
 
 
 async def test_invalid_schema_fails_job_and_rolls_back_rows(domain: JobDomain) -> None:
