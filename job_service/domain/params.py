@@ -27,7 +27,7 @@ class QuizParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=False)
 
-    count: int = Field(default=5, ge=1, le=20)
+    count: int = Field(default=5, ge=1, le=20, strict=True)
     difficulty: Literal["easy", "medium", "hard"] = "medium"
     questionTypes: list[QuestionType] = Field(default_factory=_default_types, min_length=1)
 
@@ -44,16 +44,22 @@ class FlashcardParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(default=5, ge=1, le=50)
+    count: int = Field(default=5, ge=1, le=50, strict=True)
 
     _count = field_validator("count", mode="before")(_integral)
+
+
+class NoParams(BaseModel):
+    """The analysis types take no params: anything given is refused, not stored."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate ``params`` for ``job_type`` and fill the defaults.
 
     Returns:
-        The stored params: full quiz/flashcard params; the analysis types keep what was given.
+        The stored params: full quiz/flashcard params; ``{}`` for the analysis types.
 
     Raises:
         AppError: ``INVALID_ARGUMENT`` with ``details.errors`` listing offending fields.
@@ -63,9 +69,7 @@ def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, 
         "quiz_generation": QuizParams,
         "flashcard_generation": FlashcardParams,
     }
-    model = models.get(job_type)
-    if model is None:
-        return raw
+    model = models.get(job_type, NoParams)
     try:
         return model.model_validate(raw).model_dump()
     except ValidationError as exc:
