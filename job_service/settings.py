@@ -10,6 +10,8 @@ from pydantic import Field, field_validator
 from airuntime_common.settings import DEFAULT_JOB_DB, CommonSettings
 
 #: USD per million tokens: cache-hit input, cache-miss input, output (DeepSeek's list prices).
+PRICE_KEYS = frozenset({"cacheHitInput", "cacheMissInput", "output"})
+
 DEFAULT_MODEL_PRICES: dict[str, dict[str, float]] = {
     "deepseek-chat": {"cacheHitInput": 0.028, "cacheMissInput": 0.28, "output": 0.42},
     "deepseek-reasoner": {"cacheHitInput": 0.028, "cacheMissInput": 0.28, "output": 0.42},
@@ -55,6 +57,20 @@ class JobServiceSettings(CommonSettings):
     def _json_text(cls, value: Any) -> Any:
         if isinstance(value, str):
             return json.loads(value) if value.strip() else {}
+        return value
+
+    @field_validator("MODEL_PRICES")
+    @classmethod
+    def _price_keys(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """Each model's prices are exactly ``cacheHitInput``, ``cacheMissInput`` and
+        ``output`` (USD per million tokens, ≥ 0): a misspelt key would price tokens at 0."""
+        for model, prices in value.items():
+            if set(prices) != PRICE_KEYS:
+                raise ValueError(
+                    f"MODEL_PRICES[{model!r}] must have exactly the keys {sorted(PRICE_KEYS)}"
+                )
+            if any(v < 0 for v in prices.values()):
+                raise ValueError(f"MODEL_PRICES[{model!r}] prices must be >= 0")
         return value
 
     def worker_alive_seconds(self) -> float:
