@@ -430,7 +430,9 @@ async def test_result_idempotency_in_the_spec_order(stack: RuntimeStack, rt: RT)
     await refused(w1, "RESULT_ALREADY_EXISTS", w1.result(job_id, 1, OTHER_OUTPUT))
     await refused(w2, "RESULT_ALREADY_EXISTS", w2.result(job_id, 1, OTHER_OUTPUT))
     await refused(w1, "RESULT_ALREADY_EXISTS", w1.result(job_id, 1, BAD_OUTPUT))
-    await refused(w1, "RESULT_ALREADY_EXISTS", w1.result(job_id, 2, OUTPUT))
+    # 3. the SAME hash under another attempt is neither a replay (other key) nor another
+    #    result (same hash): the lease answers it
+    await refused(w1, "LOCK_NOT_HELD", w1.result(job_id, 2, OUTPUT))
     assert await stack.get(job_id) == job  # nothing written twice
 
 
