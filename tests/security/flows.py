@@ -101,7 +101,8 @@ async def _refused_key_round(
 
 async def run_canary_flow(sys_: System, *, ca_file: str | None = None) -> CanaryRun:
     """Drive the whole flow; see the module docstring. Returns what it did."""
-    run = CanaryRun(user=user_id("canary"))
+    # not "canary-…": a user id must never share a 9-char window with a canary key
+    run = CanaryRun(user=user_id("learner"))
     headers = sys_.bearer(run.user)
     admin = sys_.bearer(user_id("ops"), "admin")
     # the stand-in records "****" + the last 4 characters: make those distinct per key
