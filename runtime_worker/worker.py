@@ -4,7 +4,7 @@ One loop claims as many jobs as there are free slots (long poll with
 ``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
 early). Each claimed job runs in its own task::
 
-    StartJob → GetSnapshot (validated) → render prompt → ResolveCredential
+    GetSnapshot (the implied start; validated) → render prompt → ResolveCredential
     → model call(s) → SubmitResult            (or FailJob with the classified code)
 
 The model work runs in an inner task the lease keeper can cancel: a lost lease
@@ -252,7 +252,7 @@ class Worker:
         job = run.job
         if not run.job_type:
             raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no known jobType")
-        await self.client.start_job(run.job_id, run.attempt_no)
+        # Reading the snapshot is the implied start (SPEC §2.3): one call, not two.
         started = time.monotonic()
         run.started_wall = utcnow()
         timeout = job.timeout_seconds if job.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
@@ -23,6 +24,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import BREAKER_FAILURE_CODES, AppError, ErrorCode
+from job_service.domain import sqlcache
 from job_service.domain.clock import DbClock
 from job_service.models import breaker, jobs
 from job_service.settings import JobServiceSettings
@@ -52,16 +54,19 @@ async def ensure_row(session: AsyncSession, clock: DbClock) -> None:
 async def _row(
     session: AsyncSession, clock: DbClock, *, lock: bool = True
 ) -> tuple[str, int, datetime | None, datetime | None, int]:
-    stmt = select(
-        breaker.c.state,
-        breaker.c.consecutive_failures,
-        breaker.c.opened_at,
-        breaker.c.half_open_at,
-        breaker.c.probes_in_flight,
-    ).where(breaker.c.id == ROW_ID)
-    if lock and not clock.is_sqlite:
-        stmt = stmt.with_for_update()
-    row = (await session.execute(stmt)).first()
+    lock = lock and not clock.is_sqlite
+
+    def build() -> Any:
+        stmt = select(
+            breaker.c.state,
+            breaker.c.consecutive_failures,
+            breaker.c.opened_at,
+            breaker.c.half_open_at,
+            breaker.c.probes_in_flight,
+        ).where(breaker.c.id == ROW_ID)
+        return stmt.with_for_update() if lock else stmt
+
+    row = (await session.execute(sqlcache.statement(("breaker_row", lock), build))).first()
     if row is None:
         await ensure_row(session, clock)
         return ("closed", 0, None, None, 0)

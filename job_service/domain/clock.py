@@ -23,7 +23,11 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from job_service.domain.sqlcache import stable
+
 _SQLITE_FMT = "'%Y-%m-%d %H:%M:%f'"
+#: (dialect, offset µs) → its shared "now + offset" expression (see DbClock.plus).
+_SHARED: dict[tuple[str, int], ColumnElement[datetime]] = {}
 
 
 class DbClock:
@@ -32,6 +36,9 @@ class DbClock:
     Args:
         dialect: ``engine.dialect.name`` — ``"sqlite"``, ``"mysql"`` or ``"mariadb"``.
     """
+
+    #: Distinct (dialect, offset) expressions kept and shared (see :meth:`plus`).
+    MAX_SHARED_OFFSETS = 64
 
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
@@ -42,7 +49,23 @@ class DbClock:
         return self.plus(0.0)
 
     def plus(self, seconds: float) -> ColumnElement[datetime]:
-        """The database's current UTC time plus ``seconds`` (may be negative or fractional)."""
+        """The database's current UTC time plus ``seconds`` (may be negative or fractional).
+
+        The expressions of the first :attr:`MAX_SHARED_OFFSETS` distinct offsets
+        (now, the lease, …) are built once, shared and registered as stable, so
+        hot-path statements embedding them are cached (:mod:`.sqlcache`); others
+        (e.g. jittered backoffs) are built per call.
+        """
+        key = (self.dialect, round(float(seconds) * 1_000_000))
+        shared = _SHARED.get(key)
+        if shared is not None:
+            return shared
+        expr = self._build_plus(seconds)
+        if len(_SHARED) < self.MAX_SHARED_OFFSETS:
+            _SHARED[key] = stable(expr)
+        return expr
+
+    def _build_plus(self, seconds: float) -> ColumnElement[datetime]:
         if self.is_sqlite:
             mod = f"'{float(seconds):+.6f} seconds'"
             return literal_column(

@@ -19,7 +19,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Row, Table, and_, func, insert, select, update
+from sqlalchemy import (
+    Integer,
+    Row,
+    String,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -31,6 +42,7 @@ from airuntime_common.errors import AppError, ErrorCode, is_retryable
 from job_service import metrics
 from job_service.db import WRITE_TX
 from job_service.domain import breaker as breaker_mod
+from job_service.domain import sqlcache
 from job_service.domain.clock import DbClock
 from job_service.domain.params import check_range, normalize_params
 from job_service.domain.ports import CredentialChecker, LearningPort, SnapshotView
@@ -54,8 +66,12 @@ from job_service.domain.statemachine import (
     apply,
     apply_many,
     lease_guard,
+    lease_guard_bound,
+    lease_params,
+    leases_guard,
     lock_guard,
     record_event,
+    renew_many,
 )
 from job_service.learning_models import AiResult
 from job_service.models import admission_locks, authorizations, events, invocations, jobs
@@ -71,6 +87,12 @@ MAX_POLL_LIMIT = 50
 DEFAULT_POLL_LIMIT = 10
 MAX_WAIT_MS = 20_000
 MAX_HEARTBEAT_LEASES = 500
+#: ``attempt_no + 1`` (lock/claim), shared so statements embedding it are cached.
+NEXT_ATTEMPT: Any = sqlcache.stable(jobs.c.attempt_no + 1)
+#: Plain multi-row insert of event rows (claim).
+EVENTS_INSERT: Any = insert(events)
+#: Leases read back per SELECT in HeartbeatLeases.
+HEARTBEAT_CHUNK = 250
 MAX_ERROR_MESSAGE = 4000
 
 
@@ -325,10 +347,23 @@ class JobDomain:
     async def _get(
         self, session: AsyncSession, job_id: str, *, lock: bool = False
     ) -> JobRecord | None:
-        stmt = select(jobs).where(jobs.c.job_id == job_id)
-        if lock:
-            stmt = self._for_update(stmt)
-        row = (await session.execute(stmt)).first()
+        lock = lock and not self.clock.is_sqlite
+
+        def build() -> Any:
+            stmt = select(jobs).where(jobs.c.job_id == bindparam("g_job_id", type_=String()))
+            return stmt.with_for_update() if lock else stmt
+
+        stmt = sqlcache.statement(("get_job", self.clock.dialect, lock), build)
+        row = (await session.execute(stmt, {"g_job_id": job_id})).first()
+        return JobRecord.from_row(row) if row is not None else None
+
+    async def _get_leased(self, session: AsyncSession, lease: Lease) -> JobRecord | None:
+        """The job when ``lease`` is live on it, else None (SPEC §3 fencing)."""
+        stmt = sqlcache.statement(
+            ("get_leased", self.clock.dialect),
+            lambda: select(jobs).where(lease_guard_bound(self.clock)),
+        )
+        row = (await session.execute(stmt, lease_params(lease))).first()
         return JobRecord.from_row(row) if row is not None else None
 
     async def _must_get(
@@ -796,20 +831,12 @@ class JobDomain:
         lease_s = self.settings.LOCK_LEASE_SECONDS
         actor = runtime_actor(instance_id)
 
+        caps = sorted(set(capabilities))
+
         async def body(session: AsyncSession) -> list[JobRecord]:
-            q = (
-                select(jobs.c.job_id)
-                .where(
-                    jobs.c.status == PENDING,
-                    jobs.c.job_type.in_(list(capabilities)),
-                    jobs.c.available_at <= self.clock.now(),
-                )
-                .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-                .limit(n)
+            ids = list(
+                (await session.execute(self._claim_pick_stmt(), {"caps": caps, "n": n})).scalars()
             )
-            if not self.clock.is_sqlite:
-                q = q.with_for_update(skip_locked=True)
-            ids = list((await session.execute(q)).scalars())
             if not ids:
                 return []
             await apply_many(
@@ -822,19 +849,25 @@ class JobDomain:
             )
             rows = (
                 await session.execute(
-                    select(jobs)
-                    .where(
-                        jobs.c.job_id.in_(ids),
-                        jobs.c.status == LOCKED,
-                        jobs.c.locked_by == instance_id,
-                    )
-                    .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                    sqlcache.statement(
+                        ("claim_read", self.clock.dialect),
+                        lambda: (
+                            select(jobs)
+                            .where(
+                                jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+                                jobs.c.status == LOCKED,
+                                jobs.c.locked_by == bindparam("instance_id", type_=String()),
+                            )
+                            .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                        ),
+                    ),
+                    {"ids": ids, "instance_id": instance_id},
                 )
             ).all()
             out = [JobRecord.from_row(r) for r in rows]
             if out:
                 await session.execute(
-                    insert(events),
+                    EVENTS_INSERT,
                     [
                         {
                             "job_id": j.job_id,
@@ -858,9 +891,27 @@ class JobDomain:
             self._observe_pickup(job)
         return claimed
 
+    def _claim_pick_stmt(self) -> Any:
+        """Claim's candidate read (bound: ``caps`` list, ``n``), ``SKIP LOCKED`` on MySQL."""
+
+        def build() -> Any:
+            q = (
+                select(jobs.c.job_id)
+                .where(
+                    jobs.c.status == PENDING,
+                    jobs.c.job_type.in_(bindparam("caps", expanding=True)),
+                    jobs.c.available_at <= self.clock.now(),
+                )
+                .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                .limit(bindparam("n", type_=Integer()))
+            )
+            return q if self.clock.is_sqlite else q.with_for_update(skip_locked=True)
+
+        return sqlcache.statement(("claim_pick", self.clock.dialect), build)
+
     def _lock_values(self, instance_id: str, lease_s: float) -> dict[str, Any]:
         return {
-            "attempt_no": jobs.c.attempt_no + 1,
+            "attempt_no": NEXT_ATTEMPT,
             "locked_by": instance_id,
             "locked_at": self.clock.now(),
             "lock_until": self.clock.plus(lease_s),
@@ -961,21 +1012,16 @@ class JobDomain:
     async def _start_or_renew(
         self, session: AsyncSession, lease: Lease, *, renew: bool
     ) -> JobRecord | None:
-        """locked → running (implied start) and/or renew; None when the lease is not held."""
+        """locked → running (implied start) and/or renew; None when the lease is not held.
+
+        Two statements whatever the state: the transition's guarded UPDATE (renew
+        tried first when renewing, since a heartbeat mostly finds the job running),
+        then the row read back under the lease guard.
+        """
         actor = runtime_actor(lease.instance_id)
-        values: dict[str, Any] = {"started_at": self.clock.now()}
+        lease_s = self.settings.LOCK_LEASE_SECONDS
+        ok = False
         if renew:
-            values["lock_until"] = self.clock.plus(self.settings.LOCK_LEASE_SECONDS)
-        ok = await apply(
-            session,
-            self.clock,
-            Op.START,
-            job_id=lease.job_id,
-            actor=actor,
-            lease=lease,
-            values=values,
-        )
-        if not ok and renew:
             ok = await apply(
                 session,
                 self.clock,
@@ -983,16 +1029,22 @@ class JobDomain:
                 job_id=lease.job_id,
                 actor=actor,
                 lease=lease,
-                values={"lock_until": self.clock.plus(self.settings.LOCK_LEASE_SECONDS)},
+                values={"lock_until": self.clock.plus(lease_s)},
             )
         if not ok:
-            row = (
-                await session.execute(select(jobs).where(lease_guard(self.clock, lease)))
-            ).first()
-            if row is None:
-                return None
-            return JobRecord.from_row(row)
-        return await self._get(session, lease.job_id)
+            values: dict[str, Any] = {"started_at": self.clock.now()}
+            if renew:
+                values["lock_until"] = self.clock.plus(lease_s)
+            await apply(
+                session,
+                self.clock,
+                Op.START,
+                job_id=lease.job_id,
+                actor=actor,
+                lease=lease,
+                values=values,
+            )
+        return await self._get_leased(session, lease)
 
     async def start(self, lease: Lease) -> JobRecord:
         """locked → running; a repeat by the holder returns the same ``startedAt`` (SPEC §2.3).
@@ -1040,18 +1092,47 @@ class JobDomain:
         if len(leases) > MAX_HEARTBEAT_LEASES:
             raise AppError(ErrorCode.INVALID_ARGUMENT, "at most 500 leases", {"field": "leases"})
 
+        refs = list(dict.fromkeys(leases))
+
         async def body(session: AsyncSession) -> list[LeaseAnswer]:
+            # one UPDATE renews every running lease; one SELECT reads them all back;
+            # only a job not started yet needs its own implied start (and event row)
+            await renew_many(
+                session,
+                self.clock,
+                instance_id=instance_id,
+                refs=refs,
+                lease_seconds=self.settings.LOCK_LEASE_SECONDS,
+            )
+            held: dict[tuple[str, int], tuple[datetime | None, bool]] = {}
+            for start in range(0, len(refs), HEARTBEAT_CHUNK):
+                chunk = refs[start : start + HEARTBEAT_CHUNK]
+                rows = await session.execute(
+                    select(
+                        jobs.c.job_id,
+                        jobs.c.attempt_no,
+                        jobs.c.status,
+                        jobs.c.lock_until,
+                        jobs.c.cancel_requested,
+                    ).where(leases_guard(self.clock, instance_id, chunk))
+                )
+                for r in rows.all():
+                    key = (str(r.job_id), int(r.attempt_no))
+                    if r.status == LOCKED:
+                        job = await self._start_or_renew(
+                            session, Lease(key[0], instance_id, key[1]), renew=True
+                        )
+                        if job is not None:
+                            held[key] = (job.lock_until, bool(job.cancel_requested))
+                    else:
+                        held[key] = (r.lock_until, bool(r.cancel_requested))
             out: list[LeaseAnswer] = []
             for job_id, attempt_no in leases:
-                job = await self._start_or_renew(
-                    session, Lease(job_id, instance_id, attempt_no), renew=True
-                )
-                if job is None:
+                state = held.get((job_id, attempt_no))
+                if state is None:
                     out.append(LeaseAnswer(job_id, attempt_no, False, None, False))
                 else:
-                    out.append(
-                        LeaseAnswer(job_id, attempt_no, True, job.lock_until, job.cancel_requested)
-                    )
+                    out.append(LeaseAnswer(job_id, attempt_no, True, state[0], state[1]))
             return out
 
         return await self.tx(body)
@@ -1067,10 +1148,7 @@ class JobDomain:
             if start:
                 job = await self._start_or_renew(session, lease, renew=False)
             else:
-                row = (
-                    await session.execute(select(jobs).where(lease_guard(self.clock, lease)))
-                ).first()
-                job = JobRecord.from_row(row) if row is not None else None
+                job = await self._get_leased(session, lease)
             if job is None:
                 raise self._lease_lost(await self._get(session, lease.job_id), lease)
             return job
@@ -1080,14 +1158,41 @@ class JobDomain:
     async def snapshot(self, lease: Lease) -> SnapshotView:
         """The leased job's snapshot; reading it implies start (SPEC §2.3, §3).
 
+        One transaction: the implied start, the lease check and the snapshot read
+        (snapshots are immutable, so a process-wide LRU usually answers the last).
+
         Raises:
             AppError: JOB_NOT_FOUND, LOCK_NOT_HELD, INVALID_SNAPSHOT (job has none).
         """
-        job = await self.verify_lease(lease, start=True)
-        if not job.snapshot_id:
-            raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no snapshot", {"jobId": job.job_id})
-        async with self.sessions() as session:
+
+        async def body(session: AsyncSession) -> SnapshotView:
+            job = await self._start_or_renew(session, lease, renew=False)
+            if job is None:
+                raise self._lease_lost(await self._get(session, lease.job_id), lease)
+            if not job.snapshot_id:
+                raise AppError(
+                    ErrorCode.INVALID_SNAPSHOT, "job has no snapshot", {"jobId": job.job_id}
+                )
             return await self.learning.load_snapshot(session, job.snapshot_id)
+
+        return await self.tx(body)
+
+    def _submit_read_stmt(self) -> Any:
+        """SubmitResult's locking read (bound: :func:`lease_params` and ``r_key``)."""
+
+        def build() -> Any:
+            stmt = select(
+                jobs,
+                lease_guard_bound(self.clock).label("lease_held"),
+                select(results.c.result_id)
+                .where(results.c.idempotency_key == bindparam("r_key", type_=String()))
+                .scalar_subquery()
+                .label("prior_result_id"),
+                self.clock.now().label("db_now"),
+            ).where(jobs.c.job_id == bindparam("l_job_id", type_=String()))
+            return self._for_update(stmt)
+
+        return sqlcache.statement(("submit_read", self.clock.dialect), build)
 
     async def submit_result(
         self,
@@ -1110,19 +1215,23 @@ class JobDomain:
         key = f"{lease.job_id}:{lease.attempt_no}:{output_hash}"
         actor = runtime_actor(lease.instance_id)
         invalid: list[AppError] = []
-        job_types: list[str] = []
+        seen: list[Any] = []  # [the job as read, the database's now] of the last try
 
         async def body(session: AsyncSession) -> SubmitOutcome:
             invalid.clear()
-            prior = (
+            # One locking read answers the replay, the lease and the run time:
+            # the job row, whether the caller's lease is live, a prior result
+            # with this idempotency key, and the database's now.
+            row = (
                 await session.execute(
-                    select(results.c.result_id).where(results.c.idempotency_key == key)
+                    self._submit_read_stmt(), {**lease_params(lease), "r_key": key}
                 )
-            ).scalar_one_or_none()
-            job = await self._get(session, lease.job_id, lock=True)
-            if job is None:
+            ).first()
+            if row is None:
                 raise self._lease_lost(None, lease)
-            job_types[:] = [job.job_type]
+            job = JobRecord.from_row(row)
+            prior = row.prior_result_id
+            seen[:] = [job, row.db_now]
             if prior is not None:
                 return SubmitOutcome(job.job_id, job.status, prior, output_hash, True)
             if job.status == SUCCEEDED:
@@ -1139,10 +1248,7 @@ class JobDomain:
                         "the job already has a different result",
                         {"jobId": job.job_id},
                     )
-            held = (
-                await session.execute(select(jobs.c.job_id).where(lease_guard(self.clock, lease)))
-            ).first()
-            if held is None:
+            if not row.lease_held:
                 metrics.LEASE_LOSSES.labels("result").inc()
                 raise self._lease_lost(job, lease)
             if not isinstance(output, dict):
@@ -1198,17 +1304,20 @@ class JobDomain:
                 return SubmitOutcome(job.job_id, FAILED, "", output_hash, False)
             result_id = new_id()
             await session.execute(
-                insert(results).values(
-                    result_id=result_id,
-                    idempotency_key=key,
-                    job_id=job.job_id,
-                    attempt_no=lease.attempt_no,
-                    output_hash=output_hash,
-                    prompt_version=prompt_version,
-                    output_schema_version=output_schema_version,
-                    output=output,
-                    created_at=self.clock.now(),
-                )
+                sqlcache.statement(
+                    ("insert_result", self.clock.dialect),
+                    lambda: insert(results).values(created_at=self.clock.now()),
+                ),
+                {
+                    "result_id": result_id,
+                    "idempotency_key": key,
+                    "job_id": job.job_id,
+                    "attempt_no": lease.attempt_no,
+                    "output_hash": output_hash,
+                    "prompt_version": prompt_version,
+                    "output_schema_version": output_schema_version,
+                    "output": output,
+                },
             )
             ok = await apply(
                 session,
@@ -1236,8 +1345,12 @@ class JobDomain:
         outcome = await self.tx(body)
         if invalid or not outcome.replayed:
             status = FAILED if invalid else SUCCEEDED
-            metrics.JOBS_FINISHED.labels(job_types[0], status).inc()
-            await self._observe_run_time(lease.job_id)
+            job, db_now = seen
+            metrics.JOBS_FINISHED.labels(job.job_type, status).inc()
+            if job.started_at is not None:
+                metrics.RUN_TIME.labels(job.job_type, status).observe(
+                    max(0.0, (db_now - job.started_at).total_seconds())
+                )
             log.info(
                 "attempt ended",
                 extra={
@@ -1659,6 +1772,53 @@ class JobDomain:
             if value < 0:
                 raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
         log_id = new_id()
+        if model_provider and model_name and api_key_mode:
+            # everything but the job type is known: one INSERT … SELECT, whose
+            # row count also tells whether the job exists
+            cost = cost_usd(
+                self.settings.MODEL_PRICES,
+                model_name,
+                prompt_tokens,
+                completion_tokens,
+                cache_hit_tokens,
+            )
+            known: dict[str, Any] = {
+                "id": log_id,
+                "job_id": job_id,
+                "attempt_no": attempt_no,
+                "model_provider": model_provider,
+                "model_name": model_name,
+                "api_key_mode": api_key_mode,
+                "credential_id": credential_id,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "cache_hit_tokens": cache_hit_tokens,
+                "latency_ms": latency_ms,
+                "outcome": outcome,
+                "error_code": error_code,
+                "provider_request_id": provider_request_id,
+                "cost_usd": cost,
+            }
+            names = list(known)
+
+            def build() -> Any:
+                source = select(
+                    *(bindparam(f"i_{k}", type_=invocations.c[k].type) for k in names),
+                    jobs.c.job_type,
+                    self.clock.now(),
+                ).where(jobs.c.job_id == bindparam("i_job_id", type_=String()))
+                return insert(invocations).from_select([*names, "job_type", "created_at"], source)
+
+            stmt = sqlcache.statement(("insert_invocation", self.clock.dialect), build)
+            params = {f"i_{k}": v for k, v in known.items()}
+
+            async def insert_from_job(session: AsyncSession) -> str:
+                result = await session.execute(stmt, params)
+                if result.rowcount != 1:  # type: ignore[attr-defined]
+                    raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
+                return log_id
+
+            return await self.tx(insert_from_job)
 
         async def body(session: AsyncSession) -> str:
             job = await self._must_get(session, job_id)

@@ -303,7 +303,7 @@ async def accept_result(
     )
     model, _ = BUSINESS_TABLES[KIND_BY_JOB_TYPE[job_type]]
     now = db_now()
-    written = 0
+    rows = []
     for ordinal, item in enumerate(items):
         row = {_snake(k): v for k, v in item.items()}
         row.update(
@@ -314,7 +314,10 @@ async def accept_result(
             content_hash=content_hash(item),
             created_at=now,
         )
-        written += await insert_ignore(session, model.__table__, [row])
+        rows.append(row)
+    # one multi-row INSERT IGNORE: a repeat within the output is skipped like
+    # one already stored (the per-user unique key), and counted as skipped
+    written = await insert_ignore(session, model.__table__, rows)
     outcome = AcceptOutcome(len(items), written, len(items) - written)
     await record_plan_outcome(
         session,

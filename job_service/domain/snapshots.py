@@ -61,6 +61,7 @@ creates converge on one row).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -584,12 +585,54 @@ async def build_payload(
     }
 
 
+class SnapshotCache:
+    """A bounded LRU of loaded snapshots, by ``snapshotId``.
+
+    Snapshots are immutable once stored (a rebuild makes a new row with a new
+    id), so a cached view never goes stale. The views are shared: callers must
+    treat ``payload`` as read-only.
+
+    Args:
+        max_entries: views kept; the least recently used is dropped beyond it.
+    """
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._views: OrderedDict[str, SnapshotView] = OrderedDict()
+
+    def get(self, snapshot_id: str) -> SnapshotView | None:
+        """The cached view, or None."""
+        view = self._views.get(snapshot_id)
+        if view is not None:
+            self._views.move_to_end(snapshot_id)
+        return view
+
+    def put(self, view: SnapshotView) -> None:
+        """Keep ``view``, dropping the least recently used beyond ``max_entries``."""
+        self._views[view.snapshot_id] = view
+        self._views.move_to_end(view.snapshot_id)
+        while len(self._views) > self.max_entries:
+            self._views.popitem(last=False)
+
+    def clear(self) -> None:
+        """Forget every view."""
+        self._views.clear()
+
+
+#: The process's snapshot cache (job_service reads a job's snapshot for
+#: GetSnapshot and again to validate its result).
+SNAPSHOT_CACHE = SnapshotCache()
+
+
 async def load_snapshot(session: AsyncSession, snapshot_id: str) -> SnapshotView:
-    """Read a stored snapshot.
+    """Read a stored snapshot (through :data:`SNAPSHOT_CACHE`).
 
     Raises:
         AppError: ``NOT_FOUND`` when no snapshot has this id.
     """
+    cached = SNAPSHOT_CACHE.get(snapshot_id)
+    if cached is not None:
+        return cached
     row = (
         await session.execute(select(AiSnapshot).where(AiSnapshot.snapshot_id == snapshot_id))
     ).scalar_one_or_none()
@@ -597,7 +640,7 @@ async def load_snapshot(session: AsyncSession, snapshot_id: str) -> SnapshotView
         raise AppError(
             ErrorCode.NOT_FOUND, f"snapshot {snapshot_id!r} not found", {"snapshotId": snapshot_id}
         )
-    return SnapshotView(
+    view = SnapshotView(
         row.snapshot_id,
         row.schema_version,
         row.target_type,
@@ -605,6 +648,8 @@ async def load_snapshot(session: AsyncSession, snapshot_id: str) -> SnapshotView
         row.payload,
         row.content_hash,
     )
+    SNAPSHOT_CACHE.put(view)
+    return view
 
 
 async def create_generation_plan(

@@ -17,9 +17,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, String, and_, insert, literal, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    String,
+    and_,
+    bindparam,
+    insert,
+    or_,
+    select,
+    tuple_,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from job_service.domain import sqlcache
 from job_service.domain.clock import DbClock
 from job_service.models import events, jobs
 
@@ -132,12 +144,93 @@ def lease_guard(clock: DbClock, lease: Lease) -> ColumnElement[bool]:
     )
 
 
-def lock_guard(clock: DbClock) -> ColumnElement[bool]:
-    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``."""
+def lease_guard_bound(clock: DbClock) -> ColumnElement[bool]:
+    """:func:`lease_guard` with bound parameters ``l_job_id``, ``l_instance_id``,
+    ``l_attempt_no`` (see :func:`lease_params`); one shared, stable object per dialect."""
+
+    def build() -> ColumnElement[bool]:
+        return sqlcache.stable(
+            and_(
+                jobs.c.job_id == bindparam("l_job_id", type_=String()),
+                jobs.c.locked_by == bindparam("l_instance_id", type_=String()),
+                jobs.c.attempt_no == bindparam("l_attempt_no", type_=Integer()),
+                jobs.c.status.in_(sorted(LEASED)),
+                jobs.c.lock_until.is_not(None),
+                jobs.c.lock_until >= clock.now(),
+            )
+        )
+
+    return sqlcache.statement(("lease_guard", clock.dialect), build)
+
+
+def lease_params(lease: Lease) -> dict[str, Any]:
+    """The bound values of :func:`lease_guard_bound` for ``lease``."""
+    return {
+        "l_job_id": lease.job_id,
+        "l_instance_id": lease.instance_id,
+        "l_attempt_no": lease.attempt_no,
+    }
+
+
+def leases_guard(
+    clock: DbClock, instance_id: str, refs: list[tuple[str, int]]
+) -> ColumnElement[bool]:
+    """WHERE clause: ``instance_id`` holds a live lease on each of ``refs`` ((jobId, attemptNo)).
+
+    The batched form of :func:`lease_guard` (SPEC §3 HeartbeatLeases).
+    """
     return and_(
-        jobs.c.status == PENDING,
-        or_(jobs.c.lock_until.is_(None), jobs.c.lock_until < clock.now()),
+        tuple_(jobs.c.job_id, jobs.c.attempt_no).in_(refs),
+        jobs.c.locked_by == instance_id,
+        jobs.c.status.in_(sorted(LEASED)),
+        jobs.c.lock_until.is_not(None),
+        jobs.c.lock_until >= clock.now(),
     )
+
+
+def lock_guard(clock: DbClock) -> ColumnElement[bool]:
+    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``.
+
+    One shared, stable object per dialect (cached statements may embed it).
+    """
+    return sqlcache.statement(
+        ("lock_guard", clock.dialect),
+        lambda: sqlcache.stable(
+            and_(
+                jobs.c.status == PENDING,
+                or_(jobs.c.lock_until.is_(None), jobs.c.lock_until < clock.now()),
+            )
+        ),
+    )
+
+
+def _shape(values: dict[str, Any]) -> tuple[tuple[str, int | None], ...] | None:
+    """Cache key part for SET values: plain values become bound parameters; SQL
+    expressions must be stable. None when one is not (the statement is not cached)."""
+    out: list[tuple[str, int | None]] = []
+    for key in sorted(values):
+        value = values[key]
+        if sqlcache.is_sql(value):
+            sid = sqlcache.stable_id(value)
+            if sid is None:
+                return None
+            out.append((key, sid))
+        else:
+            out.append((key, None))
+    return tuple(out)
+
+
+def _set_clause(values: dict[str, Any], *, bound: bool) -> dict[str, Any]:
+    if not bound:
+        return dict(values)
+    return {
+        k: v if sqlcache.is_sql(v) else bindparam(f"v_{k}", type_=jobs.c[k].type)
+        for k, v in values.items()
+    }
+
+
+def _set_params(values: dict[str, Any]) -> dict[str, Any]:
+    return {f"v_{k}": v for k, v in values.items() if not sqlcache.is_sql(v)}
 
 
 async def apply(
@@ -186,15 +279,32 @@ async def apply(
     states = t.from_states if from_state is None else t.from_states & {from_state}
     if not states:
         return False
-    conds: list[ColumnElement[bool]] = [jobs.c.job_id == job_id, jobs.c.status.in_(sorted(states))]
-    if lease is not None:
-        conds.append(lease_guard(clock, lease))
-    if where is not None:
-        conds.append(where)
     sets: dict[str, Any] = {"updated_at": clock.now(), **(values or {})}
     if t.to_state is not None:
         sets["status"] = t.to_state
-    result = await session.execute(update(jobs).where(and_(*conds)).values(**sets))
+    shape = _shape(sets)
+    where_id = 0 if where is None else sqlcache.stable_id(where)
+    sorted_states = tuple(sorted(states))
+
+    def build(bound: bool) -> Any:
+        conds: list[ColumnElement[bool]] = [
+            jobs.c.job_id == (bindparam("a_job_id", type_=String()) if bound else job_id),
+            jobs.c.status.in_(sorted_states),
+        ]
+        if lease is not None:
+            conds.append(lease_guard_bound(clock) if bound else lease_guard(clock, lease))
+        if where is not None:
+            conds.append(where)
+        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
+
+    if shape is None or where_id is None:
+        result = await session.execute(build(False))
+    else:
+        key = ("apply", clock.dialect, sorted_states, lease is not None, where_id, shape)
+        params: dict[str, Any] = {"a_job_id": job_id, **_set_params(sets)}
+        if lease is not None:
+            params.update(lease_params(lease))
+        result = await session.execute(sqlcache.statement(key, lambda: build(True)), params)
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
     if t.records_event and record:
@@ -230,23 +340,35 @@ async def record_event(
     Its ``at`` is the job row's ``updated_at`` as the transition just wrote it, so
     an event carries exactly the database instant of its transition (the same
     ``NOW(6)`` that computed ``lockUntil`` / ``availableAt``), not the later
-    instant of this second statement. ``clock`` is kept for the caller's symmetry.
+    instant of this second statement.
     """
-    del clock
-    source = select(
-        literal(job_id, String),
-        literal(from_status, String),
-        literal(to_status, String),
-        literal(error_code, String),
-        literal(actor[:160], String),
-        literal(attempt_no, Integer),
-        jobs.c.updated_at,
-    ).where(jobs.c.job_id == job_id)
+    stmt = sqlcache.statement(("record_event", clock.dialect), _record_event_stmt)
     await session.execute(
-        insert(events).from_select(
-            ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"],
-            source,
-        )
+        stmt,
+        {
+            "e_job_id": job_id,
+            "e_from": from_status,
+            "e_to": to_status,
+            "e_code": error_code,
+            "e_actor": actor[:160],
+            "e_attempt": attempt_no,
+        },
+    )
+
+
+def _record_event_stmt() -> Any:
+    source = select(
+        bindparam("e_job_id", type_=String()),
+        bindparam("e_from", type_=String()),
+        bindparam("e_to", type_=String()),
+        bindparam("e_code", type_=String()),
+        bindparam("e_actor", type_=String()),
+        bindparam("e_attempt", type_=Integer()),
+        jobs.c.updated_at,
+    ).where(jobs.c.job_id == bindparam("e_job_id", type_=String()))
+    return insert(events).from_select(
+        ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"],
+        source,
     )
 
 
@@ -273,14 +395,62 @@ async def apply_many(
         raise ValueError(f"{op} needs a lease")
     if not job_ids:
         return 0
-    conds: list[ColumnElement[bool]] = [
-        jobs.c.job_id.in_(job_ids),
-        jobs.c.status.in_(sorted(t.from_states)),
-    ]
-    if where is not None:
-        conds.append(where)
     sets: dict[str, Any] = {"updated_at": clock.now(), **values}
     if t.to_state is not None:
         sets["status"] = t.to_state
-    result = await session.execute(update(jobs).where(and_(*conds)).values(**sets))
+    shape = _shape(sets)
+    where_id = 0 if where is None else sqlcache.stable_id(where)
+
+    def build(bound: bool) -> Any:
+        conds: list[ColumnElement[bool]] = [
+            jobs.c.job_id.in_(bindparam("m_job_ids", expanding=True) if bound else job_ids),
+            jobs.c.status.in_(sorted(t.from_states)),
+        ]
+        if where is not None:
+            conds.append(where)
+        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
+
+    if shape is None or where_id is None:
+        result = await session.execute(build(False))
+    else:
+        key = ("apply_many", clock.dialect, op, where_id, shape)
+        result = await session.execute(
+            sqlcache.statement(key, lambda: build(True)),
+            {"m_job_ids": list(job_ids), **_set_params(sets)},
+        )
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def renew_many(
+    session: AsyncSession,
+    clock: DbClock,
+    *,
+    instance_id: str,
+    refs: list[tuple[str, int]],
+    lease_seconds: float,
+) -> int:
+    """RENEW (SPEC §2.3 heartbeat on a running job) for many leases in one guarded UPDATE.
+
+    Only jobs in RENEW's from-states whose live lease the caller holds move;
+    RENEW records no event. A locked job (not started yet) is left to the
+    caller, whose implied start needs an event row.
+
+    Args:
+        refs: ``(jobId, attemptNo)`` pairs, all held by ``instance_id``.
+        lease_seconds: the new ``lockUntil`` is the database's now plus this (s).
+
+    Returns:
+        Rows renewed.
+    """
+    if not refs:
+        return 0
+    t = TRANSITIONS[Op.RENEW]
+    result = await session.execute(
+        update(jobs)
+        .where(
+            jobs.c.status.in_(sorted(t.from_states)),
+            leases_guard(clock, instance_id, refs),
+        )
+        .values(lock_until=clock.plus(lease_seconds), updated_at=clock.now())
+    )
     return int(result.rowcount)  # type: ignore[attr-defined]

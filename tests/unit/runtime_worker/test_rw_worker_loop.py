@@ -77,7 +77,9 @@ async def test_happy_path_submits_result_and_records_invocation(
     assert struct_to_dict(result.output) == QUIZ_OUTPUT
     assert b.fails == []
     names = b.names()
-    assert names.index("StartJob") < names.index("GetSnapshot") < names.index("SubmitResult")
+    # reading the snapshot is the implied start (SPEC §2.3): no separate StartJob call
+    assert "StartJob" not in names
+    assert names.index("GetSnapshot") < names.index("SubmitResult")
     assert "ResolveCredential" in names
     assert b.instance_ids == {"worker-test-1"}
     assert any(addr.startswith("127.0.0.1:") for addr in b.status_addresses)
