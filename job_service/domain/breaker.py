@@ -149,15 +149,42 @@ async def _probes_alive(session: AsyncSession, half_open_at: datetime | None) ->
     return live is not None
 
 
+def peek_columns() -> list[Any]:
+    """Scalar subqueries ``breaker_state`` and ``breaker_failures``: a caller's read
+    can carry the breaker's current row and hand it to :func:`record_ending`."""
+    return [
+        select(breaker.c.state)
+        .where(breaker.c.id == ROW_ID)
+        .scalar_subquery()
+        .label("breaker_state"),
+        select(breaker.c.consecutive_failures)
+        .where(breaker.c.id == ROW_ID)
+        .scalar_subquery()
+        .label("breaker_failures"),
+    ]
+
+
 async def record_ending(
-    session: AsyncSession, clock: DbClock, settings: JobServiceSettings, code: str | None
+    session: AsyncSession,
+    clock: DbClock,
+    settings: JobServiceSettings,
+    code: str | None,
+    peek: tuple[str | None, int | None] | None = None,
 ) -> None:
     """Feed the ending of a platform-key attempt: ``code=None`` is a success.
 
     In the caller's transaction (the one that ends the attempt). A success while
     closed with no failures changes nothing and takes no row lock.
+
+    Args:
+        peek: ``(state, consecutiveFailures)`` as read earlier in this transaction
+            (:func:`peek_columns`); read here when None or when the row was missing.
+            It only decides whether the row needs its lock; every change is made
+            on the locked row.
     """
-    peek = await _row(session, clock, lock=False)
+    if peek is None or peek[0] is None:
+        row = await _row(session, clock, lock=False)
+        peek = (row[0], row[1])
     if code is None and peek[0] == "closed" and peek[1] == 0:
         return
     if code is not None and code not in BREAKER_FAILURE_CODES and peek[0] != "half_open":

@@ -1189,6 +1189,7 @@ class JobDomain:
                 .scalar_subquery()
                 .label("prior_result_id"),
                 self.clock.now().label("db_now"),
+                *breaker_mod.peek_columns(),
             ).where(jobs.c.job_id == bindparam("l_job_id", type_=String()))
             return self._for_update(stmt)
 
@@ -1231,6 +1232,7 @@ class JobDomain:
                 raise self._lease_lost(None, lease)
             job = JobRecord.from_row(row)
             prior = row.prior_result_id
+            breaker_peek = (row.breaker_state, row.breaker_failures)
             seen[:] = [job, row.db_now]
             if prior is not None:
                 return SubmitOutcome(job.job_id, job.status, prior, output_hash, True)
@@ -1255,7 +1257,10 @@ class JobDomain:
                 err = AppError(ErrorCode.INVALID_SCHEMA, "output must be a JSON object", None)
             else:
                 err = None
-                nested = await session.begin_nested()
+                # a savepoint undoes a port's partial writes on INVALID_SCHEMA; a
+                # port that validates everything before writing needs none
+                guarded = not getattr(self.learning, "validates_before_write", False)
+                nested = await session.begin_nested() if guarded else None
                 try:
                     await self.learning.accept_result(
                         session,
@@ -1267,12 +1272,14 @@ class JobDomain:
                         output=output,
                     )
                 except AppError as exc:
-                    await nested.rollback()
+                    if nested is not None:
+                        await nested.rollback()
                     if exc.code != ErrorCode.INVALID_SCHEMA:
                         raise
                     err = exc
                 else:
-                    await nested.commit()
+                    if nested is not None:
+                        await nested.commit()
             if err is not None:
                 message = (err.message or "invalid output")[:MAX_ERROR_MESSAGE]
                 ok = await apply(
@@ -1339,7 +1346,9 @@ class JobDomain:
             if not ok:
                 raise self._lease_lost(job, lease)
             if job.api_key_mode == "platform_key":
-                await breaker_mod.record_ending(session, self.clock, self.settings, None)
+                await breaker_mod.record_ending(
+                    session, self.clock, self.settings, None, breaker_peek
+                )
             return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
 
         outcome = await self.tx(body)

@@ -94,7 +94,15 @@ class ModuleLearningPort:
     """The real :class:`LearningPort`: delegates to the learning-data modules.
 
     Imported lazily so the core still loads while those modules evolve.
+
+    Attributes:
+        validates_before_write: True: :func:`results.accept_result` checks the
+            whole output (schema, ownership) before its first write, so an
+            ``INVALID_SCHEMA`` leaves nothing to roll back and the job service
+            needs no savepoint around it. A port without this attribute gets one.
     """
+
+    validates_before_write = True
 
     async def build_snapshot(self, session: AsyncSession, **kw: Any) -> str:
         from job_service.domain import snapshots

@@ -14,6 +14,7 @@ from airuntime_common.canonical import content_hash
 from airuntime_common.db import retry_transient
 from airuntime_common.errors import AppError, ErrorCode
 from job_service.domain import learning, results, snapshots
+from job_service.domain.ports import ModuleLearningPort
 from job_service.domain.results import AcceptOutcome
 from job_service.learning_models import BUSINESS_TABLES
 
@@ -545,3 +546,32 @@ async def test_concurrent_results_with_the_same_items_write_each_once(
             results.result_items, job_id=f"c{i}", job_type="quiz_generation", user_id="u1"
         )
         assert [q["stem"] for q in listed] == [f"Shared {n}?" for n in range(5)]
+
+
+async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commits(
+    tx: Tx, world: World
+) -> None:
+    # JobDomain.submit_result runs accept_result without a savepoint (the port
+    # says it validates before writing) and commits the job's move to failed in
+    # the same transaction: so the refusal itself must have written no row.
+    good = [question(f"Good {i}?", [world.block(1)]) for i in range(3)]
+    bad = question("Bad?", [world.other_material.blocks[0].block_id])
+
+    async def accept_and_commit(session: AsyncSession) -> str:
+        try:
+            await results.accept_result(
+                session,
+                job_id="j1",
+                user_id="u1",
+                job_type="quiz_generation",
+                snapshot_id=world.quiz_snapshot,
+                output_schema_version="v1",
+                output={"items": [*good, bad]},
+            )
+        except AppError as exc:
+            return exc.code
+        return "accepted"
+
+    assert await tx(accept_and_commit) == ErrorCode.INVALID_SCHEMA
+    assert await rows(tx, "questions") == 0
+    assert ModuleLearningPort.validates_before_write is True
