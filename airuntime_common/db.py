@@ -13,13 +13,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
     AsyncSession,
@@ -38,12 +39,20 @@ def is_mysql(url: str) -> bool:
     return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
-def make_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
+def make_engine(
+    url: str, *, pool_size: int = 20, ping_idle_seconds: float | None = None
+) -> AsyncEngine:
     """Create the async engine for ``url`` with the settings above.
 
     Args:
         url: SQLAlchemy async URL, ``sqlite+aiosqlite:///…`` or ``mysql+aiomysql://…``.
         pool_size: connections kept open (MySQL only).
+        ping_idle_seconds: MySQL only. None: ping every connection as it is checked
+            out (SQLAlchemy's ``pool_pre_ping``). A number: ping only a connection
+            idle in the pool at least this long (s); a busy connection goes out
+            unpinged, saving a round trip per transaction. The caller must then
+            survive a dead connection by retrying, e.g. with :func:`retry_transient`
+            and :class:`DisconnectedBeforeCommit`.
     """
     parsed = make_url(url)
     backend = parsed.get_backend_name()
@@ -69,7 +78,7 @@ def make_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
             url,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
+            pool_pre_ping=ping_idle_seconds is None,
             pool_recycle=1800,
             pool_reset_on_return=None,  # see _reset_if_in_transaction
             isolation_level="READ COMMITTED",
@@ -79,8 +88,48 @@ def make_engine(url: str, *, pool_size: int = 20) -> AsyncEngine:
             },
         )
         event.listen(engine.sync_engine, "reset", _reset_if_in_transaction)
+        if ping_idle_seconds is not None:
+            _ping_when_idle(engine, ping_idle_seconds)
         return engine
     return create_async_engine(url)
+
+
+def _ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
+    """Pool listeners: stamp each check-in; ping a connection idle ``idle_seconds`` or more
+    at check-out (a dead one is discarded and the pool hands out another)."""
+    pool = engine.sync_engine.pool
+    dialect = engine.sync_engine.dialect
+
+    def checkin(_dbapi_conn: Any, record: Any) -> None:
+        if record is not None:
+            record.info["checked_in_at"] = time.monotonic()
+
+    def checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        stamp = record.info.get("checked_in_at")
+        if stamp is None or time.monotonic() - stamp < idle_seconds:
+            return
+        try:
+            alive = dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise DisconnectionError("idle connection failed its ping") from exc
+        if not alive:
+            raise DisconnectionError("idle connection failed its ping")
+
+    event.listen(pool, "checkin", checkin)
+    event.listen(pool, "checkout", checkout)
+
+
+class DisconnectedBeforeCommit(Exception):
+    """A transaction's connection died before its COMMIT was sent.
+
+    The server rolled the transaction back, so running it again is safe;
+    :func:`retry_transient` does. (A connection lost *during* COMMIT is not
+    this: whether it committed is unknown, so that error is not retried.)
+    """
+
+    def __init__(self, error: DBAPIError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _in_transaction(dbapi_conn: Any) -> bool:
@@ -134,6 +183,13 @@ async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) 
     for attempt in range(1, attempts + 1):
         try:
             return await fn()
+        except DisconnectedBeforeCommit as lost:
+            if attempt == attempts:
+                raise lost.error from None
+            log.info(
+                "connection lost before commit, retrying", extra={"fields": {"attempt": attempt}}
+            )
+            continue
         except DBAPIError as exc:
             if attempt == attempts or not is_transient(exc):
                 raise

@@ -22,9 +22,15 @@ from airuntime_common.db import make_engine
 WRITE_TX: contextvars.ContextVar[bool] = contextvars.ContextVar("job_write_tx", default=False)
 
 
+#: A pooled connection idle this long is pinged before use (s); busier ones are
+#: not, and :meth:`JobDomain.tx` retries a transaction whose connection died
+#: before its COMMIT (:class:`airuntime_common.db.DisconnectedBeforeCommit`).
+IDLE_PING_SECONDS = 1.0
+
+
 def make_job_engine(url: str) -> AsyncEngine:
     """Engine for the job database (see module doc)."""
-    engine = make_engine(url)
+    engine = make_engine(url, ping_idle_seconds=IDLE_PING_SECONDS)
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine.sync_engine, "connect")

@@ -32,11 +32,11 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.canonical import content_hash
-from airuntime_common.db import retry_transient
+from airuntime_common.db import DisconnectedBeforeCommit, retry_transient
 from airuntime_common.enums import JOB_TYPES
 from airuntime_common.errors import AppError, ErrorCode, is_retryable
 from job_service import metrics
@@ -326,16 +326,26 @@ class JobDomain:
     # ---------------------------------------------------------------- helpers
 
     async def tx(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """Run ``fn`` in one transaction, retried on transient errors."""
+        """Run ``fn`` in one transaction, retried on transient errors (deadlock, lock
+        wait timeout, a connection that died before COMMIT)."""
+
+        async def body(session: AsyncSession) -> T:
+            try:
+                return await fn(session)
+            except DBAPIError as exc:
+                # raised before COMMIT: the server rolled the transaction back
+                if exc.connection_invalidated:
+                    raise DisconnectedBeforeCommit(exc) from exc
+                raise
 
         async def run() -> T:
             token = WRITE_TX.set(True)
             try:
                 if self._write_lock is None:
                     async with self.sessions() as session, session.begin():
-                        return await fn(session)
+                        return await body(session)
                 async with self._write_lock, self.sessions() as session, session.begin():
-                    return await fn(session)
+                    return await body(session)
             finally:
                 WRITE_TX.reset(token)
 

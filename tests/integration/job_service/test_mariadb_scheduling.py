@@ -232,3 +232,37 @@ async def _reap(reaper: Reaper, stop: asyncio.Event) -> None:
     while not stop.is_set():
         await reaper.sweep()
         await asyncio.sleep(0.1)
+
+
+async def test_a_pool_of_dead_connections_is_retried_before_commit(domain: JobDomain) -> None:
+    """The job engine pings only idle connections (IDLE_PING_SECONDS); a busy one whose
+    server thread is gone fails at its first statement, before any COMMIT, and
+    ``JobDomain.tx`` runs the transaction again on a fresh connection."""
+    # warm several pooled connections
+    await asyncio.gather(*(domain.get_authorization(f"warm-{i}") for i in range(4)))
+    job, _ = await domain.create(
+        CreateJobInput(
+            user_id="u-dead", job_type="learning_state_analysis", target_type="user", target_id=""
+        )
+    )
+    async with domain.sessions() as s:
+        database = (await s.execute(text("SELECT DATABASE()"))).scalar_one()
+        own = (await s.execute(text("SELECT CONNECTION_ID()"))).scalar_one()
+        ids = (
+            await s.execute(
+                text("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = :db AND ID <> :own"),
+                {"db": database, "own": own},
+            )
+        ).scalars()
+        victims = list(ids)
+        for victim in victims:
+            await s.execute(text(f"KILL CONNECTION {int(victim)}"))
+    assert victims, "expected pooled connections to kill"
+    # at once (well under IDLE_PING_SECONDS): each of these may draw a dead connection
+    claimed = await domain.claim("w-dead", ["learning_state_analysis"], 5, 0)
+    assert [j.job_id for j in claimed] == [job.job_id]
+    lease = Lease(job.job_id, "w-dead", 1)
+    outcome = await domain.submit_result(
+        lease, prompt_version=None, output_schema_version="v1", output=ANALYSIS_OUTPUT
+    )
+    assert outcome.status == "succeeded"
