@@ -32,7 +32,7 @@ from job_service.convert import (
     worker_to_proto,
 )
 from job_service.domain.breaker import BreakerView
-from job_service.domain.jobs import CreateJobInput, JobDomain
+from job_service.domain.jobs import CreateJobInput, JobDomain, ModelCallInput
 from job_service.domain.statemachine import Lease
 from job_service.settings import JobServiceSettings
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -150,6 +150,57 @@ def _counter(value: int, field: str) -> int:
     if not 0 <= value <= MAX_COUNTER:
         raise AppError(ErrorCode.INVALID_ARGUMENT, f"{field} must be 0..2^53", {"field": field})
     return value
+
+
+#: Model calls one SubmitResult/FailJob may carry (a worker makes at most two per attempt).
+MAX_CALLS_PER_REPORT = 20
+
+
+def _calls(reported: Any) -> list[ModelCallInput]:
+    """The ``invocations`` of a SubmitResult/FailJob, checked like RecordInvocation's fields.
+
+    Raises:
+        AppError: INVALID_ARGUMENT naming ``invocations[i].<field>``.
+    """
+    if len(reported) > MAX_CALLS_PER_REPORT:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"at most {MAX_CALLS_PER_REPORT} invocations",
+            {"field": "invocations"},
+        )
+    out: list[ModelCallInput] = []
+    for i, c in enumerate(reported):
+        at = f"invocations[{i}]."
+        for field, value, max_len in (
+            ("credentialId", c.credential_id, MAX_CREDENTIAL_ID),
+            ("errorCode", c.error_code, MAX_ERROR_CODE),
+            ("providerRequestId", c.provider_request_id, MAX_PROVIDER_REQUEST_ID),
+        ):
+            _text(value, at + field, max_len)
+        call = ModelCallInput(
+            model_provider=_text(
+                c.model_provider, at + "modelProvider", MAX_MODEL_PROVIDER, required=True
+            ),
+            model_name=_text(c.model_name, at + "modelName", MAX_MODEL_NAME, required=True),
+            api_key_mode=API_KEY_MODE.optional(c.api_key_mode),
+            credential_id=c.credential_id if c.HasField("credential_id") else None,
+            prompt_tokens=_counter(c.prompt_tokens, at + "promptTokens"),
+            completion_tokens=_counter(c.completion_tokens, at + "completionTokens"),
+            cache_hit_tokens=_counter(c.cache_hit_tokens, at + "cacheHitTokens"),
+            latency_ms=_counter(c.latency_ms, at + "latencyMs"),
+            outcome=c.outcome,
+            error_code=c.error_code if c.HasField("error_code") else None,
+            provider_request_id=c.provider_request_id
+            if c.HasField("provider_request_id")
+            else None,
+        )
+        try:
+            call.check()
+        except AppError as err:
+            field = (err.details or {}).get("field", "")
+            raise AppError(err.code, err.message, {"field": at + str(field)}) from None
+        out.append(call)
+    return out
 
 
 def _breaker(view: BreakerView) -> msg.CircuitBreaker:
@@ -413,11 +464,13 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         lease = self._lease(context, request.job_id, request.attempt_no)
         _text(request.prompt_version, "promptVersion", MAX_PROMPT_VERSION)
         _text(request.output_schema_version, "outputSchemaVersion", MAX_OUTPUT_SCHEMA_VERSION)
+        calls = _calls(request.invocations)
         outcome = await self.domain.submit_result(
             lease,
             prompt_version=request.prompt_version or None,
             output_schema_version=request.output_schema_version or "v1",
             output=from_struct(request.output),
+            calls=calls,
         )
         return rr.SubmitResultResponse(
             job_id=outcome.job_id,
@@ -440,6 +493,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
                 "retryAfterSeconds must be 0..86400",
                 {"field": "retryAfterSeconds"},
             )
+        calls = _calls(request.invocations)
         job = await self.domain.fail(
             lease,
             error_code=request.error_code,
@@ -447,6 +501,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             retry_after_seconds=request.retry_after_seconds
             if request.HasField("retry_after_seconds")
             else None,
+            calls=calls,
         )
         return rr.FailJobResponse(
             job_id=job.job_id,

@@ -205,8 +205,13 @@ class RuntimeClient:
         prompt_version: str,
         output_schema_version: str,
         output: dict[str, Any],
+        invocations: Sequence[Any] = (),
     ) -> Any:
-        """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response."""
+        """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response.
+
+        ``invocations`` (``ModelCall`` messages) are logged with the result; a retry
+        that turns out a replay does not log them twice.
+        """
         struct = Struct()
         struct.update(output)
         return await self._call(
@@ -217,6 +222,7 @@ class RuntimeClient:
                 prompt_version=prompt_version,
                 output_schema_version=output_schema_version,
                 output=struct,
+                invocations=list(invocations),
             ),
             name="SubmitResult",
             retry=True,
@@ -229,10 +235,18 @@ class RuntimeClient:
         code: str,
         message: str,
         retry_after_seconds: float | None = None,
+        invocations: Sequence[Any] = (),
     ) -> Any:
-        """FailJob with a SPEC §4 code (a repeat answers 200). Returns ``FailJobResponse``."""
+        """FailJob with a SPEC §4 code (a repeat answers 200). Returns ``FailJobResponse``.
+
+        ``invocations`` (``ModelCall`` messages) are logged with the fail, once.
+        """
         request = rr.FailJobRequest(
-            job_id=job_id, attempt_no=attempt_no, error_code=code, error_message=message[:1000]
+            job_id=job_id,
+            attempt_no=attempt_no,
+            error_code=code,
+            error_message=message[:1000],
+            invocations=list(invocations),
         )
         if retry_after_seconds is not None:
             request.retry_after_seconds = float(retry_after_seconds)

@@ -40,6 +40,7 @@ from runtime_worker.prompts import render_prompt
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
+from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 log = logging.getLogger(__name__)
@@ -240,8 +241,10 @@ class Worker:
             except asyncio.CancelledError:
                 run.work.cancel()
                 raise
-            await self._record_invocations(run)
+            self._observe_invocations(run)
             await self._finish(run)
+            if run.invocations:  # not logged with the attempt's ending: log them alone
+                await self._record_invocations(run)
         finally:
             self.keeper.unregister(run)
             self.runs.pop((run.job_id, run.attempt_no), None)
@@ -344,7 +347,15 @@ class Worker:
         self, run: JobRun, code: str, message: str, retry_after: float | None = None
     ) -> None:
         try:
-            await self.client.fail_job(run.job_id, run.attempt_no, code, message, retry_after)
+            await self.client.fail_job(
+                run.job_id,
+                run.attempt_no,
+                code,
+                message,
+                retry_after,
+                invocations=self._model_calls(run),
+            )
+            run.invocations.clear()  # logged with the fail
         except AppError as exc:
             if exc.code == ErrorCode.LOCK_NOT_HELD:
                 self._count(LEASE_LOST)
@@ -363,8 +374,12 @@ class Worker:
                 prompt_version=prompt_version,
                 output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
                 output=output,
+                invocations=self._model_calls(run),
             )
+            run.invocations.clear()  # logged with the result (or by the replayed original)
         except AppError as exc:
+            if exc.code == ErrorCode.INVALID_SCHEMA:
+                run.invocations.clear()  # the job was failed, and the calls logged, in one tx
             if exc.code == ErrorCode.LOCK_NOT_HELD:
                 self._count(LEASE_LOST)
             elif exc.code == ErrorCode.INVALID_SCHEMA:
@@ -381,11 +396,54 @@ class Worker:
             extra={"fields": {"resultId": answer.result_id, "replayed": answer.replayed}},
         )
 
-    async def _record_invocations(self, run: JobRun) -> None:
+    def _call_code(self, run: JobRun, inv: Invocation) -> str | None:
+        code = inv.error_code
+        if code == ABORTED:
+            code = ABORT_CODES.get(run.reason or SHUTDOWN, ErrorCode.CANCELLED)
+        return code or None
+
+    def _observe_invocations(self, run: JobRun) -> None:
+        """Feed the model-call metrics, once per call, however the calls get logged."""
         for inv in run.invocations:
-            code = inv.error_code
-            if code == ABORTED:
-                code = ABORT_CODES.get(run.reason or SHUTDOWN, ErrorCode.CANCELLED)
+            worker_metrics.observe_model_call(
+                run.model_name,
+                API_KEY_MODE.to_str_or_none(run.api_key_mode) or "unknown",
+                inv.outcome,
+                inv.latency_ms,
+                inv.usage.prompt_tokens,
+                inv.usage.completion_tokens,
+                inv.usage.cache_hit_tokens,
+            )
+
+    def _model_calls(self, run: JobRun) -> list[msg.ModelCall]:
+        """The attempt's calls as ``ModelCall`` messages (sent with SubmitResult/FailJob)."""
+        out = []
+        for inv in run.invocations:
+            call = msg.ModelCall(
+                model_provider=run.model_provider,
+                model_name=run.model_name,
+                api_key_mode=cast(Any, run.api_key_mode),
+                prompt_tokens=inv.usage.prompt_tokens,
+                completion_tokens=inv.usage.completion_tokens,
+                cache_hit_tokens=inv.usage.cache_hit_tokens,
+                latency_ms=inv.latency_ms,
+                outcome=inv.outcome,
+            )
+            if run.credential_id:
+                call.credential_id = run.credential_id
+            code = self._call_code(run, inv)
+            if code:
+                call.error_code = code
+            if inv.provider_request_id:
+                # the provider's header is untrusted: keep the log within its column
+                call.provider_request_id = inv.provider_request_id[:128]
+            out.append(call)
+        return out
+
+    async def _record_invocations(self, run: JobRun) -> None:
+        """RecordInvocation per call: for an attempt whose ending carried no calls
+        (a lost lease, a refused result or fail)."""
+        for inv in run.invocations:
             request = rr.RecordInvocationRequest(
                 job_id=run.job_id,
                 attempt_no=run.attempt_no,
@@ -400,20 +458,11 @@ class Worker:
             )
             if run.credential_id:
                 request.credential_id = run.credential_id
+            code = self._call_code(run, inv)
             if code:
                 request.error_code = code
             if inv.provider_request_id:
-                # the provider's header is untrusted: keep the log within its column
                 request.provider_request_id = inv.provider_request_id[:128]
-            worker_metrics.observe_model_call(
-                run.model_name,
-                API_KEY_MODE.to_str_or_none(run.api_key_mode) or "unknown",
-                inv.outcome,
-                inv.latency_ms,
-                inv.usage.prompt_tokens,
-                inv.usage.completion_tokens,
-                inv.usage.cache_hit_tokens,
-            )
             try:
                 await self.client.record_invocation(request)
             except AppError as exc:

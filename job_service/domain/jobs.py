@@ -204,6 +204,51 @@ class CreateJobInput:
 
 
 @dataclass(frozen=True)
+class ModelCallInput:
+    """One model call of an attempt, as reported by its worker (SPEC §5 invocation log).
+
+    Attributes:
+        model_provider / model_name: empty → the job's.
+        api_key_mode: ``platform_key`` / ``user_key``; None → the job's.
+        credential_id: the user credential used, if any.
+        prompt_tokens / completion_tokens / cache_hit_tokens: token counts (≥ 0).
+        latency_ms: wall time of the call in milliseconds (≥ 0).
+        outcome: ``succeeded`` or ``failed``.
+        error_code: SPEC §4 code of a failed call.
+        provider_request_id: the provider's request id header.
+    """
+
+    model_provider: str
+    model_name: str
+    api_key_mode: str | None
+    credential_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cache_hit_tokens: int
+    latency_ms: int
+    outcome: str
+    error_code: str | None = None
+    provider_request_id: str | None = None
+
+    def check(self) -> None:
+        """Raises AppError(INVALID_ARGUMENT) for a bad outcome or a negative count."""
+        if self.outcome not in ("succeeded", "failed"):
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "outcome must be succeeded or failed",
+                {"field": "outcome"},
+            )
+        for name, value in (
+            ("promptTokens", self.prompt_tokens),
+            ("completionTokens", self.completion_tokens),
+            ("cacheHitTokens", self.cache_hit_tokens),
+            ("latencyMs", self.latency_ms),
+        ):
+            if value < 0:
+                raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
+
+
+@dataclass(frozen=True)
 class SubmitOutcome:
     """Answer of a result submission (SPEC §3 result)."""
 
@@ -1212,6 +1257,7 @@ class JobDomain:
         prompt_version: str | None,
         output_schema_version: str,
         output: Any,
+        calls: Sequence[ModelCallInput] = (),
     ) -> SubmitOutcome:
         """Accept an attempt's output (SPEC §2.3 result, §2.5 idempotency, §5 validation).
 
@@ -1219,9 +1265,16 @@ class JobDomain:
         (RESULT_ALREADY_EXISTS) → lease (LOCK_NOT_HELD) → validation (INVALID_SCHEMA:
         business rows rolled back, job → failed, committed, then raised).
 
+        ``calls`` (the attempt's model calls) are logged in the same transaction
+        when the result is accepted or fails validation; a replay or a refusal
+        logs none (the caller then uses :meth:`record_invocation`).
+
         Raises:
-            AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA.
+            AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA;
+                INVALID_ARGUMENT for a bad call (nothing changed).
         """
+        for call in calls:
+            call.check()
         output_hash = content_hash(output)
         key = f"{lease.job_id}:{lease.attempt_no}:{output_hash}"
         actor = runtime_actor(lease.instance_id)
@@ -1263,6 +1316,7 @@ class JobDomain:
             if not row.lease_held:
                 metrics.LEASE_LOSSES.labels("result").inc()
                 raise self._lease_lost(job, lease)
+            await self._insert_calls(session, job, lease.attempt_no, calls)
             if not isinstance(output, dict):
                 err = AppError(ErrorCode.INVALID_SCHEMA, "output must be a JSON object", None)
             else:
@@ -1403,6 +1457,7 @@ class JobDomain:
         error_code: str,
         error_message: str,
         retry_after_seconds: float | None = None,
+        calls: Sequence[ModelCallInput] = (),
     ) -> JobRecord:
         """End an attempt with a failure (SPEC §2.3, §2.4).
 
@@ -1410,9 +1465,14 @@ class JobDomain:
         left → pending (``retryCount+1``, ``availableAt = now + backoff``); otherwise
         failed. A repeat of the fail that ended this attempt answers the current state.
 
+        ``calls`` (the attempt's model calls) are logged in the fail's transaction;
+        a repeated or refused fail logs none.
+
         Raises:
-            AppError: INVALID_ARGUMENT (empty code), JOB_NOT_FOUND, LOCK_NOT_HELD.
+            AppError: INVALID_ARGUMENT (empty code, bad call), JOB_NOT_FOUND, LOCK_NOT_HELD.
         """
+        for call in calls:
+            call.check()
         if not error_code:
             raise AppError(
                 ErrorCode.INVALID_ARGUMENT, "errorCode is required", {"field": "errorCode"}
@@ -1482,6 +1542,7 @@ class JobDomain:
             )
             if not ok:
                 raise self._lease_lost(job, lease)
+            await self._insert_calls(session, job, lease.attempt_no, calls)
             if job.api_key_mode == "platform_key":
                 await breaker_mod.record_ending(session, self.clock, self.settings, error_code)
             elif error_code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
@@ -1775,21 +1836,23 @@ class JobDomain:
         Raises:
             AppError: INVALID_ARGUMENT (bad outcome, negative counts), JOB_NOT_FOUND.
         """
-        if outcome not in ("succeeded", "failed"):
+        ModelCallInput(
+            model_provider,
+            model_name,
+            api_key_mode,
+            credential_id,
+            prompt_tokens,
+            completion_tokens,
+            cache_hit_tokens,
+            latency_ms,
+            outcome,
+            error_code,
+            provider_request_id,
+        ).check()
+        if attempt_no < 0:
             raise AppError(
-                ErrorCode.INVALID_ARGUMENT,
-                "outcome must be succeeded or failed",
-                {"field": "outcome"},
+                ErrorCode.INVALID_ARGUMENT, "attemptNo must be ≥ 0", {"field": "attemptNo"}
             )
-        for name, value in (
-            ("promptTokens", prompt_tokens),
-            ("completionTokens", completion_tokens),
-            ("cacheHitTokens", cache_hit_tokens),
-            ("latencyMs", latency_ms),
-            ("attemptNo", attempt_no),
-        ):
-            if value < 0:
-                raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
         log_id = new_id()
         if model_provider and model_name and api_key_mode:
             # everything but the job type is known: one INSERT … SELECT, whose
@@ -1871,6 +1934,51 @@ class JobDomain:
             return log_id
 
         return await self.tx(body)
+
+    async def _insert_calls(
+        self,
+        session: AsyncSession,
+        job: JobRecord,
+        attempt_no: int,
+        calls: Sequence[ModelCallInput],
+    ) -> None:
+        """Log ``calls`` of ``job``'s attempt ``attempt_no`` with their cost, in the caller's tx."""
+        if not calls:
+            return
+        rows = []
+        for c in calls:
+            model_name = c.model_name or job.model_name
+            rows.append(
+                {
+                    "id": new_id(),
+                    "job_id": job.job_id,
+                    "job_type": job.job_type,
+                    "attempt_no": attempt_no,
+                    "model_provider": c.model_provider or job.model_provider,
+                    "model_name": model_name,
+                    "api_key_mode": c.api_key_mode or job.api_key_mode,
+                    "credential_id": c.credential_id,
+                    "prompt_tokens": c.prompt_tokens,
+                    "completion_tokens": c.completion_tokens,
+                    "cache_hit_tokens": c.cache_hit_tokens,
+                    "latency_ms": c.latency_ms,
+                    "outcome": c.outcome,
+                    "error_code": c.error_code,
+                    "provider_request_id": c.provider_request_id,
+                    "cost_usd": cost_usd(
+                        self.settings.MODEL_PRICES,
+                        model_name,
+                        c.prompt_tokens,
+                        c.completion_tokens,
+                        c.cache_hit_tokens,
+                    ),
+                }
+            )
+        stmt = sqlcache.statement(
+            ("insert_calls", self.clock.dialect),
+            lambda: insert(invocations).values(created_at=self.clock.now()),
+        )
+        await session.execute(stmt, rows)
 
     async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
         """Cost rollup over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).

@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 from airuntime_common.grpc_errors import from_rpc_error
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, TOKEN, Server
 from zhixi.airuntime.common.v1 import message_pb2 as common
+from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 LSA = common.JOB_TYPE_LEARNING_STATE_ANALYSIS
@@ -529,3 +530,75 @@ async def test_serve_runs_migrations_and_health(
             assert list(listed.jobs) == []
     finally:
         await app.stop(grace=0.1)
+
+
+async def test_result_and_fail_carry_their_model_calls(server: Server) -> None:
+    """SubmitResult/FailJob ``invocations`` (``ModelCall``): logged with the ending, once;
+    a bad one is INVALID_ARGUMENT naming ``invocations[i].<field>`` and changes nothing."""
+    call = msg.ModelCall(
+        model_provider="deepseek",
+        model_name="deepseek-chat",
+        api_key_mode=common.API_KEY_MODE_PLATFORM_KEY,
+        prompt_tokens=900,
+        completion_tokens=90,
+        cache_hit_tokens=300,
+        latency_ms=1200,
+        outcome="succeeded",
+        provider_request_id="req-9",
+    )
+    ok_id = await job_in_state(server, "locked")
+    bad = msg.ModelCall()
+    bad.CopyFrom(call)
+    bad.model_name = ""
+    await expect(
+        "INVALID_ARGUMENT",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        server.stub.SubmitResult(
+            rr.SubmitResultRequest(
+                job_id=ok_id,
+                attempt_no=1,
+                output_schema_version="v1",
+                output=_struct(ANALYSIS_OUTPUT),
+                invocations=[call, bad],
+            ),
+            metadata=server.md("w1"),
+        ),
+    )
+    view = await server.stub.GetJob(rr.GetJobRequest(job_id=ok_id), metadata=server.md())
+    assert view.job.status == ST.JOB_STATUS_LOCKED
+    for _ in range(2):  # the second is a replay: nothing logged again
+        await server.stub.SubmitResult(
+            rr.SubmitResultRequest(
+                job_id=ok_id,
+                attempt_no=1,
+                output_schema_version="v1",
+                output=_struct(ANALYSIS_OUTPUT),
+                invocations=[call],
+            ),
+            metadata=server.md("w1"),
+        )
+    full = await server.stub.GetJob(
+        rr.GetJobRequest(job_id=ok_id, include_history=True), metadata=server.md()
+    )
+    [logged] = full.invocations
+    assert (logged.attempt_no, logged.provider_request_id, logged.cache_hit_tokens) == (
+        1,
+        "req-9",
+        300,
+    )
+
+    fail_id = await job_in_state(server, "locked")
+    failed = msg.ModelCall()
+    failed.CopyFrom(call)
+    failed.outcome = "failed"
+    failed.error_code = "MODEL_TIMEOUT"
+    await server.stub.FailJob(
+        rr.FailJobRequest(
+            job_id=fail_id, attempt_no=1, error_code="MODEL_TIMEOUT", invocations=[failed]
+        ),
+        metadata=server.md("w1"),
+    )
+    full = await server.stub.GetJob(
+        rr.GetJobRequest(job_id=fail_id, include_history=True), metadata=server.md()
+    )
+    assert [(i.outcome, i.error_code) for i in full.invocations] == [("failed", "MODEL_TIMEOUT")]

@@ -280,7 +280,10 @@ class FakeBackend:
     status_addresses: set[str] = field(default_factory=set)
     results: list[Any] = field(default_factory=list)
     fails: list[Any] = field(default_factory=list)
+    #: every logged model call as a RecordInvocationRequest, however it arrived
     invocations: list[Any] = field(default_factory=list)
+    #: the RPC that carried each of ``invocations``
+    invocation_routes: list[str] = field(default_factory=list)
     heartbeats: int = 0
     base_url: str = "http://127.0.0.1:9"
     api_key: str = "sk-secretsecret1234"
@@ -295,6 +298,31 @@ class FakeBackend:
             version,
         )
         self.leases[(job.job_id, job.attempt_no)] = Lease()
+
+    def log_calls(self, route: str, request: Any) -> None:
+        """Log the ``ModelCall`` list an accepted SubmitResult/FailJob carried, as job_service does."""
+        for call in request.invocations:
+            self.invocations.append(self._as_record(request, call))
+            self.invocation_routes.append(route)
+
+    @staticmethod
+    def _as_record(request: Any, call: Any) -> Any:
+        out = rr.RecordInvocationRequest(
+            job_id=request.job_id,
+            attempt_no=request.attempt_no,
+            model_provider=call.model_provider,
+            model_name=call.model_name,
+            api_key_mode=call.api_key_mode,
+            prompt_tokens=call.prompt_tokens,
+            completion_tokens=call.completion_tokens,
+            cache_hit_tokens=call.cache_hit_tokens,
+            latency_ms=call.latency_ms,
+            outcome=call.outcome,
+        )
+        for name in ("credential_id", "error_code", "provider_request_id"):
+            if call.HasField(name):
+                setattr(out, name, getattr(call, name))
+        return out
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -379,6 +407,7 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         await self.b.enter("SubmitResult", request, context)
         await self.b.require_lease(request.job_id, request.attempt_no, context)
         self.b.results.append(request)
+        self.b.log_calls("SubmitResult", request)
         return rr.SubmitResultResponse(
             job_id=request.job_id,
             status=JOB_STATUS.to_proto("succeeded"),  # type: ignore[arg-type]
@@ -390,11 +419,13 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         await self.b.enter("FailJob", request, context)
         await self.b.require_lease(request.job_id, request.attempt_no, context)
         self.b.fails.append(request)
+        self.b.log_calls("FailJob", request)
         return rr.FailJobResponse(job_id=request.job_id, status=JOB_STATUS.to_proto("failed"))  # type: ignore[arg-type]
 
     async def RecordInvocation(self, request: Any, context: Any) -> Any:
         await self.b.enter("RecordInvocation", request, context)
         self.b.invocations.append(request)
+        self.b.invocation_routes.append("RecordInvocation")
         return rr.RecordInvocationResponse(id=f"inv{len(self.b.invocations)}")
 
 

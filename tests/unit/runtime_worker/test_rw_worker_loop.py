@@ -97,6 +97,9 @@ async def test_happy_path_submits_result_and_records_invocation(
 
     await b.wait_for(lambda: bool(b.invocations))
     inv = b.invocations[0]
+    # logged with the result, in its transaction: no separate RecordInvocation
+    assert b.invocation_routes == ["SubmitResult"]
+    assert "RecordInvocation" not in b.names()
     assert inv.outcome == "succeeded"
     assert (inv.prompt_tokens, inv.completion_tokens, inv.cache_hit_tokens) == (100, 20, 64)
     assert inv.provider_request_id == "req-1"
@@ -133,6 +136,7 @@ async def test_cancel_mid_call_fails_cancelled(backend: Backend, apps: list[Work
     await b.wait_for(lambda: bool(b.invocations))
     assert b.invocations[0].outcome == "failed"
     assert b.invocations[0].error_code == ErrorCode.CANCELLED
+    assert b.invocation_routes == ["FailJob"]
     await b.wait_for(lambda: not app.worker.runs)
     assert app.worker.counters["failed:CANCELLED"] == 1
 
@@ -151,6 +155,10 @@ async def test_lease_lost_mid_call_reports_nothing(backend: Backend, apps: list[
     assert b.fails == []
     assert "SubmitResult" not in b.names() and "FailJob" not in b.names()
     assert app.worker.counters["lease_lost"] == 1
+    # the aborted call still costs: it is logged on its own
+    await b.wait_for(lambda: bool(b.invocations))
+    assert b.invocation_routes == ["RecordInvocation"]
+    assert b.invocations[0].error_code == ErrorCode.LOCK_NOT_HELD
 
 
 async def test_job_held_a_while_rechecks_lease_before_start(
@@ -188,6 +196,10 @@ async def test_result_refused_for_lost_lease_is_not_retried_or_failed(
     await b.wait_for(lambda: app.worker.counters["lease_lost"] == 1)
     assert b.names().count("SubmitResult") == 1
     assert b.results == [] and "FailJob" not in b.names()
+    # the refused result logged nothing: the call is logged on its own, once
+    await b.wait_for(lambda: bool(b.invocations))
+    assert b.invocation_routes == ["RecordInvocation"]
+    assert b.invocations[0].outcome == "succeeded"
 
 
 def test_metrics_collector_reads_worker_state() -> None:

@@ -156,6 +156,32 @@ class Invocation(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., latency_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., provider_request_id: _Optional[str] = ..., cost_usd: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class ModelCall(_message.Message):
+    __slots__ = ("model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id")
+    MODEL_PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    model_provider: str
+    model_name: str
+    api_key_mode: _message_pb2.ApiKeyMode
+    credential_id: str
+    prompt_tokens: int
+    completion_tokens: int
+    cache_hit_tokens: int
+    latency_ms: int
+    outcome: str
+    error_code: str
+    provider_request_id: str
+    def __init__(self, model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., latency_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., provider_request_id: _Optional[str] = ...) -> None: ...
+
 class LeaseRef(_message.Message):
     __slots__ = ("job_id", "attempt_no")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -437,18 +437,20 @@ class GetSnapshotResponse(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., schema_version: _Optional[str] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., content_hash: _Optional[str] = ...) -> None: ...
 
 class SubmitResultRequest(_message.Message):
-    __slots__ = ("job_id", "attempt_no", "prompt_version", "output_schema_version", "output")
+    __slots__ = ("job_id", "attempt_no", "prompt_version", "output_schema_version", "output", "invocations")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
     PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt_no: int
     prompt_version: str
     output_schema_version: str
     output: _struct_pb2.Struct
-    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    invocations: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.ModelCall]
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.ModelCall, _Mapping]]] = ...) -> None: ...
 
 class SubmitResultResponse(_message.Message):
     __slots__ = ("job_id", "status", "result_id", "output_hash", "replayed")
@@ -465,18 +467,20 @@ class SubmitResultResponse(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., result_id: _Optional[str] = ..., output_hash: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class FailJobRequest(_message.Message):
-    __slots__ = ("job_id", "attempt_no", "error_code", "error_message", "retry_after_seconds")
+    __slots__ = ("job_id", "attempt_no", "error_code", "error_message", "retry_after_seconds", "invocations")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
     ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
     ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt_no: int
     error_code: str
     error_message: str
     retry_after_seconds: float
-    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ...) -> None: ...
+    invocations: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.ModelCall]
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retry_after_seconds: _Optional[float] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.ModelCall, _Mapping]]] = ...) -> None: ...
 
 class FailJobResponse(_message.Message):
     __slots__ = ("job_id", "status", "retry_count")
