@@ -41,6 +41,10 @@ class WorkerSettings(CommonSettings):
         RUNTIME_INSTANCE_ID: this process's id (``x-runtime-instance-id``).
         WORKER_CAPABILITIES: comma list of job types this worker takes.
         LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
+        CLAIM_BATCH_WINDOW_MS: with jobs in flight and fewer free slots than a
+            quarter of ``WORKER_CONCURRENCY``, how long the claim loop waits for more
+            slots to free before claiming (ms; 0 = claim for every freed slot). An
+            idle worker always claims at once.
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
@@ -58,6 +62,7 @@ class WorkerSettings(CommonSettings):
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
     WORKER_CAPABILITIES: str = ",".join(JOB_TYPES)
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
+    CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0)
     RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
+#: The most jobs one ClaimJobs returns (SPEC §2.6 limit cap).
+MAX_CLAIM_BATCH = 50
 #: After the grace period, how long stopped jobs get to report (s).
 SHUTDOWN_REPORT_SECONDS = 5.0
 
@@ -170,6 +172,28 @@ class Worker:
             for w in waiters:
                 w.cancel()
 
+    def claim_batch_target(self) -> int:
+        """Free slots worth one claim while jobs are in flight: a quarter of the
+        concurrency, at most the claim limit (50), at least 1."""
+        return max(1, min(MAX_CLAIM_BATCH, self.settings.WORKER_CONCURRENCY // 4))
+
+    async def _gather_slots(self) -> None:
+        """With jobs in flight and few free slots, wait up to ``CLAIM_BATCH_WINDOW_MS``
+        for more to free, so one claim takes several jobs (fewer round trips per job)."""
+        window = self.settings.CLAIM_BATCH_WINDOW_MS / 1000.0
+        if window <= 0 or not self.runs:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + window
+        target = self.claim_batch_target()
+        while not self.draining and self.runs:
+            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
+            remaining = deadline - loop.time()
+            if free >= target or remaining <= 0:
+                return
+            self._slot_freed.clear()
+            await self._wait_or_drain(self._slot_freed, remaining)
+
     async def _claim_loop(self) -> None:
         poll_s = self.settings.POLL_INTERVAL_MS / 1000.0
         while not self.draining:
@@ -178,6 +202,10 @@ class Worker:
                 self._slot_freed.clear()
                 await self._wait_or_drain(self._slot_freed, None)
                 continue
+            await self._gather_slots()
+            if self.draining:
+                break
+            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
             began = time.monotonic()
             failed = False
             try:

@@ -13,6 +13,7 @@ import base64
 import logging
 import random
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -91,6 +92,8 @@ MAX_HEARTBEAT_LEASES = 500
 NEXT_ATTEMPT: Any = sqlcache.stable(jobs.c.attempt_no + 1)
 #: Plain multi-row insert of event rows (claim).
 EVENTS_INSERT: Any = insert(events)
+#: Claimed jobs whose snapshot id is remembered for GetSnapshot (oldest dropped first).
+MAX_CLAIMED_SNAPSHOTS = 20_000
 #: Leases read back per SELECT in HeartbeatLeases.
 HEARTBEAT_CHUNK = 250
 MAX_ERROR_MESSAGE = 4000
@@ -367,6 +370,9 @@ class JobDomain:
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if clock.is_sqlite else None
         #: Users whose admission lock row is known to exist (MySQL/MariaDB).
         self._admission_rows: set[str] = set()
+        #: jobId → snapshotId of jobs this process handed out by claim (a job's
+        #: snapshot never changes), so GetSnapshot after a claim skips reading the row.
+        self._claimed_snapshots: OrderedDict[str, str] = OrderedDict()
 
     # ---------------------------------------------------------------- helpers
 
@@ -944,6 +950,7 @@ class JobDomain:
         claimed = await self._long_poll(once, wait_ms)
         for job in claimed:
             self._observe_pickup(job)
+        self._remember_claimed(claimed)
         return claimed
 
     def _claim_pick_stmt(self) -> Any:
@@ -1073,23 +1080,21 @@ class JobDomain:
         tried first when renewing, since a heartbeat mostly finds the job running),
         then the row read back under the lease guard.
         """
-        actor = runtime_actor(lease.instance_id)
         lease_s = self.settings.LOCK_LEASE_SECONDS
-        ok = False
-        if renew:
-            ok = await apply(
-                session,
-                self.clock,
-                Op.RENEW,
-                job_id=lease.job_id,
-                actor=actor,
-                lease=lease,
-                values={"lock_until": self.clock.plus(lease_s)},
-            )
-        if not ok:
-            values: dict[str, Any] = {"started_at": self.clock.now()}
-            if renew:
-                values["lock_until"] = self.clock.plus(lease_s)
+        if not renew:
+            await self._start(session, lease)
+            return await self._get_leased(session, lease)
+        actor = runtime_actor(lease.instance_id)
+        renewed = await apply(
+            session,
+            self.clock,
+            Op.RENEW,
+            job_id=lease.job_id,
+            actor=actor,
+            lease=lease,
+            values={"lock_until": self.clock.plus(lease_s)},
+        )
+        if not renewed:
             await apply(
                 session,
                 self.clock,
@@ -1097,9 +1102,28 @@ class JobDomain:
                 job_id=lease.job_id,
                 actor=actor,
                 lease=lease,
-                values=values,
+                values={"started_at": self.clock.now(), "lock_until": self.clock.plus(lease_s)},
             )
         return await self._get_leased(session, lease)
+
+    async def _start(self, session: AsyncSession, lease: Lease) -> bool:
+        """locked → running for the lease holder; False when not locked or not held."""
+        return await apply(
+            session,
+            self.clock,
+            Op.START,
+            job_id=lease.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            values={"started_at": self.clock.now()},
+        )
+
+    def _remember_claimed(self, claimed: Sequence[JobRecord]) -> None:
+        for job in claimed:
+            if job.snapshot_id:
+                self._claimed_snapshots[job.job_id] = job.snapshot_id
+        while len(self._claimed_snapshots) > MAX_CLAIMED_SNAPSHOTS:
+            self._claimed_snapshots.popitem(last=False)
 
     async def start(self, lease: Lease) -> JobRecord:
         """locked → running; a repeat by the holder returns the same ``startedAt`` (SPEC §2.3).
@@ -1220,8 +1244,14 @@ class JobDomain:
             AppError: JOB_NOT_FOUND, LOCK_NOT_HELD, INVALID_SNAPSHOT (job has none).
         """
 
+        snapshot_id = self._claimed_snapshots.pop(lease.job_id, None)
+
         async def body(session: AsyncSession) -> SnapshotView:
-            job = await self._start_or_renew(session, lease, renew=False)
+            started = await self._start(session, lease)
+            if started and snapshot_id is not None:
+                # the lease-guarded UPDATE matched: the caller holds the lease
+                return await self.learning.load_snapshot(session, snapshot_id)
+            job = await self._get_leased(session, lease)
             if job is None:
                 raise self._lease_lost(await self._get(session, lease.job_id), lease)
             if not job.snapshot_id:

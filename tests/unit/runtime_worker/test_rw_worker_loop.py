@@ -122,6 +122,49 @@ async def test_claims_only_free_slots(backend: Backend, apps: list[WorkerApp]) -
     assert len(app.worker.runs) == 2
 
 
+@pytest.mark.parametrize(("window_ms", "expected_limit"), [(400, 2), (0, 1)])
+async def test_claims_wait_briefly_to_batch_freed_slots(
+    backend: Backend, apps: list[WorkerApp], window_ms: int, expected_limit: int
+) -> None:
+    """CLAIM_BATCH_WINDOW_MS: with jobs in flight, one freed slot waits (up to the window)
+    for a quarter of the slots to be free, then one claim asks for all of them."""
+    b = backend[0]
+    for i in range(8):
+        b.add_job(make_job(f"job-{i}"))
+    gates = [asyncio.Event() for _ in range(12)]
+    calls: list[int] = []
+
+    async def held(_r: ModelRequest) -> ModelResponse:
+        gate = gates[len(calls)]  # the n-th model call waits for the n-th gate
+        calls.append(1)
+        await gate.wait()
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+    app = await start_app(
+        backend,
+        apps,
+        ScriptedProvider(held),
+        WORKER_CONCURRENCY=8,
+        CLAIM_BATCH_WINDOW_MS=window_ms,
+    )
+    await b.wait_for(lambda: len(app.worker.runs) == 8)
+    for i in range(4):
+        b.add_job(make_job(f"job-new-{i}"))
+    claims_before = len([n for n, _ in b.calls if n == "ClaimJobs"])
+    gates[0].set()
+    await asyncio.sleep(0.1)
+    claimed_alone = len([n for n, _ in b.calls if n == "ClaimJobs"]) > claims_before
+    gates[1].set()
+    await b.wait_for(lambda: len([n for n, _ in b.calls if n == "ClaimJobs"]) > claims_before)
+    first = [r for n, r in b.calls if n == "ClaimJobs"][claims_before]
+    assert first.limit == expected_limit
+    # without a window the freed slot was claimed at once; with one, it waited
+    assert claimed_alone == (window_ms == 0)
+    assert b.fails == []
+    for event in gates:
+        event.set()
+
+
 async def test_cancel_mid_call_fails_cancelled(backend: Backend, apps: list[WorkerApp]) -> None:
     b = backend[0]
     b.add_job(make_job("job-c"))
