@@ -484,16 +484,29 @@ async def credential_down(system: System, profile: Profile) -> ScenarioResult:
     """Fault 4: credential_service SIGKILLed, down 3 s, restarted.
 
     Workers retry ResolveCredential while it is UNAVAILABLE (keeping their
-    leases by heartbeat), so jobs wait; none may be lost.
+    leases by heartbeat), so jobs wait; none may be lost. To be sure some job
+    meets the outage between its claim and its key (creates need the credential
+    service too, and a fast system resolves a key within milliseconds of the
+    claim), the workers are paused (SIGSTOP, well under a lease) while a few jobs
+    are created, and resumed once the credential service is down.
     """
     run = Run(system, profile, "credential_down")
     await run.standin({"delayMs": 200})
     run.start_sampler()
     loader = await _load_in_background(run, profile.jobs, profile.rate)
     await _wait_in_flight(run, 2)
-    t0 = time.monotonic()
-    run.fault_window(t0)
-    await system.launcher.stop_service("credential_service", signal.SIGKILL)
+    workers = [pid for name, pid in system.launcher.pids().items() if "worker" in name]
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        waiting = await _load_in_background(run, 4, 20.0)
+        await asyncio.sleep(0.5)  # created, not claimed: every worker is paused
+        t0 = time.monotonic()
+        run.fault_window(t0)
+        await system.launcher.stop_service("credential_service", signal.SIGKILL)
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
     await asyncio.sleep(3.0)
     flying = await run.in_flight()
     await system.launcher.restart_service("credential_service")
@@ -503,6 +516,7 @@ async def credential_down(system: System, profile: Profile) -> ScenarioResult:
     run.notes["waitingDuringOutage"] = len(flying)
     waited = await run.wait_terminal(set(flying), profile.settle_seconds)
     await loader
+    await waiting
     result = await run.finish(waited)
     if not flying:
         result.checks.append("no job was waiting on a credential during the outage")
