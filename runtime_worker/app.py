@@ -42,7 +42,9 @@ class WorkerApp:
     def __init__(self, settings: WorkerSettings, provider: ModelProvider | None = None) -> None:
         self.settings = settings
         self._own_provider = provider is None
-        self.provider: ModelProvider = provider or DeepSeekProvider()
+        self.provider: ModelProvider = provider or DeepSeekProvider(
+            max_connections=settings.WORKER_CONCURRENCY
+        )
         self.client = RuntimeClient(
             job_target=settings.JOB_SERVICE_ADDR,
             credential_target=settings.CREDENTIAL_SERVICE_ADDR,

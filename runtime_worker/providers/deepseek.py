@@ -89,27 +89,65 @@ def parse_envelope(raw: bytes) -> tuple[str, str | None, Usage, str | None]:
     return content, finish if isinstance(finish, str) else None, usage, (str(rid) if rid else None)
 
 
+#: Connections per httpx pool (see :class:`DeepSeekProvider`).
+CONNECTIONS_PER_POOL = 8
+
+
 class DeepSeekProvider:
     """DeepSeek's ``POST {baseUrl}/chat/completions`` in JSON output mode.
 
     Args:
-        client: an ``httpx.AsyncClient`` to use (one per process is best); a new one
-            is made when omitted and closed by :meth:`aclose`.
+        client: an ``httpx.AsyncClient`` to use for every call; when omitted the
+            provider makes its own (closed by :meth:`aclose`).
+        max_connections: connections the provider's own clients may hold, all kept
+            alive between calls. Each in-flight job makes one call at a time, so
+            the worker passes its ``WORKER_CONCURRENCY``: fewer would queue calls
+            (capping throughput at connections / call time) and keeping fewer
+            alive than are open reconnects on almost every call.
+
+    The connections are spread over several ``httpx.AsyncClient`` pools of at most
+    :data:`CONNECTIONS_PER_POOL` each, every call going to the pool with the fewest
+    calls in flight: httpcore's pool does work quadratic in its concurrent requests
+    on every request it finishes (500 calls on one pool cost 15 ms of CPU each,
+    under 1 ms on pools of 8; ``python -m bench --scenario worker500``).
     """
 
     name = "deepseek"
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient | None = None, *, max_connections: int = 100
+    ) -> None:
         self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            follow_redirects=False,
-            limits=httpx.Limits(max_connections=100, max_keepalive_connections=20),
-        )
+        if client is not None:
+            self._clients = [client]
+        else:
+            pools = max(1, -(-max_connections // CONNECTIONS_PER_POOL))
+            per_pool = -(-max_connections // pools)
+            self._clients = [
+                httpx.AsyncClient(
+                    follow_redirects=False,
+                    limits=httpx.Limits(
+                        max_connections=per_pool, max_keepalive_connections=per_pool
+                    ),
+                )
+                for _ in range(pools)
+            ]
+        self._in_flight = [0] * len(self._clients)
+
+    @property
+    def pools(self) -> int:
+        """How many HTTP connection pools the calls are spread over."""
+        return len(self._clients)
+
+    def _least_busy(self) -> int:
+        counts = self._in_flight
+        return min(range(len(counts)), key=counts.__getitem__)
 
     async def aclose(self) -> None:
-        """Close the HTTP client if this provider created it."""
+        """Close the HTTP clients if this provider created them."""
         if self._own_client:
-            await self._client.aclose()
+            for c in self._clients:
+                await c.aclose()
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One chat completion call under one overall deadline.
@@ -141,9 +179,11 @@ class DeepSeekProvider:
         raw = b""
         body_error: Exception | None = None
         resp_headers: httpx.Headers = httpx.Headers()
+        pool = self._least_busy()
+        self._in_flight[pool] += 1
         try:
             async with asyncio.timeout(request.timeout_seconds):
-                async with self._client.stream(
+                async with self._clients[pool].stream(
                     "POST",
                     url,
                     json=body,
@@ -179,6 +219,8 @@ class DeepSeekProvider:
                 f"network error talking to the model: {type(exc).__name__}",
                 latency_ms=_elapsed_ms(start),
             ) from exc
+        finally:
+            self._in_flight[pool] -= 1
         latency = _elapsed_ms(start)
         request_id = resp_headers.get("x-request-id")
         status_fault = fault_for_status(status)

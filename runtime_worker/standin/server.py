@@ -43,6 +43,8 @@ from runtime_worker.standin.faults import FAULT_LIST, RANDOM_500, Fault, FaultBo
 
 log = logging.getLogger("runtime_worker.standin")
 
+#: Pending connections the listening socket queues (the kernel caps it at somaxconn).
+LISTEN_BACKLOG = 4096
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default ``max_tokens`` of deepseek-chat.
@@ -155,7 +157,13 @@ class StandIn:
         """Bind and start serving."""
         self._stopping.clear()
         self._server = await asyncio.start_server(
-            self._on_connection, self.host, self._port, limit=MAX_HEADER_BYTES
+            self._on_connection,
+            self.host,
+            self._port,
+            limit=MAX_HEADER_BYTES,
+            # a 500-slot worker opens hundreds of connections at once; asyncio's
+            # default backlog of 100 drops the rest's SYNs (a 1 s retransmit each)
+            backlog=LISTEN_BACKLOG,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         log.info("stand-in listening on %s", self.base_url)

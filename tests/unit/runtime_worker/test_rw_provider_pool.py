@@ -1,0 +1,46 @@
+"""The provider holds as many live connections as the worker has slots, spread over small
+pools, and the stand-in accepts that many at once (bench: the 500-slot worker)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from runtime_worker.app import WorkerApp
+from runtime_worker.providers.deepseek import CONNECTIONS_PER_POOL, DeepSeekProvider
+from runtime_worker.settings import WorkerSettings
+from runtime_worker.standin.server import run_standin
+from tests.unit.runtime_worker.test_rw_provider_deepseek import make_request
+
+CALLS = 150  # more than httpx's default pool of 100, and more than the stand-in's old backlog
+
+
+async def test_every_slot_calls_at_once_and_connections_are_kept() -> None:
+    async with run_standin(port=0, delay_ms=400) as standin:
+        provider = DeepSeekProvider(max_connections=CALLS)
+        assert provider.pools == -(-CALLS // CONNECTIONS_PER_POOL)
+        try:
+            for _ in range(2):
+                calls = [
+                    asyncio.create_task(provider.complete(make_request(standin.base_url)))
+                    for _ in range(CALLS)
+                ]
+                await asyncio.sleep(0.25)  # every call is now waiting on the 400 ms answer
+                in_flight = standin.stats()["openConnections"]
+                # the answers (400: the prompt is not a job's) are not the point here
+                await asyncio.gather(*calls, return_exceptions=True)
+                assert in_flight == CALLS
+                # all kept alive: the second round opens no new connection
+                assert standin.stats()["openConnections"] == CALLS
+            assert standin.stats()["requests"] == 2 * CALLS
+        finally:
+            await provider.aclose()
+
+
+async def test_the_worker_sizes_its_pools_to_its_concurrency() -> None:
+    app = WorkerApp(WorkerSettings(WORKER_CONCURRENCY=321, RUNTIME_SERVICE_TOKEN="t"))
+    try:
+        assert isinstance(app.provider, DeepSeekProvider)
+        assert app.provider.pools == -(-321 // CONNECTIONS_PER_POOL)
+    finally:
+        await app.client.close()
+        await app.provider.aclose()
