@@ -10,12 +10,24 @@ processes the busy timeout queues them. MySQL/MariaDB keep READ COMMITTED and ro
 from __future__ import annotations
 
 import contextvars
-from typing import Any
+from typing import Any, TypeAlias
 
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from airuntime_common.db import make_engine
+
+#: What the hot path's SQL runs on: a session, or a bare connection (cheaper per
+#: transaction) inside a transaction. Both offer ``execute``.
+DbExec: TypeAlias = AsyncSession | AsyncConnection
+
+
+def dialect_name(db: DbExec) -> str:
+    """The SQL dialect behind ``db`` (``"sqlite"``, ``"mysql"``, ``"mariadb"``)."""
+    if isinstance(db, AsyncConnection):
+        return db.dialect.name
+    return db.get_bind().dialect.name
+
 
 #: Set while a write transaction runs (see :meth:`JobDomain.tx`): SQLite then
 #: begins with ``BEGIN IMMEDIATE``; plain reads use a deferred ``BEGIN``.

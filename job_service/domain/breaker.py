@@ -21,9 +21,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import BREAKER_FAILURE_CODES, AppError, ErrorCode
+from job_service.db import DbExec
 from job_service.domain import sqlcache
 from job_service.domain.clock import DbClock
 from job_service.models import breaker, jobs
@@ -42,7 +42,7 @@ class BreakerView:
     half_open_at: datetime | None
 
 
-async def ensure_row(session: AsyncSession, clock: DbClock) -> None:
+async def ensure_row(session: DbExec, clock: DbClock) -> None:
     """Insert the single breaker row if it is missing (idempotent, race-free)."""
     values = {"id": ROW_ID, "state": "closed", "consecutive_failures": 0, "probes_in_flight": 0}
     if clock.is_sqlite:
@@ -52,7 +52,7 @@ async def ensure_row(session: AsyncSession, clock: DbClock) -> None:
 
 
 async def _row(
-    session: AsyncSession, clock: DbClock, *, lock: bool = True
+    session: DbExec, clock: DbClock, *, lock: bool = True
 ) -> tuple[str, int, datetime | None, datetime | None, int]:
     lock = lock and not clock.is_sqlite
 
@@ -73,15 +73,13 @@ async def _row(
     return (row[0], row[1], row[2], row[3], row[4])
 
 
-async def read(session: AsyncSession, clock: DbClock) -> BreakerView:
+async def read(session: DbExec, clock: DbClock) -> BreakerView:
     """Current breaker (no transition applied)."""
     state, failures, opened, half, _ = await _row(session, clock, lock=False)
     return BreakerView(state, failures, opened, half)
 
 
-async def admit_new_job(
-    session: AsyncSession, clock: DbClock, settings: JobServiceSettings
-) -> None:
+async def admit_new_job(session: DbExec, clock: DbClock, settings: JobServiceSettings) -> None:
     """Guard of a new platform-key job (create, admin re-run), in the create transaction.
 
     Raises:
@@ -131,7 +129,7 @@ async def admit_new_job(
     )
 
 
-async def _probes_alive(session: AsyncSession, half_open_at: datetime | None) -> bool:
+async def _probes_alive(session: DbExec, half_open_at: datetime | None) -> bool:
     """Whether a platform-key job created since ``half_open_at`` (a probe) is still live."""
     if half_open_at is None:
         return False
@@ -165,7 +163,7 @@ def peek_columns() -> list[Any]:
 
 
 async def record_ending(
-    session: AsyncSession,
+    session: DbExec,
     clock: DbClock,
     settings: JobServiceSettings,
     code: str | None,
@@ -237,7 +235,7 @@ async def record_ending(
         )
 
 
-async def reset(session: AsyncSession, clock: DbClock) -> BreakerView:
+async def reset(session: DbExec, clock: DbClock) -> BreakerView:
     """Admin reset: closed, zero failures."""
     await ensure_row(session, clock)
     await session.execute(

@@ -33,6 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import as_utc, rfc3339, utcnow
+from job_service.db import DbExec, dialect_name
 from job_service.domain.markdown_split import split_document
 from job_service.learning_models import (
     KnowledgePoint,
@@ -67,7 +68,7 @@ def to_db_time(value: datetime) -> datetime:
     return as_utc(value).replace(tzinfo=None)
 
 
-async def insert_ignore(session: AsyncSession, table: Table, rows: list[dict[str, Any]]) -> int:
+async def insert_ignore(session: DbExec, table: Table, rows: list[dict[str, Any]]) -> int:
     """Insert ``rows`` into ``table``, silently skipping rows that hit a unique key.
 
     One statement: ``INSERT … ON CONFLICT DO NOTHING`` on SQLite/PostgreSQL,
@@ -85,7 +86,7 @@ async def insert_ignore(session: AsyncSession, table: Table, rows: list[dict[str
     """
     if not rows:
         return 0
-    dialect = session.get_bind().dialect.name
+    dialect = dialect_name(session)
     if dialect == "sqlite":
         stmt: Any = sqlite_insert(table).values(rows).on_conflict_do_nothing()
     elif dialect in ("mysql", "mariadb"):

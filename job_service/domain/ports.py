@@ -20,6 +20,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.logs import log_context
+from job_service.db import DbExec
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ class LearningPort(Protocol):
         """Build and store an immutable snapshot; NOT_FOUND when the target is not the user's."""
         ...
 
-    async def load_snapshot(self, session: AsyncSession, snapshot_id: str) -> SnapshotView:
+    async def load_snapshot(self, session: DbExec, snapshot_id: str) -> SnapshotView:
         """Read a stored snapshot."""
         ...
 
@@ -77,7 +78,7 @@ class LearningPort(Protocol):
 
     async def accept_result(
         self,
-        session: AsyncSession,
+        session: DbExec,
         *,
         job_id: str,
         user_id: str,
@@ -109,7 +110,7 @@ class ModuleLearningPort:
 
         return await snapshots.build_snapshot(session, **kw)
 
-    async def load_snapshot(self, session: AsyncSession, snapshot_id: str) -> SnapshotView:
+    async def load_snapshot(self, session: DbExec, snapshot_id: str) -> SnapshotView:
         from job_service.domain import snapshots
 
         return await snapshots.load_snapshot(session, snapshot_id)
@@ -119,7 +120,7 @@ class ModuleLearningPort:
 
         await results.create_generation_plan(session, **kw)
 
-    async def accept_result(self, session: AsyncSession, **kw: Any) -> Any:
+    async def accept_result(self, session: DbExec, **kw: Any) -> Any:
         from job_service.domain import results
 
         return await results.accept_result(session, **kw)

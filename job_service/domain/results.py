@@ -40,6 +40,7 @@ from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.outputs import validate_output
 from airuntime_common.timeutil import rfc3339
+from job_service.db import DbExec
 from job_service.domain.learning import db_now, insert_ignore, new_id, require_user
 from job_service.domain.snapshots import (
     create_generation_plan as create_generation_plan,  # re-exported: callers find it here too
@@ -194,7 +195,7 @@ def _references(
 
 
 async def _owned_ids(
-    session: AsyncSession, col: Any, user_col: Any, user_id: str, ids: set[str]
+    session: DbExec, col: Any, user_col: Any, user_id: str, ids: set[str]
 ) -> set[str]:
     if not ids:
         return set()
@@ -203,7 +204,7 @@ async def _owned_ids(
 
 
 async def check_ownership(
-    session: AsyncSession,
+    session: DbExec,
     *,
     user_id: str,
     job_type: str,
@@ -258,7 +259,7 @@ async def check_ownership(
 
 
 async def accept_result(
-    session: AsyncSession,
+    session: DbExec,
     *,
     job_id: str,
     user_id: str,

@@ -74,6 +74,7 @@ from airuntime_common.canonical import content_hash
 from airuntime_common.enums import JOB_TYPES, TARGET_TYPES
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import rfc3339
+from job_service.db import DbExec
 from job_service.domain.learning import db_now, insert_ignore, new_id, require_user
 from job_service.learning_models import (
     AiFlashcardGenerationPlan,
@@ -624,7 +625,7 @@ class SnapshotCache:
 SNAPSHOT_CACHE = SnapshotCache()
 
 
-async def load_snapshot(session: AsyncSession, snapshot_id: str) -> SnapshotView:
+async def load_snapshot(session: DbExec, snapshot_id: str) -> SnapshotView:
     """Read a stored snapshot (through :data:`SNAPSHOT_CACHE`).
 
     Raises:
@@ -633,9 +634,8 @@ async def load_snapshot(session: AsyncSession, snapshot_id: str) -> SnapshotView
     cached = SNAPSHOT_CACHE.get(snapshot_id)
     if cached is not None:
         return cached
-    row = (
-        await session.execute(select(AiSnapshot).where(AiSnapshot.snapshot_id == snapshot_id))
-    ).scalar_one_or_none()
+    table = AiSnapshot.__table__
+    row = (await session.execute(select(table).where(table.c.snapshot_id == snapshot_id))).first()
     if row is None:
         raise AppError(
             ErrorCode.NOT_FOUND, f"snapshot {snapshot_id!r} not found", {"snapshotId": snapshot_id}
@@ -702,7 +702,7 @@ async def create_generation_plan(
 
 
 async def record_plan_outcome(
-    session: AsyncSession, *, job_id: str, job_type: str, generated: int, written: int, skipped: int
+    session: DbExec, *, job_id: str, job_type: str, generated: int, written: int, skipped: int
 ) -> None:
     """Store a generation plan's outcome counts (no-op for non-generation jobs or no plan row)."""
     table: Any

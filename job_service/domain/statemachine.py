@@ -29,8 +29,8 @@ from sqlalchemy import (
     tuple_,
     update,
 )
-from sqlalchemy.ext.asyncio import AsyncSession
 
+from job_service.db import DbExec
 from job_service.domain import sqlcache
 from job_service.domain.clock import DbClock
 from job_service.models import events, jobs
@@ -234,7 +234,7 @@ def _set_params(values: dict[str, Any]) -> dict[str, Any]:
 
 
 async def apply(
-    session: AsyncSession,
+    session: DbExec,
     clock: DbClock,
     op: Op,
     *,
@@ -325,7 +325,7 @@ async def apply(
 
 
 async def record_event(
-    session: AsyncSession,
+    session: DbExec,
     clock: DbClock,
     *,
     job_id: str,
@@ -373,7 +373,7 @@ def _record_event_stmt() -> Any:
 
 
 async def apply_many(
-    session: AsyncSession,
+    session: DbExec,
     clock: DbClock,
     op: Op,
     *,
@@ -422,7 +422,7 @@ async def apply_many(
 
 
 async def renew_many(
-    session: AsyncSession,
+    session: DbExec,
     clock: DbClock,
     *,
     instance_id: str,
