@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
+from google.protobuf import struct_pb2
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common import metadata
@@ -152,6 +154,8 @@ def _counter(value: int, field: str) -> int:
     return value
 
 
+#: Snapshot payloads kept as Structs for GetSnapshot (least recently used dropped).
+MAX_CACHED_PAYLOADS = 256
 #: Model calls one SubmitResult/FailJob may carry (a worker makes at most two per attempt).
 MAX_CALLS_PER_REPORT = 20
 
@@ -233,6 +237,19 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         self.domain = domain
         self.sessions = sessions
         self.settings = settings
+        #: snapshotId → its payload as a Struct (snapshots are immutable; building
+        #: a Struct from a large payload costs more than the rest of GetSnapshot)
+        self._payloads: OrderedDict[str, struct_pb2.Struct] = OrderedDict()
+
+    def _payload(self, snapshot_id: str, payload: dict[str, Any]) -> struct_pb2.Struct:
+        cached = self._payloads.get(snapshot_id)
+        if cached is None:
+            cached = self._payloads[snapshot_id] = to_struct(payload)
+            while len(self._payloads) > MAX_CACHED_PAYLOADS:
+                self._payloads.popitem(last=False)
+        else:
+            self._payloads.move_to_end(snapshot_id)
+        return cached
 
     # ---- user / admin side
 
@@ -453,7 +470,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             schema_version=snap.schema_version,
             target_type=_enum(TARGET_TYPE.to_proto(snap.target_type)),
             target_id=snap.target_id,
-            payload=to_struct(snap.payload),
+            payload=self._payload(snap.snapshot_id, snap.payload),
             content_hash=snap.content_hash,
         )
 

@@ -207,6 +207,17 @@ class CreateJobInput:
 
 
 @dataclass(frozen=True)
+class LeaseHolderView:
+    """A leased job as credential resolution sees it (SPEC §3 VerifyLease)."""
+
+    user_id: str
+    api_key_mode: str
+    credential_id: str | None
+    model_provider: str
+    model_name: str
+
+
+@dataclass(frozen=True)
 class ModelCallInput:
     """One model call of an attempt, as reported by its worker (SPEC §5 invocation log).
 
@@ -1233,21 +1244,30 @@ class JobDomain:
 
         return await self.lean_tx(body)
 
-    async def verify_lease(self, lease: Lease, *, start: bool = False) -> JobRecord:
-        """The job when ``lease`` is live (SPEC §3 fencing); ``start=True`` implies start.
+    async def verify_lease(self, lease: Lease) -> LeaseHolderView:
+        """What credential resolution needs when ``lease`` is live (SPEC §3 fencing).
+
+        One read of the few columns it needs (no full row), under the lease guard.
 
         Raises:
             AppError: JOB_NOT_FOUND, LOCK_NOT_HELD.
         """
+        stmt = sqlcache.statement(
+            ("verify_lease", self.clock.dialect),
+            lambda: select(
+                jobs.c.user_id,
+                jobs.c.api_key_mode,
+                jobs.c.credential_id,
+                jobs.c.model_provider,
+                jobs.c.model_name,
+            ).where(lease_guard_bound(self.clock)),
+        )
 
-        async def body(session: DbExec) -> JobRecord:
-            if start:
-                job = await self._start_or_renew(session, lease, renew=False)
-            else:
-                job = await self._get_leased(session, lease)
-            if job is None:
+        async def body(session: DbExec) -> LeaseHolderView:
+            row = (await session.execute(stmt, lease_params(lease))).first()
+            if row is None:
                 raise self._lease_lost(await self._get(session, lease.job_id), lease)
-            return job
+            return LeaseHolderView(*row)
 
         return await self.lean_tx(body)
 
