@@ -11,8 +11,9 @@ The model work runs in an inner task the lease keeper can cancel: a lost lease
 stops it and nothing more is reported; a cancel request stops it and the
 worker answers ``FailJob(CANCELLED)``; a shutdown past the grace period stops
 it and the worker answers ``FailJob(WORKER_SHUTDOWN)``. Every model call is
-recorded with RecordInvocation. The key is kept in local variables only and
-never logged.
+logged once: carried by the attempt's SubmitResult or FailJob (same
+transaction), or, when that ending is refused or never sent (a lost lease),
+by RecordInvocation. The key is kept in local variables only and never logged.
 """
 
 from __future__ import annotations
