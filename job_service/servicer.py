@@ -16,6 +16,7 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import struct_pb2
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common import metadata
@@ -58,7 +59,9 @@ Ctx: TypeAlias = Any  # grpc.aio.ServicerContext (grpc ships no type hints)
 def rpc(
     fn: Callable[[Any, Req, Ctx], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Ctx], Awaitable[Resp]]:
-    """Map :class:`AppError` to a rich status and anything unexpected to INTERNAL."""
+    """Map :class:`AppError` to a rich status, a database that cannot be reached to
+    ``UNAVAILABLE`` (retryable: nothing was committed, or the call is idempotent),
+    and anything else unexpected to INTERNAL."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: Ctx) -> Resp:
@@ -68,6 +71,18 @@ def rpc(
             await abort(context, err)
         except grpc.aio.AbortError:
             raise
+        except DBAPIError as exc:
+            if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                log.exception("unexpected database error in %s", fn.__name__)
+                await abort(context, AppError(ErrorCode.INTERNAL, "internal error", None))
+            log.warning(
+                "database unavailable in %s: %s",
+                fn.__name__,
+                type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__,
+            )
+            await abort(
+                context, AppError(ErrorCode.UNAVAILABLE, "the job database is unavailable", None)
+            )
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             await abort(context, AppError(ErrorCode.INTERNAL, "internal error", None))

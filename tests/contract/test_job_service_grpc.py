@@ -602,3 +602,31 @@ async def test_result_and_fail_carry_their_model_calls(server: Server) -> None:
         rr.GetJobRequest(job_id=fail_id, include_history=True), metadata=server.md()
     )
     assert [(i.outcome, i.error_code) for i in full.invocations] == [("failed", "MODEL_TIMEOUT")]
+
+
+async def test_an_unreachable_database_is_unavailable_not_internal(server: Server) -> None:
+    """A database that cannot be reached answers UNAVAILABLE (503 at the gateway), which
+    callers retry, not INTERNAL."""
+    from airuntime_common.db import make_engine, make_sessionmaker
+
+    dead = make_engine("mysql+aiomysql://root@127.0.0.1:1/nothing_listens_here")
+    domain = server.domain
+    saved = (domain.sessions, domain._engine)
+    domain.sessions = make_sessionmaker(dead)
+    domain._engine = dead
+    try:
+        await expect(
+            "UNAVAILABLE",
+            grpc.StatusCode.UNAVAILABLE,
+            server.stub.GetJob(rr.GetJobRequest(job_id="f" * 32), metadata=server.md()),
+        )
+        await expect(
+            "UNAVAILABLE",
+            grpc.StatusCode.UNAVAILABLE,
+            server.stub.ClaimJobs(
+                rr.ClaimJobsRequest(capabilities=[LSA], limit=1), metadata=server.md("w1")
+            ),
+        )
+    finally:
+        domain.sessions, domain._engine = saved
+        await dead.dispose()
