@@ -152,7 +152,7 @@ def _caps(values: Any) -> list[str]:
 
 def _text(value: str, field: str, max_len: int, *, required: bool = False) -> str:
     """A string request field within its bounds (``INVALID_ARGUMENT`` naming it otherwise)."""
-    if required and not value:
+    if required and not value.strip():
         raise AppError(ErrorCode.INVALID_ARGUMENT, f"{field} is required", {"field": field})
     if len(value) > max_len:
         raise AppError(

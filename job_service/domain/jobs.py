@@ -1413,23 +1413,28 @@ class JobDomain:
                         await nested.commit()
             if err is not None:
                 message = (err.message or "invalid output")[:MAX_ERROR_MESSAGE]
+                values: dict[str, Any] = {
+                    "lock_until": None,
+                    "finished_at": self.clock.now(),
+                    "error_code": ErrorCode.INVALID_SCHEMA,
+                    "error_message": message,
+                    "prompt_version": prompt_version,
+                    "output_schema_version": output_schema_version,
+                }
+                # an invalid result is a fail: with a cancel requested it ends cancelled
+                # (SPEC §2.3 "fail with any code while cancelRequested")
+                if job.cancel_requested:
+                    values["cancelled_at"] = self.clock.now()
                 ok = await apply(
                     session,
                     self.clock,
-                    Op.FAIL,
+                    Op.ACK_CANCEL if job.cancel_requested else Op.FAIL,
                     job_id=job.job_id,
                     actor=actor,
                     lease=lease,
                     from_state=job.status,
                     error_code=ErrorCode.INVALID_SCHEMA,
-                    values={
-                        "lock_until": None,
-                        "finished_at": self.clock.now(),
-                        "error_code": ErrorCode.INVALID_SCHEMA,
-                        "error_message": message,
-                        "prompt_version": prompt_version,
-                        "output_schema_version": output_schema_version,
-                    },
+                    values=values,
                 )
                 if not ok:
                     raise self._lease_lost(job, lease)
@@ -1439,7 +1444,8 @@ class JobDomain:
                         session, self.clock, self.settings, ErrorCode.INVALID_SCHEMA
                     )
                 invalid.append(err)
-                return SubmitOutcome(job.job_id, FAILED, "", output_hash, False)
+                ended = CANCELLED if job.cancel_requested else FAILED
+                return SubmitOutcome(job.job_id, ended, "", output_hash, False)
             result_id = new_id()
             await session.execute(
                 sqlcache.statement(
@@ -1484,7 +1490,7 @@ class JobDomain:
 
         outcome = await self.lean_tx(body)
         if invalid or not outcome.replayed:
-            status = FAILED if invalid else SUCCEEDED
+            status = outcome.status if invalid else SUCCEEDED
             job, db_now = seen
             metrics.JOBS_FINISHED.labels(job.job_type, status).inc()
             if job.started_at is not None:
@@ -1646,22 +1652,39 @@ class JobDomain:
     async def _is_repeat_fail(
         self, session: DbExec, job: JobRecord, lease: Lease, error_code: str
     ) -> bool:
-        if job.attempt_no != lease.attempt_no or job.status in LEASED:
-            return False
-        last = (
-            await session.execute(
-                select(events.c.actor, events.c.error_code, events.c.attempt_no)
-                .where(events.c.job_id == job.job_id)
-                .order_by(events.c.seq.desc())
+        """Whether this fail repeats the one that ended the lease's attempt (SPEC §2.3:
+        a repeat answers 200), even after the job moved on to a later attempt."""
+        del job
+        return await self._attempt_ended_by(session, lease, error_code)
+
+    async def _attempt_ended_by(self, session: DbExec, lease: Lease, error_code: str) -> bool:
+        """Whether the lease's holder ended its attempt with ``error_code`` (its event row)."""
+        stmt = sqlcache.statement(
+            ("attempt_ended_by", self.clock.dialect),
+            lambda: (
+                select(events.c.seq)
+                .where(
+                    events.c.job_id == bindparam("e_job_id", type_=String()),
+                    events.c.attempt_no == bindparam("e_attempt", type_=Integer()),
+                    events.c.actor == bindparam("e_actor", type_=String()),
+                    events.c.error_code == bindparam("e_code", type_=String()),
+                    events.c.from_status.in_(sorted(LEASED)),
+                )
                 .limit(1)
+            ),
+        )
+        row = (
+            await session.execute(
+                stmt,
+                {
+                    "e_job_id": lease.job_id,
+                    "e_attempt": lease.attempt_no,
+                    "e_actor": runtime_actor(lease.instance_id)[:160],
+                    "e_code": error_code,
+                },
             )
         ).first()
-        return (
-            last is not None
-            and last.actor == runtime_actor(lease.instance_id)
-            and last.error_code == error_code
-            and last.attempt_no == lease.attempt_no
-        )
+        return row is not None
 
     # ------------------------------------------------------- cancel and auth
 

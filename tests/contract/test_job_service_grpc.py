@@ -564,6 +564,23 @@ async def test_result_and_fail_carry_their_model_calls(server: Server) -> None:
             metadata=server.md("w1"),
         ),
     )
+    blank = msg.ModelCall()
+    blank.CopyFrom(call)
+    blank.model_name = "   "  # whitespace is no model name (it would be priced 0)
+    await expect(
+        "INVALID_ARGUMENT",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        server.stub.SubmitResult(
+            rr.SubmitResultRequest(
+                job_id=ok_id,
+                attempt_no=1,
+                output_schema_version="v1",
+                output=_struct(ANALYSIS_OUTPUT),
+                invocations=[blank],
+            ),
+            metadata=server.md("w1"),
+        ),
+    )
     view = await server.stub.GetJob(rr.GetJobRequest(job_id=ok_id), metadata=server.md())
     assert view.job.status == ST.JOB_STATUS_LOCKED
     for _ in range(2):  # the second is a replay: nothing logged again

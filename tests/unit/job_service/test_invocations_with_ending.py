@@ -128,3 +128,42 @@ async def test_a_bad_call_is_refused_and_changes_nothing(
     after = await domain.get(job.job_id)
     assert (after.status, after.attempt_no) == ("locked", 1)
     assert await logged(domain, job.job_id) == []
+
+
+async def test_a_repeated_fail_after_the_job_moved_on_answers_200_and_logs_nothing_more(
+    domain: JobDomain,
+) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    first = Lease(job.job_id, "w1", 1)
+    calls = [call("failed", error_code="WORKER_SHUTDOWN")]
+    await domain.fail(first, error_code="WORKER_SHUTDOWN", error_message="", calls=calls)
+    [again] = await domain.claim("w2", CAPS, 1, 0)
+    assert again.attempt_no == 2
+    # w1's retry of the same FailJob: the fail that ended attempt 1, so 200
+    current = await domain.fail(first, error_code="WORKER_SHUTDOWN", error_message="", calls=calls)
+    assert (current.status, current.attempt_no, current.locked_by) == ("locked", 2, "w2")
+    assert await logged(domain, job.job_id) == [(1, "failed", "WORKER_SHUTDOWN")]
+    # a different code from w1 for attempt 1 is not a repeat
+    with pytest.raises(AppError) as err:
+        await domain.fail(first, error_code="MODEL_TIMEOUT", error_message="")
+    assert err.value.code == "LOCK_NOT_HELD"
+
+
+async def test_an_invalid_result_while_cancel_is_requested_ends_cancelled(
+    domain: JobDomain,
+) -> None:
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    await domain.cancel(job.job_id, user_id=None, actor="user:u1")
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            Lease(job.job_id, "w1", 1),
+            prompt_version=None,
+            output_schema_version="v1",
+            output={"foo": 1},
+        )
+    assert err.value.code == "INVALID_SCHEMA"
+    after = await domain.get(job.job_id)
+    assert (after.status, after.error_code) == ("cancelled", "INVALID_SCHEMA")
+    assert after.cancelled_at is not None

@@ -15,7 +15,7 @@ CALLS = 150  # more than httpx's default pool of 100, and more than the stand-in
 
 
 async def test_every_slot_calls_at_once_and_connections_are_kept() -> None:
-    async with run_standin(port=0, delay_ms=400) as standin:
+    async with run_standin(port=0, delay_ms=1500) as standin:
         provider = DeepSeekProvider(max_connections=CALLS)
         assert provider.pools == -(-CALLS // CONNECTIONS_PER_POOL)
         try:
@@ -24,8 +24,13 @@ async def test_every_slot_calls_at_once_and_connections_are_kept() -> None:
                     asyncio.create_task(provider.complete(make_request(standin.base_url)))
                     for _ in range(CALLS)
                 ]
-                await asyncio.sleep(0.25)  # every call is now waiting on the 400 ms answer
-                in_flight = standin.stats()["openConnections"]
+                # every call connects and then waits on the 1.5 s answer
+                in_flight = 0
+                for _ in range(120):
+                    in_flight = standin.stats()["openConnections"]
+                    if in_flight >= CALLS:
+                        break
+                    await asyncio.sleep(0.01)
                 # the answers (400: the prompt is not a job's) are not the point here
                 await asyncio.gather(*calls, return_exceptions=True)
                 assert in_flight == CALLS
