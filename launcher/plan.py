@@ -25,6 +25,7 @@ import errno
 import os
 import socket
 import sys
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -273,12 +274,24 @@ def connect_host(host: str) -> str:
     return LOCAL_HOST if host in _WILDCARDS else host
 
 
+#: Ports recently handed out by :func:`free_port` in this process: the OS may give
+#: a just-released port again, and two services of one plan must not share one.
+_HANDED_OUT: deque[int] = deque(maxlen=256)
+
+
 def free_port(host: str = LOCAL_HOST) -> int:
-    """A TCP port free right now on ``host`` (the OS picks it)."""
+    """A TCP port free right now on ``host`` (the OS picks it), never one this process
+    handed out recently (so the services of one plan get distinct ports)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host.strip("[]"), 0))
-        return int(sock.getsockname()[1])
+    port = 0
+    for _ in range(64):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host.strip("[]"), 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            break
+    _HANDED_OUT.append(port)
+    return port
 
 
 def _resolve(

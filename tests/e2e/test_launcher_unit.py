@@ -936,3 +936,10 @@ async def test_launcher_refuses_a_port_already_in_use(tmp_path: Path) -> None:
         assert launcher.pids() == {}
         assert "first ready" not in out.getvalue()  # checked before anything starts
     assert not port_in_use(*spec.bind)
+
+
+def test_free_port_never_repeats_a_recent_port() -> None:
+    from launcher.plan import free_port
+
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
