@@ -8,6 +8,7 @@ instance id from ``x-runtime-instance-id`` (missing → INVALID_ARGUMENT).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections import OrderedDict
@@ -175,6 +176,42 @@ MAX_CACHED_PAYLOADS = 256
 MAX_CALLS_PER_REPORT = 20
 
 
+def _model_call(c: Any, at: str = "") -> ModelCallInput:
+    """One reported model call (a ``ModelCall`` or a ``RecordInvocationRequest``: the same
+    field names), its fields checked; ``at`` prefixes the field named in an error.
+
+    Raises:
+        AppError: INVALID_ARGUMENT naming ``<at><field>``.
+    """
+    for field, value, max_len in (
+        ("credentialId", c.credential_id, MAX_CREDENTIAL_ID),
+        ("errorCode", c.error_code, MAX_ERROR_CODE),
+        ("providerRequestId", c.provider_request_id, MAX_PROVIDER_REQUEST_ID),
+    ):
+        _text(value, at + field, max_len)
+    call = ModelCallInput(
+        model_provider=_text(
+            c.model_provider, at + "modelProvider", MAX_MODEL_PROVIDER, required=True
+        ),
+        model_name=_text(c.model_name, at + "modelName", MAX_MODEL_NAME, required=True),
+        api_key_mode=API_KEY_MODE.optional(c.api_key_mode),
+        credential_id=c.credential_id if c.HasField("credential_id") else None,
+        prompt_tokens=_counter(c.prompt_tokens, at + "promptTokens"),
+        completion_tokens=_counter(c.completion_tokens, at + "completionTokens"),
+        cache_hit_tokens=_counter(c.cache_hit_tokens, at + "cacheHitTokens"),
+        latency_ms=_counter(c.latency_ms, at + "latencyMs"),
+        outcome=c.outcome,
+        error_code=c.error_code if c.HasField("error_code") else None,
+        provider_request_id=c.provider_request_id if c.HasField("provider_request_id") else None,
+    )
+    try:
+        call.check()
+    except AppError as err:
+        field = (err.details or {}).get("field", "")
+        raise AppError(err.code, err.message, {"field": at + str(field)}) from None
+    return call
+
+
 def _calls(reported: Any) -> list[ModelCallInput]:
     """The ``invocations`` of a SubmitResult/FailJob, checked like RecordInvocation's fields.
 
@@ -187,39 +224,7 @@ def _calls(reported: Any) -> list[ModelCallInput]:
             f"at most {MAX_CALLS_PER_REPORT} invocations",
             {"field": "invocations"},
         )
-    out: list[ModelCallInput] = []
-    for i, c in enumerate(reported):
-        at = f"invocations[{i}]."
-        for field, value, max_len in (
-            ("credentialId", c.credential_id, MAX_CREDENTIAL_ID),
-            ("errorCode", c.error_code, MAX_ERROR_CODE),
-            ("providerRequestId", c.provider_request_id, MAX_PROVIDER_REQUEST_ID),
-        ):
-            _text(value, at + field, max_len)
-        call = ModelCallInput(
-            model_provider=_text(
-                c.model_provider, at + "modelProvider", MAX_MODEL_PROVIDER, required=True
-            ),
-            model_name=_text(c.model_name, at + "modelName", MAX_MODEL_NAME, required=True),
-            api_key_mode=API_KEY_MODE.optional(c.api_key_mode),
-            credential_id=c.credential_id if c.HasField("credential_id") else None,
-            prompt_tokens=_counter(c.prompt_tokens, at + "promptTokens"),
-            completion_tokens=_counter(c.completion_tokens, at + "completionTokens"),
-            cache_hit_tokens=_counter(c.cache_hit_tokens, at + "cacheHitTokens"),
-            latency_ms=_counter(c.latency_ms, at + "latencyMs"),
-            outcome=c.outcome,
-            error_code=c.error_code if c.HasField("error_code") else None,
-            provider_request_id=c.provider_request_id
-            if c.HasField("provider_request_id")
-            else None,
-        )
-        try:
-            call.check()
-        except AppError as err:
-            field = (err.details or {}).get("field", "")
-            raise AppError(err.code, err.message, {"field": at + str(field)}) from None
-        out.append(call)
-    return out
+    return [_model_call(c, f"invocations[{i}].") for i, c in enumerate(reported)]
 
 
 def _breaker(view: BreakerView) -> msg.CircuitBreaker:
@@ -545,30 +550,11 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     async def RecordInvocation(
         self, request: rr.RecordInvocationRequest, context: Ctx
     ) -> rr.RecordInvocationResponse:
-        for field, value, max_len in (
-            ("credentialId", request.credential_id, MAX_CREDENTIAL_ID),
-            ("errorCode", request.error_code, MAX_ERROR_CODE),
-            ("providerRequestId", request.provider_request_id, MAX_PROVIDER_REQUEST_ID),
-        ):
-            _text(value, field, max_len)
+        call = _model_call(request)
         log_id = await self.domain.record_invocation(
             job_id=_job_id(request.job_id),
             attempt_no=_attempt(request.attempt_no),
-            model_provider=_text(
-                request.model_provider, "modelProvider", MAX_MODEL_PROVIDER, required=True
-            ),
-            model_name=_text(request.model_name, "modelName", MAX_MODEL_NAME, required=True),
-            api_key_mode=API_KEY_MODE.optional(request.api_key_mode),
-            credential_id=request.credential_id if request.HasField("credential_id") else None,
-            prompt_tokens=_counter(request.prompt_tokens, "promptTokens"),
-            completion_tokens=_counter(request.completion_tokens, "completionTokens"),
-            cache_hit_tokens=_counter(request.cache_hit_tokens, "cacheHitTokens"),
-            latency_ms=_counter(request.latency_ms, "latencyMs"),
-            outcome=request.outcome,
-            error_code=request.error_code if request.HasField("error_code") else None,
-            provider_request_id=request.provider_request_id
-            if request.HasField("provider_request_id")
-            else None,
+            **dataclasses.asdict(call),
         )
         return rr.RecordInvocationResponse(id=log_id)
 

@@ -472,26 +472,11 @@ class Worker:
     async def _record_invocations(self, run: JobRun) -> None:
         """RecordInvocation per call: for an attempt whose ending carried no calls
         (a lost lease, a refused result or fail)."""
-        for inv in run.invocations:
-            request = rr.RecordInvocationRequest(
-                job_id=run.job_id,
-                attempt_no=run.attempt_no,
-                model_provider=run.model_provider,
-                model_name=run.model_name,
-                api_key_mode=cast(Any, run.api_key_mode),
-                prompt_tokens=inv.usage.prompt_tokens,
-                completion_tokens=inv.usage.completion_tokens,
-                cache_hit_tokens=inv.usage.cache_hit_tokens,
-                latency_ms=inv.latency_ms,
-                outcome=inv.outcome,
-            )
-            if run.credential_id:
-                request.credential_id = run.credential_id
-            code = self._call_code(run, inv)
-            if code:
-                request.error_code = code
-            if inv.provider_request_id:
-                request.provider_request_id = inv.provider_request_id[:128]
+        for call in self._model_calls(run):
+            # RecordInvocation's body is a ModelCall's fields plus the job and attempt
+            request = rr.RecordInvocationRequest(job_id=run.job_id, attempt_no=run.attempt_no)
+            for descriptor, value in call.ListFields():
+                setattr(request, descriptor.name, value)
             try:
                 await self.client.record_invocation(request)
             except AppError as exc:

@@ -94,8 +94,6 @@ NEXT_ATTEMPT: Any = sqlcache.stable(jobs.c.attempt_no + 1)
 EVENTS_INSERT: Any = insert(events)
 #: Claimed jobs whose snapshot id is remembered for GetSnapshot (oldest dropped first).
 MAX_CLAIMED_SNAPSHOTS = 20_000
-#: Leases read back per SELECT in HeartbeatLeases.
-HEARTBEAT_CHUNK = 250
 MAX_ERROR_MESSAGE = 4000
 
 
@@ -1200,6 +1198,8 @@ class JobDomain:
             raise AppError(ErrorCode.INVALID_ARGUMENT, "at most 500 leases", {"field": "leases"})
 
         refs = list(dict.fromkeys(leases))
+        if not refs:
+            return []
 
         async def body(session: DbExec) -> list[LeaseAnswer]:
             # one UPDATE renews every running lease; one SELECT reads them all back;
@@ -1212,27 +1212,25 @@ class JobDomain:
                 lease_seconds=self.settings.LOCK_LEASE_SECONDS,
             )
             held: dict[tuple[str, int], tuple[datetime | None, bool]] = {}
-            for start in range(0, len(refs), HEARTBEAT_CHUNK):
-                chunk = refs[start : start + HEARTBEAT_CHUNK]
-                rows = await session.execute(
-                    select(
-                        jobs.c.job_id,
-                        jobs.c.attempt_no,
-                        jobs.c.status,
-                        jobs.c.lock_until,
-                        jobs.c.cancel_requested,
-                    ).where(leases_guard(self.clock, instance_id, chunk))
-                )
-                for r in rows.all():
-                    key = (str(r.job_id), int(r.attempt_no))
-                    if r.status == LOCKED:
-                        job = await self._start_or_renew(
-                            session, Lease(key[0], instance_id, key[1]), renew=True
-                        )
-                        if job is not None:
-                            held[key] = (job.lock_until, bool(job.cancel_requested))
-                    else:
-                        held[key] = (r.lock_until, bool(r.cancel_requested))
+            rows = await session.execute(
+                select(
+                    jobs.c.job_id,
+                    jobs.c.attempt_no,
+                    jobs.c.status,
+                    jobs.c.lock_until,
+                    jobs.c.cancel_requested,
+                ).where(leases_guard(self.clock, instance_id, refs))
+            )
+            for r in rows.all():
+                key = (str(r.job_id), int(r.attempt_no))
+                if r.status == LOCKED:
+                    job = await self._start_or_renew(
+                        session, Lease(key[0], instance_id, key[1]), renew=True
+                    )
+                    if job is not None:
+                        held[key] = (job.lock_until, bool(job.cancel_requested))
+                else:
+                    held[key] = (r.lock_until, bool(r.cancel_requested))
             out: list[LeaseAnswer] = []
             for job_id, attempt_no in leases:
                 state = held.get((job_id, attempt_no))
@@ -1573,7 +1571,7 @@ class JobDomain:
             ).first()
             if row is None:
                 job = await self._get(session, lease.job_id)
-                if job is not None and await self._is_repeat_fail(session, job, lease, error_code):
+                if job is not None and await self._attempt_ended_by(session, lease, error_code):
                     repeated.append(True)
                     return job
                 metrics.LEASE_LOSSES.labels("fail").inc()
@@ -1649,16 +1647,9 @@ class JobDomain:
         )
         return job
 
-    async def _is_repeat_fail(
-        self, session: DbExec, job: JobRecord, lease: Lease, error_code: str
-    ) -> bool:
-        """Whether this fail repeats the one that ended the lease's attempt (SPEC §2.3:
-        a repeat answers 200), even after the job moved on to a later attempt."""
-        del job
-        return await self._attempt_ended_by(session, lease, error_code)
-
     async def _attempt_ended_by(self, session: DbExec, lease: Lease, error_code: str) -> bool:
-        """Whether the lease's holder ended its attempt with ``error_code`` (its event row)."""
+        """Whether the lease's holder ended its attempt with ``error_code`` (its event row):
+        a fail repeating it answers 200 even after the job moved on (SPEC §2.3)."""
         stmt = sqlcache.statement(
             ("attempt_ended_by", self.clock.dialect),
             lambda: (
@@ -1926,7 +1917,7 @@ class JobDomain:
         Raises:
             AppError: INVALID_ARGUMENT (bad outcome, negative counts), JOB_NOT_FOUND.
         """
-        ModelCallInput(
+        call = ModelCallInput(
             model_provider,
             model_name,
             api_key_mode,
@@ -1938,89 +1929,16 @@ class JobDomain:
             outcome,
             error_code,
             provider_request_id,
-        ).check()
+        )
+        call.check()
         if attempt_no < 0:
             raise AppError(
                 ErrorCode.INVALID_ARGUMENT, "attemptNo must be ≥ 0", {"field": "attemptNo"}
             )
-        log_id = new_id()
-        if model_provider and model_name and api_key_mode:
-            # everything but the job type is known: one INSERT … SELECT, whose
-            # row count also tells whether the job exists
-            cost = cost_usd(
-                self.settings.MODEL_PRICES,
-                model_name,
-                prompt_tokens,
-                completion_tokens,
-                cache_hit_tokens,
-            )
-            known: dict[str, Any] = {
-                "id": log_id,
-                "job_id": job_id,
-                "attempt_no": attempt_no,
-                "model_provider": model_provider,
-                "model_name": model_name,
-                "api_key_mode": api_key_mode,
-                "credential_id": credential_id,
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "cache_hit_tokens": cache_hit_tokens,
-                "latency_ms": latency_ms,
-                "outcome": outcome,
-                "error_code": error_code,
-                "provider_request_id": provider_request_id,
-                "cost_usd": cost,
-            }
-            names = list(known)
-
-            def build() -> Any:
-                source = select(
-                    *(bindparam(f"i_{k}", type_=invocations.c[k].type) for k in names),
-                    jobs.c.job_type,
-                    self.clock.now(),
-                ).where(jobs.c.job_id == bindparam("i_job_id", type_=String()))
-                return insert(invocations).from_select([*names, "job_type", "created_at"], source)
-
-            stmt = sqlcache.statement(("insert_invocation", self.clock.dialect), build)
-            params = {f"i_{k}": v for k, v in known.items()}
-
-            async def insert_from_job(session: DbExec) -> str:
-                result = await session.execute(stmt, params)
-                if result.rowcount != 1:  # type: ignore[attr-defined]
-                    raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
-                return log_id
-
-            return await self.lean_tx(insert_from_job)
 
         async def body(session: DbExec) -> str:
             job = await self._must_get(session, job_id)
-            await session.execute(
-                insert(invocations).values(
-                    id=log_id,
-                    job_id=job_id,
-                    job_type=job.job_type,
-                    attempt_no=attempt_no,
-                    model_provider=model_provider or job.model_provider,
-                    model_name=model_name or job.model_name,
-                    api_key_mode=api_key_mode or job.api_key_mode,
-                    credential_id=credential_id,
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    cache_hit_tokens=cache_hit_tokens,
-                    latency_ms=latency_ms,
-                    outcome=outcome,
-                    error_code=error_code,
-                    provider_request_id=provider_request_id,
-                    cost_usd=cost_usd(
-                        self.settings.MODEL_PRICES,
-                        model_name or job.model_name,
-                        prompt_tokens,
-                        completion_tokens,
-                        cache_hit_tokens,
-                    ),
-                    created_at=self.clock.now(),
-                )
-            )
+            [log_id] = await self._insert_calls(session, job, attempt_no, [call])
             return log_id
 
         return await self.lean_tx(body)
@@ -2031,10 +1949,11 @@ class JobDomain:
         job: JobRecord,
         attempt_no: int,
         calls: Sequence[ModelCallInput],
-    ) -> None:
-        """Log ``calls`` of ``job``'s attempt ``attempt_no`` with their cost, in the caller's tx."""
+    ) -> list[str]:
+        """Log ``calls`` of ``job``'s attempt ``attempt_no`` with their cost, in the caller's
+        tx; a call's empty model/provider/key mode is the job's. Returns the log ids."""
         if not calls:
-            return
+            return []
         rows = []
         for c in calls:
             model_name = c.model_name or job.model_name
@@ -2069,6 +1988,7 @@ class JobDomain:
             lambda: insert(invocations).values(created_at=self.clock.now()),
         )
         await session.execute(stmt, rows)
+        return [str(row["id"]) for row in rows]
 
     async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
         """Cost rollup over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).

@@ -59,8 +59,3 @@ def statement(key: Hashable, build: Callable[[], E]) -> E:
     if stmt is None:
         stmt = _STATEMENTS[key] = build()
     return stmt
-
-
-def size() -> int:
-    """Statements cached (for tests: the cache stays bounded by the shapes in the code)."""
-    return len(_STATEMENTS)
