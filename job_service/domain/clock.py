@@ -12,9 +12,11 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     ColumnElement,
     DateTime,
     String,
+    bindparam,
     func,
     literal,
     literal_column,
@@ -48,22 +50,33 @@ class DbClock:
         """The database's current UTC time (µs on MySQL, ms on SQLite)."""
         return self.plus(0.0)
 
-    def plus(self, seconds: float) -> ColumnElement[datetime]:
+    def plus(self, seconds: float, *, varying: bool = False) -> ColumnElement[datetime]:
         """The database's current UTC time plus ``seconds`` (may be negative or fractional).
 
         The expressions of the first :attr:`MAX_SHARED_OFFSETS` distinct offsets
-        (now, the lease, …) are built once, shared and registered as stable, so
-        hot-path statements embedding them are cached (:mod:`.sqlcache`); others
-        (e.g. jittered backoffs) are built per call.
+        (now, the lease, …) are built once with the offset in the SQL text,
+        shared and registered as stable, so hot-path statements embedding them
+        are cached (:mod:`.sqlcache`). Any other offset (e.g. a jittered
+        backoff) is built per call with the offset as a bound parameter: the
+        SQL text, and so the engine's compiled form, is the same for every
+        value, so per-call offsets neither compile a statement each nor fill
+        the engine's compiled cache.
+
+        Args:
+            seconds: the offset in seconds.
+            varying: the offset differs from call to call (a jittered backoff):
+                bind it at once rather than take one of the shared slots.
         """
+        if varying:
+            return self._build_plus_bound(seconds)
         key = (self.dialect, round(float(seconds) * 1_000_000))
         shared = _SHARED.get(key)
         if shared is not None:
             return shared
-        expr = self._build_plus(seconds)
         if len(_SHARED) < self.MAX_SHARED_OFFSETS:
-            _SHARED[key] = stable(expr)
-        return expr
+            expr = _SHARED[key] = stable(self._build_plus(seconds))
+            return expr
+        return self._build_plus_bound(seconds)
 
     def _build_plus(self, seconds: float) -> ColumnElement[datetime]:
         if self.is_sqlite:
@@ -74,6 +87,21 @@ class DbClock:
         micros = round(float(seconds) * 1_000_000)
         return literal_column(
             f"TIMESTAMPADD(MICROSECOND, {micros}, UTC_TIMESTAMP(6))", type_=DateTime()
+        )
+
+    def _build_plus_bound(self, seconds: float) -> ColumnElement[datetime]:
+        if self.is_sqlite:
+            modifier = bindparam(None, f"{float(seconds):+.6f} seconds", type_=String())
+            shifted = func.strftime(
+                literal_column(_SQLITE_FMT), literal_column("'now'"), modifier, type_=String()
+            )
+            return type_coerce(shifted.concat("000"), DateTime())
+        micros = bindparam(None, round(float(seconds) * 1_000_000), type_=BigInteger())
+        return func.timestampadd(
+            literal_column("MICROSECOND"),
+            micros,
+            literal_column("UTC_TIMESTAMP(6)"),
+            type_=DateTime(),
         )
 
     def add_seconds(

@@ -1594,7 +1594,7 @@ class JobDomain:
                     **common,
                     "locked_by": None,
                     "retry_count": jobs.c.retry_count + 1,
-                    "available_at": self.clock.plus(delay),
+                    "available_at": self.clock.plus(delay, varying=True),
                 }
             else:
                 op = Op.FAIL

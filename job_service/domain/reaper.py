@@ -134,7 +134,7 @@ class Reaper:
                     **common,
                     "locked_by": None,
                     "retry_count": jobs.c.retry_count + 1,
-                    "available_at": self.clock.plus(delay),
+                    "available_at": self.clock.plus(delay, varying=True),
                 },
             )
             outcome = PENDING

@@ -17,6 +17,7 @@ from tests.unit.job_service.test_reaper import (  # noqa: F401
 )
 from tests.unit.job_service.test_retry_cancel import (  # noqa: F401
     test_c1_cancel_running_job,
+    test_jittered_backoffs_share_one_compiled_statement,
     test_repeat_fail_answers_current_state,
     test_retry_after_wins_when_longer,
 )

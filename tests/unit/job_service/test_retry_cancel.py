@@ -216,3 +216,36 @@ async def test_rerun_only_from_failed(domain: JobDomain) -> None:
     with pytest.raises(AppError) as err:
         await domain.rerun("nope", rebuild_snapshot=False, actor="admin:a")
     assert err.value.code == "JOB_NOT_FOUND"
+
+
+async def test_jittered_backoffs_share_one_compiled_statement(
+    make_domain: Callable[..., Any],
+) -> None:
+    """Every retry has its own jittered delay; it must be a bound value, not SQL text.
+
+    Otherwise each retry compiles a new statement and the engine's compiled
+    cache (and the process's memory) grows with the number of retries.
+    """
+    domain: JobDomain = await make_domain(
+        RETRY_BACKOFF_BASE_SECONDS=40,
+        RETRY_BACKOFF_MAX_SECONDS=300,
+        BREAKER_FAILURE_THRESHOLD=1000,
+    )
+    engine = domain.sessions.kw["bind"].sync_engine
+    waits: list[float] = []
+    sizes: list[int] = []
+    for n in range(24):
+        job = await new_job(domain, user_id=f"jitter-{n}")
+        [claimed] = await domain.claim("w1", CAPS, 1, 0)
+        assert claimed.job_id == job.job_id
+        after = await domain.fail(
+            Lease(job.job_id, "w1", 1), error_code="NETWORK_ERROR", error_message="reset"
+        )
+        assert after.status == "pending" and after.retry_count == 1
+        waits.append(await _seconds_until_available(domain, job.job_id))
+        sizes.append(len(engine._compiled_cache))
+    # ±10 % jitter around 40 s, and really jittered (distinct delays)
+    assert all(35 <= w <= 45 for w in waits), waits
+    assert len({round(w, 2) for w in waits}) > 12
+    # the first jobs warm the cache; later retries add no compiled statement
+    assert sizes[-1] == sizes[3], sizes
