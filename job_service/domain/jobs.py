@@ -94,6 +94,8 @@ NEXT_ATTEMPT: Any = sqlcache.stable(jobs.c.attempt_no + 1)
 EVENTS_INSERT: Any = insert(events)
 #: Claimed jobs whose snapshot id is remembered for GetSnapshot (oldest dropped first).
 MAX_CLAIMED_SNAPSHOTS = 20_000
+#: How many users' admission lock rows a process remembers as existing (LRU).
+ADMISSION_ROWS_KNOWN = 10_000
 MAX_ERROR_MESSAGE = 4000
 
 
@@ -378,8 +380,10 @@ class JobDomain:
         self.registry = WorkerRegistry(clock)
         #: SQLite has one writer: queue this process's write transactions here.
         self._write_lock: asyncio.Lock | None = asyncio.Lock() if clock.is_sqlite else None
-        #: Users whose admission lock row is known to exist (MySQL/MariaDB).
-        self._admission_rows: set[str] = set()
+        #: Users whose admission lock row is known to exist (MySQL/MariaDB), the
+        #: most recent :data:`ADMISSION_ROWS_KNOWN` of them (about 170 bytes each);
+        #: a user who fell out costs one more ``INSERT IGNORE`` on their next create.
+        self._admission_rows: OrderedDict[str, None] = OrderedDict()
         #: jobId → snapshotId of jobs this process handed out by claim (a job's
         #: snapshot never changes), so GetSnapshot after a claim skips reading the row.
         self._claimed_snapshots: OrderedDict[str, str] = OrderedDict()
@@ -677,7 +681,10 @@ class JobDomain:
         create transaction: an ignored duplicate takes a shared lock there, and
         two of those upgrading to the exclusive lock would deadlock.
         """
-        if self.clock.is_sqlite or user_id in self._admission_rows:
+        if self.clock.is_sqlite:
+            return
+        if user_id in self._admission_rows:
+            self._admission_rows.move_to_end(user_id)
             return
 
         async def run() -> None:
@@ -687,9 +694,9 @@ class JobDomain:
                 )
 
         await retry_transient(run)
-        if len(self._admission_rows) > 100_000:
-            self._admission_rows.clear()
-        self._admission_rows.add(user_id)
+        self._admission_rows[user_id] = None
+        while len(self._admission_rows) > ADMISSION_ROWS_KNOWN:
+            self._admission_rows.popitem(last=False)
 
     async def _by_scope(
         self, req: CreateJobInput, session: DbExec | None = None

@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import func, insert, select, text
 
 from airuntime_common.errors import AppError
+from job_service.domain import jobs as jobs_mod
 from job_service.domain.jobs import CreateJobInput, JobDomain, new_id
 from job_service.domain.reaper import Reaper
 from job_service.domain.statemachine import Lease
-from job_service.models import events, jobs
+from job_service.models import admission_locks, events, jobs
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
 
 pytestmark = pytest.mark.mysql
@@ -266,3 +267,28 @@ async def test_a_pool_of_dead_connections_is_retried_before_commit(domain: JobDo
         lease, prompt_version=None, output_schema_version="v1", output=ANALYSIS_OUTPUT
     )
     assert outcome.status == "succeeded"
+
+
+async def test_known_admission_rows_are_bounded(
+    domain: JobDomain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-process memory of admission lock rows is an LRU: a long run with
+    ever new users stays bounded, and a forgotten user's next create still works."""
+    monkeypatch.setattr(jobs_mod, "ADMISSION_ROWS_KNOWN", 3)
+    users = [f"adm-{n}" for n in range(6)]
+    for user in [*users, users[0]]:
+        await domain.create(
+            CreateJobInput(
+                user_id=user,
+                job_type="learning_state_analysis",
+                target_type="user",
+                target_id=user,
+                idempotency_key=f"k-{user}-{len(domain._admission_rows)}",
+            )
+        )
+        assert len(domain._admission_rows) <= 3
+    assert list(domain._admission_rows) == [users[4], users[5], users[0]]
+    async with domain.sessions() as s:
+        rows = (await s.execute(select(func.count()).select_from(admission_locks))).scalar_one()
+        created = (await s.execute(select(func.count()).select_from(jobs))).scalar_one()
+    assert rows == 6 and created == 7
