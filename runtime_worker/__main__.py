@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from runtime_worker.app import run
@@ -21,7 +22,7 @@ async def _main() -> None:
 
 def main() -> None:
     """Entry point."""
-    asyncio.run(_main())
+    aio.run(_main())
 
 
 if __name__ == "__main__":
