@@ -887,8 +887,8 @@ class JobDomain:
         capabilities: list[str] | None = None,
         status_address: str | None = None,
     ) -> None:
-        """Registry upsert for a runtime call (throttled to once a second per instance)."""
-        if not self.registry.due(instance_id, force=bool(capabilities)):
+        """Registry upsert for a runtime call (throttled: see :meth:`WorkerRegistry.due`)."""
+        if not self.registry.due(instance_id, capabilities, status_address):
             return
 
         async def body(session: AsyncSession) -> None:

@@ -118,16 +118,36 @@ class WorkerRegistry:
 
     def __init__(self, clock: DbClock) -> None:
         self.clock = clock
-        self._last_touch: dict[str, float] = {}
+        #: instanceId → (monotonic time of the last write, capabilities, status address)
+        self._last_touch: dict[str, tuple[float, tuple[str, ...] | None, str | None]] = {}
 
-    def due(self, instance_id: str, force: bool = False) -> bool:
-        """Whether this instance should be written now (throttle: once a second)."""
+    def due(
+        self,
+        instance_id: str,
+        capabilities: list[str] | None = None,
+        status_address: str | None = None,
+    ) -> bool:
+        """Whether this instance's row should be written now, and if so note it as written.
+
+        Due on first sight, when a call brings capabilities or a status address
+        other than the last written, and otherwise once every
+        :data:`TOUCH_EVERY_SECONDS` (seconds, monotonic clock), so a busy
+        worker's claims do not each upsert the registry row.
+        """
         now = time.monotonic()
         last = self._last_touch.get(instance_id)
-        if force or last is None or now - last >= TOUCH_EVERY_SECONDS:
-            self._last_touch[instance_id] = now
-            return True
-        return False
+        caps = tuple(capabilities) if capabilities else None
+        if last is not None:
+            at, known_caps, known_address = last
+            changed = (caps is not None and caps != known_caps) or (
+                bool(status_address) and status_address != known_address
+            )
+            if not changed and now - at < TOUCH_EVERY_SECONDS:
+                return False
+            caps = caps if caps is not None else known_caps
+            status_address = status_address or known_address
+        self._last_touch[instance_id] = (now, caps, status_address or None)
+        return True
 
     async def touch(
         self,

@@ -157,3 +157,24 @@ async def test_list_paging(domain: JobDomain) -> None:
         await domain.list_jobs(
             user_id=None, status=None, job_type=None, page_size=1, page_token="!!!"
         )
+
+
+def test_registry_writes_on_change_or_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy worker's claims do not each upsert its registry row; new facts do at once."""
+    from job_service.domain import scheduler
+    from job_service.domain.clock import DbClock
+
+    now = [100.0]
+    monkeypatch.setattr(scheduler.time, "monotonic", lambda: now[0])
+    reg = scheduler.WorkerRegistry(DbClock("sqlite"))
+    caps = ["quiz_generation", "flashcard_generation"]
+    assert reg.due("w1", caps, "10.0.0.1:50053")  # first sight
+    assert not reg.due("w1", caps, "10.0.0.1:50053")  # same facts, same second
+    assert not reg.due("w1")  # a heartbeat brings no facts
+    assert reg.due("w1", ["quiz_generation"], None)  # capabilities changed
+    assert not reg.due("w1", ["quiz_generation"], "10.0.0.1:50053")
+    assert reg.due("w1", ["quiz_generation"], "10.0.0.2:50053")  # address changed
+    assert reg.due("w2", caps)  # another instance
+    now[0] += scheduler.TOUCH_EVERY_SECONDS
+    assert reg.due("w1")  # a second later: written again (last_seen_at)
+    assert not reg.due("w1", ["quiz_generation"], "10.0.0.2:50053")  # facts were remembered
