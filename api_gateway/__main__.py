@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uvicorn
 
-from airuntime_common import aio
 from airuntime_common.logs import setup_logging
 from api_gateway.app import create_app
 from api_gateway.settings import GatewaySettings
@@ -15,10 +14,6 @@ def main() -> None:
     settings = GatewaySettings()
     settings.check()
     setup_logging("api_gateway", settings.LOG_LEVEL)
-    try:
-        loop = aio.loop_name()
-    except aio.EventLoopSettingError as exc:
-        raise SystemExit(f"configuration error: {exc}") from None
     uvicorn.run(
         create_app(settings),
         host=settings.GATEWAY_HOST,
@@ -26,7 +21,6 @@ def main() -> None:
         log_config=None,
         access_log=False,
         proxy_headers=False,
-        loop=loop,
     )
 
 

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import sys
 
-from airuntime_common import aio
 from airuntime_common.logs import setup_logging
 from airuntime_common.settings import MissingSetting
 
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         from credential_service.app import run_forever
 
         settings.validate_for_serve()
-        aio.run(run_forever(settings))
+        asyncio.run(run_forever(settings))
         return 0
     except MissingSetting as exc:
         print(f"credential_service: {exc}", file=sys.stderr)

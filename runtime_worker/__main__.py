@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from runtime_worker.app import run
@@ -22,7 +21,7 @@ async def _main() -> None:
 
 def main() -> None:
     """Entry point."""
-    aio.run(_main())
+    asyncio.run(_main())
 
 
 if __name__ == "__main__":

@@ -84,9 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid --faults: {exc}", file=sys.stderr)
         return 2
     try:
-        from airuntime_common import aio
-
-        aio.run(_run(args, faults))
+        asyncio.run(_run(args, faults))
     except OSError as exc:  # e.g. the port is taken
         print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

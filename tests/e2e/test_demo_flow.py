@@ -170,13 +170,3 @@ def test_demo_command_with_another_document(demo_command: subprocess.Popen[str])
     assert "photosynthesis-zh.md" in out
     assert "Demo passed: all 5 jobs succeeded" in out
     assert "temporary data removed" in out
-
-
-def test_every_service_runs_on_uvloop(system: RunningSystem) -> None:
-    """The default event loop (``EVENT_LOOP=auto``) is uvloop in every service process."""
-    pids = system.launcher.pids()
-    assert {"job_service", "credential_service", "api_gateway", "standin"} <= set(pids)
-    assert any(name.startswith("runtime_worker") for name in pids)
-    for name, pid in pids.items():
-        maps = Path(f"/proc/{pid}/maps").read_text()
-        assert "/uvloop/loop." in maps, f"{name} (pid {pid}) has not loaded uvloop"
