@@ -708,34 +708,100 @@ async def race(system: System, profile: Profile, seed: int | None = None) -> Sce
     return await run.finish(None)
 
 
+#: RSS sampling period during a soak (seconds).
+RSS_SAMPLE_SECONDS = 10.0
+#: The share of the load, from its start, that counts as warm-up (caches filling).
+RSS_WARMUP_SHARE = 0.25
+#: Allowed RSS growth of a service from the end of warm-up to the end of the load:
+#: the larger of this many KiB and :data:`RSS_GROWTH_SHARE` of its warm RSS.
+RSS_GROWTH_FLOOR_KIB = 8 * 1024
+RSS_GROWTH_SHARE = 0.10
+
+
+def rss_growth_checks(samples: list[tuple[float, dict[str, int | None]]]) -> list[str]:
+    """Failed "memory flat" checks for RSS ``samples`` [(seconds since start, {service: KiB})].
+
+    A service's memory counts as flat when its RSS at the end of the load is at
+    most the larger of :data:`RSS_GROWTH_FLOOR_KIB` and :data:`RSS_GROWTH_SHARE`
+    above its RSS at the end of warm-up (the first :data:`RSS_WARMUP_SHARE` of
+    the load, when bounded caches fill). Services missing from a sample (not
+    running) are not judged.
+    """
+    if len(samples) < 2:
+        return []
+    end_t = samples[-1][0]
+    warm = next(rss for t, rss in samples if t >= end_t * RSS_WARMUP_SHARE)
+    end = samples[-1][1]
+    failed = []
+    for name, at_warm in sorted(warm.items()):
+        at_end = end.get(name)
+        if at_warm is None or at_end is None:
+            continue
+        allowed = max(RSS_GROWTH_FLOOR_KIB, int(at_warm * RSS_GROWTH_SHARE))
+        if at_end - at_warm > allowed:
+            failed.append(
+                f"{name} RSS grew {at_end - at_warm} KiB after warm-up"
+                f" ({at_warm} → {at_end} KiB; allowed {allowed})"
+            )
+    return failed
+
+
 async def soak(
     system: System, profile: Profile, seconds: float, rate: float, fault_rate: float
 ) -> ScenarioResult:
     """Steady load for ``seconds`` at up to ``rate`` jobs/s with ``fault_rate`` random model 500s.
 
-    Records the RSS of every service at the start and at the end.
+    Samples the RSS of every service every :data:`RSS_SAMPLE_SECONDS` and
+    checks that none grew after warm-up (:func:`rss_growth_checks`); the notes
+    carry the RSS at the start, at the end of warm-up, at the end, and the peak.
     """
     run = Run(system, profile, "soak")
+    before = await run.standin_get("stats")
     await run.standin({"faultRate": fault_rate, "delayMs": 100})
-    rss_start = system.rss()
     run.start_sampler()
     count = int(seconds * rate)
     began = time.monotonic()
+    samples: list[tuple[float, dict[str, int | None]]] = [(0.0, system.rss())]
+
+    async def sample_rss() -> None:
+        while True:
+            await asyncio.sleep(RSS_SAMPLE_SECONDS)
+            samples.append((time.monotonic() - began, system.rss()))
+
+    sampler = asyncio.create_task(sample_rss())
     stop = asyncio.Event()
     # the load lasts ``seconds`` even when the system cannot keep up with ``rate``
     asyncio.get_running_loop().call_later(seconds, stop.set)
-    await run.load.run(count, rate, stop)
+    try:
+        await run.load.run(count, rate, stop)
+    finally:
+        sampler.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+    samples.append((time.monotonic() - began, system.rss()))
     run.notes["loadSeconds"] = round(time.monotonic() - began, 1)
     run.notes["offeredRate"] = rate
     run.notes["achievedCreateRate"] = round(
         len(run.load.stats.job_ids) / max(1e-9, time.monotonic() - began), 2
     )
     result = await run.finish(None)
-    rss_end = system.rss()
+    end_t = samples[-1][0]
+    warm_t, warm = next((t, rss) for t, rss in samples if t >= end_t * RSS_WARMUP_SHARE)
     result.notes["rssKiB"] = {
-        n: {"start": rss_start.get(n), "end": rss_end.get(n)} for n in rss_start
+        n: {
+            "start": samples[0][1].get(n),
+            "warm": warm.get(n),
+            "end": samples[-1][1].get(n),
+            "peak": max((rss.get(n) or 0) for _, rss in samples),
+        }
+        for n in samples[0][1]
     }
+    result.notes["rssWarmSeconds"] = round(warm_t, 1)
+    result.notes["rssSamples"] = len(samples)
+    result.checks.extend(rss_growth_checks(samples))
     result.notes["standin"] = await run.standin_get("stats")
+    # leave the stand-in as found (a shared system runs other scenarios next)
+    await run.standin({"faultRate": before["faultRate"], "delayMs": before["delayMs"]})
     return result
 
 

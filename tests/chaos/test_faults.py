@@ -11,7 +11,9 @@ in bounds, plus the scenario's own checks. Short leases (``LOCK_LEASE_SECONDS``
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from chaos import mariadb
@@ -88,3 +90,33 @@ async def test_worker_clock_far_off(tmp_path: Path) -> None:
         result = await run_on("clock_skew", system, profile(), options)
     assert_clean(result)
     assert abs(result.notes["observedSkewSeconds"] - 90.0) < 15
+
+
+@module_loop
+async def test_short_soak_with_random_model_errors(shared_system: System) -> None:
+    """The soak's machinery in CI (the 20-minute run is by hand): steady load with
+    10 % random model 500s, a clean audit, and RSS sampled for every service."""
+    before = await _standin_stats(shared_system)
+    result = await run_on(
+        "soak",
+        shared_system,
+        profile(),
+        Options(soak_seconds=25.0, soak_rate=8.0, soak_fault_rate=0.1),
+    )
+    assert_clean(result)
+    assert result.notes["standin"]["byOutcome"].get("random_500", 0) >= 1
+    assert result.audit.attempts_max <= 4  # 1 + maxRetryCount
+    rss = result.notes["rssKiB"]
+    assert {"job_service", "credential_service", "api_gateway", "standin"} <= set(rss)
+    assert all(v["start"] and v["warm"] and v["end"] for v in rss.values())
+    assert result.notes["rssSamples"] >= 3
+    # the stand-in is left as the soak found it
+    after = await _standin_stats(shared_system)
+    assert (after["faultRate"], after["delayMs"]) == (before["faultRate"], before["delayMs"])
+
+
+async def _standin_stats(system: System) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=system.standin_url, trust_env=False) as c:
+        reply = await c.get("/_standin/stats")
+        reply.raise_for_status()
+        return dict(reply.json())
