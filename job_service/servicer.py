@@ -145,10 +145,8 @@ def _caps(values: Any) -> list[str]:
             f"at most {MAX_CAPABILITIES} capabilities",
             {"field": "capabilities"},
         )
-    out = []
-    for v in values:
-        out.append(JOB_TYPE.to_str(v))
-    return out
+    # a repeated capability is the same capability: kept once, in first-seen order
+    return list(dict.fromkeys(JOB_TYPE.to_str(v) for v in values))
 
 
 def _text(value: str, field: str, max_len: int, *, required: bool = False) -> str:

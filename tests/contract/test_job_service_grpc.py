@@ -203,12 +203,13 @@ async def test_runtime_flow_and_views(server: Server) -> None:
     assert not job.HasField("lock_until") and not job.HasField("locked_by")
 
     polled = await server.stub.PollJobs(
-        rr.PollJobsRequest(capabilities=[LSA], limit=5, status_address="127.0.0.1:1"),
+        # a repeated capability is kept once (the health view below lists [LSA])
+        rr.PollJobsRequest(capabilities=[LSA, LSA], limit=5, status_address="127.0.0.1:1"),
         metadata=server.md("w1"),
     )
     assert [j.job_id for j in polled.jobs] == [job.job_id]
     claimed = await server.stub.ClaimJobs(
-        rr.ClaimJobsRequest(capabilities=[LSA], limit=5), metadata=server.md("w1")
+        rr.ClaimJobsRequest(capabilities=[LSA, LSA], limit=5), metadata=server.md("w1")
     )
     [c] = claimed.jobs
     assert c.status == ST.Value("JOB_STATUS_LOCKED") and c.locked_by == "w1" and c.attempt_no == 1
