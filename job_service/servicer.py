@@ -448,8 +448,9 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     @rpc
     async def Heartbeat(self, request: rr.HeartbeatRequest, context: Ctx) -> rr.HeartbeatResponse:
         lease = self._lease(context, request.job_id, request.attempt_no)
-        await self.domain.seen(lease.instance_id)
         job = await self.domain.heartbeat(lease)
+        # the registry records holders of live leases, not refused callers
+        await self.domain.seen(lease.instance_id)
         out = rr.HeartbeatResponse(cancel_requested=bool(job.cancel_requested))
         ts = to_timestamp(job.lock_until)
         if ts is not None:
@@ -462,8 +463,9 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     ) -> rr.HeartbeatLeasesResponse:
         instance = _instance(context)
         refs = [(_job_id(x.job_id), _attempt(x.attempt_no)) for x in request.leases]
-        await self.domain.seen(instance)
         answers = await self.domain.heartbeat_leases(instance, refs)
+        if any(a.held for a in answers):  # refused callers are not recorded as seen
+            await self.domain.seen(instance)
         out = rr.HeartbeatLeasesResponse()
         for a in answers:
             state = msg.LeaseState(

@@ -648,3 +648,32 @@ async def test_an_unreachable_database_is_unavailable_not_internal(server: Serve
     finally:
         domain.sessions, domain._engine = saved
         await dead.dispose()
+
+
+async def test_refused_heartbeats_do_not_register_an_instance(server: Server) -> None:
+    """The health view lists instances that polled, claimed or hold live leases, not a
+    caller whose heartbeats were all refused."""
+    job = (await create(server, idempotency_key="hb")).job
+    await expect(
+        "LOCK_NOT_HELD",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        server.stub.Heartbeat(
+            rr.HeartbeatRequest(job_id=job.job_id, attempt_no=1), metadata=server.md("probe-1")
+        ),
+    )
+    beat = await server.stub.HeartbeatLeases(
+        rr.HeartbeatLeasesRequest(leases=[{"job_id": job.job_id, "attempt_no": 1}]),
+        metadata=server.md("probe-2"),
+    )
+    assert [x.held for x in beat.leases] == [False]
+    await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=1), metadata=server.md("w1")
+    )
+    held = await server.stub.HeartbeatLeases(
+        rr.HeartbeatLeasesRequest(leases=[{"job_id": job.job_id, "attempt_no": 1}]),
+        metadata=server.md("w1"),
+    )
+    assert [x.held for x in held.leases] == [True]
+    health = await server.stub.GetRuntimeHealth(rr.GetRuntimeHealthRequest(), metadata=server.md())
+    seen = {w.instance_id for w in health.workers if not w.instance_id.startswith("biz-")}
+    assert seen == {"w1"}
