@@ -718,7 +718,17 @@ RSS_GROWTH_FLOOR_KIB = 8 * 1024
 RSS_GROWTH_SHARE = 0.10
 
 
-def rss_growth_checks(samples: list[tuple[float, dict[str, int | None]]]) -> list[str]:
+RssSamples = list[tuple[float, dict[str, int | None]]]
+
+
+def warm_sample(samples: RssSamples) -> tuple[float, dict[str, int | None]]:
+    """The first of ``samples`` [(seconds since start, {service: KiB})] taken after warm-up
+    (the first :data:`RSS_WARMUP_SHARE` of the time up to the last sample)."""
+    end_t = samples[-1][0]
+    return next((t, rss) for t, rss in samples if t >= end_t * RSS_WARMUP_SHARE)
+
+
+def rss_growth_checks(samples: RssSamples) -> list[str]:
     """Failed "memory flat" checks for RSS ``samples`` [(seconds since start, {service: KiB})].
 
     A service's memory counts as flat when its RSS at the end of the load is at
@@ -729,8 +739,7 @@ def rss_growth_checks(samples: list[tuple[float, dict[str, int | None]]]) -> lis
     """
     if len(samples) < 2:
         return []
-    end_t = samples[-1][0]
-    warm = next(rss for t, rss in samples if t >= end_t * RSS_WARMUP_SHARE)
+    _, warm = warm_sample(samples)
     end = samples[-1][1]
     failed = []
     for name, at_warm in sorted(warm.items()):
@@ -761,7 +770,7 @@ async def soak(
     run.start_sampler()
     count = int(seconds * rate)
     began = time.monotonic()
-    samples: list[tuple[float, dict[str, int | None]]] = [(0.0, system.rss())]
+    samples: RssSamples = [(0.0, system.rss())]
 
     async def sample_rss() -> None:
         while True:
@@ -785,8 +794,7 @@ async def soak(
         len(run.load.stats.job_ids) / max(1e-9, time.monotonic() - began), 2
     )
     result = await run.finish(None)
-    end_t = samples[-1][0]
-    warm_t, warm = next((t, rss) for t, rss in samples if t >= end_t * RSS_WARMUP_SHARE)
+    warm_t, warm = warm_sample(samples)
     result.notes["rssKiB"] = {
         n: {
             "start": samples[0][1].get(n),

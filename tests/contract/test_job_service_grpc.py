@@ -548,40 +548,25 @@ async def test_result_and_fail_carry_their_model_calls(server: Server) -> None:
         provider_request_id="req-9",
     )
     ok_id = await job_in_state(server, "locked")
-    bad = msg.ModelCall()
-    bad.CopyFrom(call)
-    bad.model_name = ""
-    await expect(
-        "INVALID_ARGUMENT",
-        grpc.StatusCode.INVALID_ARGUMENT,
-        server.stub.SubmitResult(
-            rr.SubmitResultRequest(
-                job_id=ok_id,
-                attempt_no=1,
-                output_schema_version="v1",
-                output=_struct(ANALYSIS_OUTPUT),
-                invocations=[call, bad],
+    # no model name, or only whitespace (it would be priced 0), beside a good call or alone
+    for name, reported in (("", [call]), ("   ", [])):
+        bad = msg.ModelCall()
+        bad.CopyFrom(call)
+        bad.model_name = name
+        await expect(
+            "INVALID_ARGUMENT",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            server.stub.SubmitResult(
+                rr.SubmitResultRequest(
+                    job_id=ok_id,
+                    attempt_no=1,
+                    output_schema_version="v1",
+                    output=_struct(ANALYSIS_OUTPUT),
+                    invocations=[*reported, bad],
+                ),
+                metadata=server.md("w1"),
             ),
-            metadata=server.md("w1"),
-        ),
-    )
-    blank = msg.ModelCall()
-    blank.CopyFrom(call)
-    blank.model_name = "   "  # whitespace is no model name (it would be priced 0)
-    await expect(
-        "INVALID_ARGUMENT",
-        grpc.StatusCode.INVALID_ARGUMENT,
-        server.stub.SubmitResult(
-            rr.SubmitResultRequest(
-                job_id=ok_id,
-                attempt_no=1,
-                output_schema_version="v1",
-                output=_struct(ANALYSIS_OUTPUT),
-                invocations=[blank],
-            ),
-            metadata=server.md("w1"),
-        ),
-    )
+        )
     view = await server.stub.GetJob(rr.GetJobRequest(job_id=ok_id), metadata=server.md())
     assert view.job.status == ST.JOB_STATUS_LOCKED
     for _ in range(2):  # the second is a replay: nothing logged again
