@@ -88,6 +88,7 @@ def make_engine(
             },
         )
         event.listen(engine.sync_engine, "reset", _reset_if_in_transaction)
+        _skip_commit_after_batch(engine)
         if ping_idle_seconds is not None:
             _ping_when_idle(engine, ping_idle_seconds)
         return engine
@@ -141,6 +142,42 @@ def _in_transaction(dbapi_conn: Any) -> bool:
         return bool(status())
     except Exception:  # pragma: no cover - defensive: unknown driver state
         return True
+
+
+#: Attribute set on a driver connection whose transaction a batch has committed.
+_COMMITTED_FLAG = "_airt_committed_by_batch"
+
+
+def mark_committed(driver_conn: Any) -> None:
+    """Record that ``driver_conn``'s transaction was just committed outside SQLAlchemy.
+
+    For a multi-statement batch ending in ``COMMIT`` (:mod:`job_service.domain.batch`):
+    SQLAlchemy's own COMMIT at the end of the transaction block is then skipped,
+    unless another statement ran on the connection in between (which opened a
+    new transaction that does need it).
+    """
+    setattr(driver_conn, _COMMITTED_FLAG, True)
+
+
+def _skip_commit_after_batch(engine: AsyncEngine) -> None:
+    """Dialect COMMIT: nothing when :func:`mark_committed` stands; listeners clear it."""
+    dialect = engine.sync_engine.dialect
+    base_commit = dialect.do_commit
+
+    def do_commit(dbapi_conn: Any) -> None:
+        driver = getattr(dbapi_conn, "_connection", None)
+        if getattr(driver, _COMMITTED_FLAG, False):
+            setattr(driver, _COMMITTED_FLAG, False)
+            return
+        base_commit(dbapi_conn)
+
+    def clear(conn: Any, *_args: Any) -> None:
+        driver = conn.connection.driver_connection
+        if getattr(driver, _COMMITTED_FLAG, False):
+            setattr(driver, _COMMITTED_FLAG, False)
+
+    dialect.do_commit = do_commit  # type: ignore[method-assign,assignment]
+    event.listen(engine.sync_engine, "before_cursor_execute", clear)
 
 
 def _reset_if_in_transaction(dbapi_conn: Any, _record: Any, state: Any) -> None:

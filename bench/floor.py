@@ -3,7 +3,8 @@
 :func:`capture_one_job` runs one job through the real services with MariaDB's
 general log on and keeps the statements of this database's connections, from
 the claim to the job's last write. :func:`replay` then issues exactly those
-statements per job with plain aiomysql connections (one per "slot"), taking
+statements per job, in the same round trips (a multi-statement batch stays one),
+with plain aiomysql connections (one per "slot"), taking
 each job id from the replayed claim and giving every id the original inserted
 a fresh value, so the floor costs what the SQL costs and nothing else.
 """
@@ -20,11 +21,22 @@ from typing import Any
 
 import aiomysql
 import pymysql
+from pymysql.constants import CLIENT
 from sqlalchemy.engine import URL
 
 from bench.harness import System, admin_connect, global_status
 
 HEX_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of one round trip: a multi-statement batch is sent joined by
+    ``";\\n"`` (:mod:`job_service.domain.batch`); anything else is one statement."""
+    return [part for part in text.split(";\n") if part.strip()]
+
+
+def _ends_transaction(text: str) -> bool:
+    return split_statements(text)[-1].strip().upper() in {"COMMIT", "ROLLBACK"}
 
 
 def _kind(stmt: str) -> str:
@@ -38,11 +50,12 @@ def _kind(stmt: str) -> str:
 
 @dataclass
 class Capture:
-    """One job's statements, in order, as sent (client-side interpolated).
+    """One job's round trips, in order, as sent (client-side interpolated).
 
     Attributes:
         job_id: the captured job.
-        statements: its SQL text.
+        statements: the SQL text of each round trip (a batch holds several
+            statements, see :func:`split_statements`).
         fresh_ids: ids first seen in an INSERT (given new values on replay).
     """
 
@@ -51,8 +64,14 @@ class Capture:
     fresh_ids: set[str] = field(default_factory=set)
 
     def kinds(self) -> dict[str, int]:
-        """Statement counts by verb and table."""
-        return dict(Counter(_kind(s) for s in self.statements).most_common())
+        """Statement counts by verb and table (every statement of a batch counted)."""
+        return dict(
+            Counter(_kind(p) for s in self.statements for p in split_statements(s)).most_common()
+        )
+
+    def statement_count(self) -> int:
+        """Statements per job, every statement of a batch counted."""
+        return sum(len(split_statements(s)) for s in self.statements)
 
 
 def _db_threads(conn: pymysql.connections.Connection[Any], database: str) -> set[int]:
@@ -143,8 +162,8 @@ def job_statements(
 ) -> list[str]:
     """The job's transactions, de-interleaved, in the order they began.
 
-    A transaction is a run of one connection's statements up to COMMIT/ROLLBACK
-    (a pool's reset ROLLBACK on its own counts as one). Kept: the claim (``SKIP
+    A transaction is a run of one connection's round trips up to COMMIT/ROLLBACK,
+    sent alone or ending a batch (a pool's reset ROLLBACK on its own counts as one). Kept: the claim (``SKIP
     LOCKED``), every transaction naming the job or its snapshot, and the reset
     ROLLBACK that follows a kept transaction on the same connection; background
     work (reaper sweeps, gauges, idle polls after the job) is dropped.
@@ -156,7 +175,7 @@ def job_statements(
         if not cur:
             txs.append((tid, cur))
         cur.append(text)
-        if text.strip().upper() in {"COMMIT", "ROLLBACK"}:
+        if _ends_transaction(text):
             open_tx[tid] = []
     keys = [k for k in (job_id, snapshot_id) if k]
     first = next(i for i, (_, tx) in enumerate(txs) if any(job_id in s for s in tx))
@@ -244,6 +263,7 @@ async def replay(url: URL, capture: Capture, n: int, concurrency: int) -> dict[s
             password=url.password or "",
             db=url.database,
             autocommit=False,
+            client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,  # as the services' engines
         )
         try:
             async with conn.cursor() as cur:
@@ -263,6 +283,8 @@ async def replay(url: URL, capture: Capture, n: int, concurrency: int) -> dict[s
                                 mapping[capture.job_id] = str(row[0])
                             else:
                                 await cur.fetchall()
+                            while await cur.nextset():  # the rest of a batch
+                                await cur.fetchall()
                     except pymysql.err.MySQLError as exc:
                         errors += 1
                         if first_error is None:
@@ -279,7 +301,8 @@ async def replay(url: URL, capture: Capture, n: int, concurrency: int) -> dict[s
         "jobs": done,
         "seconds": round(elapsed, 3),
         "jobs_per_s": round(done / elapsed, 1),
-        "statements_per_s": round(done * len(templates) / elapsed, 1),
+        "statements_per_s": round(done * capture.statement_count() / elapsed, 1),
+        "round_trips_per_s": round(done * len(templates) / elapsed, 1),
         "errors": errors,
         "first_error": first_error,
     }

@@ -60,7 +60,8 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 f"DB floor @{slots} conns",
                 _f(run["jobs_per_s"]),
                 "jobs/s",
-                f"{fl['statements_per_job']} stmts/job, errors {run['errors']}",
+                f"{fl['statements_per_job']} stmts in {fl.get('round_trips_per_job', '?')}"
+                f" round trips/job, errors {run['errors']}",
                 "",
             )
         )

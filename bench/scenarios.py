@@ -150,7 +150,8 @@ async def floor(p: Params) -> dict[str, Any]:
             runs[str(slots)] = await floor_mod.replay(url, capture, p.jobs, slots)
     return {
         "params": {"jobs": p.jobs, "concurrency": list(p.slots)},
-        "statements_per_job": len(capture.statements),
+        "statements_per_job": capture.statement_count(),
+        "round_trips_per_job": len(capture.statements),
         "statements_by_kind": capture.kinds(),
         "statements": [s[:300] for s in capture.statements],
         "runs": runs,

@@ -44,9 +44,15 @@ from job_service import metrics
 from job_service.db import WRITE_TX, DbExec
 from job_service.domain import breaker as breaker_mod
 from job_service.domain import sqlcache
+from job_service.domain.batch import FenceBroken, StatementBatch, supports_batches
 from job_service.domain.clock import DbClock
 from job_service.domain.params import check_range, normalize_params
-from job_service.domain.ports import CredentialChecker, LearningPort, SnapshotView
+from job_service.domain.ports import (
+    CredentialChecker,
+    LearningPort,
+    SnapshotRead,
+    SnapshotView,
+)
 from job_service.domain.scheduler import (
     RECHECK_SECONDS,
     JobSignal,
@@ -66,6 +72,7 @@ from job_service.domain.statemachine import (
     Op,
     apply,
     apply_many,
+    event_sql,
     lease_guard,
     lease_guard_bound,
     lease_params,
@@ -73,6 +80,9 @@ from job_service.domain.statemachine import (
     lock_guard,
     record_event,
     renew_many,
+    run_transition,
+    transition_many_sql,
+    transition_sql,
 )
 from job_service.learning_models import AiResult
 from job_service.models import admission_locks, authorizations, events, invocations, jobs
@@ -144,6 +154,11 @@ class JobRecord:
         """Build from a ``select(jobs)`` row."""
         m = row._mapping
         return cls(**{f.name: m[f.name] for f in fields(cls)})
+
+    @classmethod
+    def from_values(cls, names: Sequence[str], values: Sequence[Any]) -> JobRecord:
+        """Build from a plain row of a ``select(jobs)``: ``names`` are its column keys."""
+        return cls(**{n: v for n, v in zip(names, values, strict=True) if n in _JOB_FIELDS})
 
 
 @dataclass(frozen=True)
@@ -292,6 +307,49 @@ class AuthorizationView:
     changed_at: datetime | None
     cancelled: int = 0
     cancel_requested: int = 0
+
+
+_JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
+#: Column keys of ``select(jobs)``, in order.
+JOB_COLUMNS: tuple[str, ...] = tuple(c.key for c in jobs.c)
+
+
+def _claim_read_stmt() -> Any:
+    """The rows a claim just locked (bound: ``ids`` list, ``instance_id``), in pick order."""
+    return (
+        select(jobs)
+        .where(
+            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+            jobs.c.status == LOCKED,
+            jobs.c.locked_by == bindparam("instance_id", type_=String()),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+    )
+
+
+def _claim_events_stmt() -> Any:
+    """The pending → locked event of every row a claim just locked, read from the rows
+    (bound: ``ids``, ``instance_id``, ``e_actor``)."""
+    source = (
+        select(
+            jobs.c.job_id,
+            bindparam("e_from", PENDING, type_=String()),
+            bindparam("e_to", LOCKED, type_=String()),
+            bindparam("e_code", None, type_=String()),
+            bindparam("e_actor", type_=String()),
+            jobs.c.attempt_no,
+            jobs.c.locked_at,
+        )
+        .where(
+            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+            jobs.c.status == LOCKED,
+            jobs.c.locked_by == bindparam("instance_id", type_=String()),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+    )
+    return insert(events).from_select(
+        ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"], source
+    )
 
 
 def new_id() -> str:
@@ -933,6 +991,8 @@ class JobDomain:
             )
             if not ids:
                 return []
+            if supports_batches(session):
+                return await self._lock_claimed(session, ids, instance_id, actor, lease_s)
             await apply_many(
                 session,
                 self.clock,
@@ -943,18 +1003,7 @@ class JobDomain:
             )
             rows = (
                 await session.execute(
-                    sqlcache.statement(
-                        ("claim_read", self.clock.dialect),
-                        lambda: (
-                            select(jobs)
-                            .where(
-                                jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-                                jobs.c.status == LOCKED,
-                                jobs.c.locked_by == bindparam("instance_id", type_=String()),
-                            )
-                            .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-                        ),
-                    ),
+                    sqlcache.statement(("claim_read", self.clock.dialect), _claim_read_stmt),
                     {"ids": ids, "instance_id": instance_id},
                 )
             ).all()
@@ -985,6 +1034,39 @@ class JobDomain:
             self._observe_pickup(job)
         self._remember_claimed(claimed)
         return claimed
+
+    async def _lock_claimed(
+        self, session: DbExec, ids: list[str], instance_id: str, actor: str, lease_s: float
+    ) -> list[JobRecord]:
+        """Claim's writes after its pick, in one round trip (MySQL/MariaDB).
+
+        The lock UPDATE, the event rows (read from the rows it locked: their new
+        ``attemptNo`` and ``lockedAt``), the read of those rows and the COMMIT go
+        as one batch. A job the UPDATE's guard skipped is neither read nor logged.
+        """
+        lock = transition_many_sql(
+            self.clock,
+            Op.LOCK,
+            job_ids=ids,
+            where=lock_guard(self.clock),
+            values=self._lock_values(instance_id, lease_s),
+        )
+        batch = StatementBatch(session)
+        batch.add(lock.key, lock.build, lock.params)
+        batch.add(
+            ("claim_events", self.clock.dialect),
+            _claim_events_stmt,
+            {"ids": ids, "instance_id": instance_id, "e_actor": actor[:160]},
+        )
+        read = batch.add(
+            ("claim_read", self.clock.dialect),
+            _claim_read_stmt,
+            {"ids": ids, "instance_id": instance_id},
+        )
+        batch.commit()
+        rows = (await batch.run())[read].rows
+        names = JOB_COLUMNS
+        return [JobRecord.from_values(names, row) for row in rows]
 
     def _claim_pick_stmt(self) -> Any:
         """Claim's candidate read (bound: ``caps`` list, ``n``), ``SKIP LOCKED`` on MySQL."""
@@ -1269,10 +1351,18 @@ class JobDomain:
         )
 
         async def body(session: DbExec) -> LeaseHolderView:
-            row = (await session.execute(stmt, lease_params(lease))).first()
-            if row is None:
+            if supports_batches(session):
+                # the read and its COMMIT in one round trip (nothing to roll back)
+                batch = StatementBatch(session)
+                batch.add(("verify_lease", self.clock.dialect), lambda: stmt, lease_params(lease))
+                batch.commit()
+                rows = (await batch.run())[0].rows
+                found = rows[0] if rows else None
+            else:
+                found = (await session.execute(stmt, lease_params(lease))).first()
+            if found is None:
                 raise self._lease_lost(await self._get(session, lease.job_id), lease)
-            return LeaseHolderView(*row)
+            return LeaseHolderView(*found)
 
         return await self.lean_tx(body)
 
@@ -1286,12 +1376,19 @@ class JobDomain:
             AppError: JOB_NOT_FOUND, LOCK_NOT_HELD, INVALID_SNAPSHOT (job has none).
         """
 
-        snapshot_id = self._claimed_snapshots.pop(lease.job_id, None)
+        # the holder's first read forgets it (a caller without the lease does not)
+        snapshot_id = self._claimed_snapshots.get(lease.job_id)
 
         async def body(session: DbExec) -> SnapshotView:
+            if supports_batches(session) and snapshot_id is not None:
+                view = await self._start_and_read_snapshot(session, lease, snapshot_id)
+                if view is not None:
+                    self._claimed_snapshots.pop(lease.job_id, None)
+                    return view
             started = await self._start(session, lease)
             if started and snapshot_id is not None:
                 # the lease-guarded UPDATE matched: the caller holds the lease
+                self._claimed_snapshots.pop(lease.job_id, None)
                 return await self.learning.load_snapshot(session, snapshot_id)
             job = await self._get_leased(session, lease)
             if job is None:
@@ -1303,6 +1400,43 @@ class JobDomain:
             return await self.learning.load_snapshot(session, job.snapshot_id)
 
         return await self.lean_tx(body)
+
+    async def _start_and_read_snapshot(
+        self, session: DbExec, lease: Lease, snapshot_id: str
+    ) -> SnapshotView | None:
+        """GetSnapshot right after claim, in one round trip (MySQL/MariaDB).
+
+        The implied start, its event (appended only when the start matched), the
+        snapshot read and the COMMIT go as one batch. None when the start matched
+        no row (a repeat, or a lease not held): the caller then answers as the
+        one-statement path does, in a new transaction.
+        """
+        reader = getattr(self.learning, "snapshot_read", None)
+        if reader is None:
+            return None
+        read: SnapshotRead = reader(snapshot_id)
+        start = transition_sql(
+            self.clock,
+            Op.START,
+            job_id=lease.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            values={"started_at": self.clock.now()},
+        )
+        assert start is not None and start.event is not None  # START always records
+        batch = StatementBatch(session)
+        started = batch.add(start.key, start.build, start.params)
+        batch.add(*event_sql(self.clock, if_matched=True), start.event)
+        loaded = None if read.view is not None else batch.add(read.key, read.build, read.params)
+        batch.commit()
+        out = await batch.run()
+        if out[started].rowcount != 1:
+            return None
+        if loaded is None:
+            return cast(SnapshotView, read.view)
+        if not out[loaded].rows:
+            raise read.not_found()
+        return read.from_row(out[loaded].rows[0])
 
     def _submit_read_stmt(self) -> Any:
         """SubmitResult's locking read (bound: :func:`lease_params` and ``r_key``)."""
@@ -1388,7 +1522,6 @@ class JobDomain:
             if not row.lease_held:
                 metrics.LEASE_LOSSES.labels("result").inc()
                 raise self._lease_lost(job, lease)
-            await self._insert_calls(session, job, lease.attempt_no, calls)
             if not isinstance(output, dict):
                 err = AppError(ErrorCode.INVALID_SCHEMA, "output must be a JSON object", None)
             else:
@@ -1417,6 +1550,7 @@ class JobDomain:
                     if nested is not None:
                         await nested.commit()
             if err is not None:
+                await self._insert_calls(session, job, lease.attempt_no, calls)
                 message = (err.message or "invalid output")[:MAX_ERROR_MESSAGE]
                 values: dict[str, Any] = {
                     "lock_until": None,
@@ -1451,25 +1585,22 @@ class JobDomain:
                 invalid.append(err)
                 ended = CANCELLED if job.cancel_requested else FAILED
                 return SubmitOutcome(job.job_id, ended, "", output_hash, False)
+            if job.api_key_mode == "platform_key":
+                await breaker_mod.record_ending(
+                    session, self.clock, self.settings, None, breaker_peek
+                )
             result_id = new_id()
-            await session.execute(
-                sqlcache.statement(
-                    ("insert_result", self.clock.dialect),
-                    lambda: insert(results).values(created_at=self.clock.now()),
-                ),
-                {
-                    "result_id": result_id,
-                    "idempotency_key": key,
-                    "job_id": job.job_id,
-                    "attempt_no": lease.attempt_no,
-                    "output_hash": output_hash,
-                    "prompt_version": prompt_version,
-                    "output_schema_version": output_schema_version,
-                    "output": output,
-                },
-            )
-            ok = await apply(
-                session,
+            result_row = {
+                "result_id": result_id,
+                "idempotency_key": key,
+                "job_id": job.job_id,
+                "attempt_no": lease.attempt_no,
+                "output_hash": output_hash,
+                "prompt_version": prompt_version,
+                "output_schema_version": output_schema_version,
+                "output": output,
+            }
+            succeed = transition_sql(
                 self.clock,
                 Op.SUCCEED,
                 job_id=job.job_id,
@@ -1485,12 +1616,35 @@ class JobDomain:
                     "error_message": None,
                 },
             )
+            if succeed is None:
+                raise self._lease_lost(job, lease)
+            if supports_batches(session):
+                # Everything left is decided: one round trip, the COMMIT included.
+                # The fence stops it before the event and COMMIT if the lease
+                # lapsed since the read; a re-run after a lost connection
+                # replays by the idempotency key.
+                batch = StatementBatch(session)
+                for call_row in self._call_rows(job, lease.attempt_no, calls):
+                    batch.add(self._insert_calls_key, self._insert_calls_stmt, call_row)
+                batch.add(self._insert_result_key, self._insert_result_stmt, result_row)
+                batch.add(succeed.key, succeed.build, succeed.params)
+                batch.fence("succeed")
+                if succeed.event is not None:
+                    batch.add(*event_sql(self.clock), succeed.event)
+                batch.commit()
+                try:
+                    await batch.run()
+                except FenceBroken:
+                    raise self._lease_lost(job, lease) from None
+                return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+            await self._insert_calls(session, job, lease.attempt_no, calls)
+            await session.execute(
+                sqlcache.statement(self._insert_result_key, self._insert_result_stmt),
+                result_row,
+            )
+            ok = await run_transition(session, self.clock, succeed)
             if not ok:
                 raise self._lease_lost(job, lease)
-            if job.api_key_mode == "platform_key":
-                await breaker_mod.record_ending(
-                    session, self.clock, self.settings, None, breaker_peek
-                )
             return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
 
         outcome = await self.lean_tx(body)
@@ -1959,8 +2113,17 @@ class JobDomain:
     ) -> list[str]:
         """Log ``calls`` of ``job``'s attempt ``attempt_no`` with their cost, in the caller's
         tx; a call's empty model/provider/key mode is the job's. Returns the log ids."""
-        if not calls:
-            return []
+        rows = self._call_rows(job, attempt_no, calls)
+        if rows:
+            await session.execute(
+                sqlcache.statement(self._insert_calls_key, self._insert_calls_stmt), rows
+            )
+        return [str(row["id"]) for row in rows]
+
+    def _call_rows(
+        self, job: JobRecord, attempt_no: int, calls: Sequence[ModelCallInput]
+    ) -> list[dict[str, Any]]:
+        """The invocation log rows of ``calls`` (values of :meth:`_insert_calls_stmt`)."""
         rows = []
         for c in calls:
             model_name = c.model_name or job.model_name
@@ -1990,12 +2153,21 @@ class JobDomain:
                     ),
                 }
             )
-        stmt = sqlcache.statement(
-            ("insert_calls", self.clock.dialect),
-            lambda: insert(invocations).values(created_at=self.clock.now()),
-        )
-        await session.execute(stmt, rows)
-        return [str(row["id"]) for row in rows]
+        return rows
+
+    @property
+    def _insert_calls_key(self) -> tuple[str, str]:
+        return ("insert_calls", self.clock.dialect)
+
+    def _insert_calls_stmt(self) -> Any:
+        return insert(invocations).values(created_at=self.clock.now())
+
+    @property
+    def _insert_result_key(self) -> tuple[str, str]:
+        return ("insert_result", self.clock.dialect)
+
+    def _insert_result_stmt(self) -> Any:
+        return insert(results).values(created_at=self.clock.now())
 
     async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
         """Cost rollup over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).

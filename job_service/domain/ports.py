@@ -9,6 +9,8 @@ Both are small protocols so tests can substitute fakes.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import grpc
@@ -40,6 +42,25 @@ class SnapshotView(Protocol):
     def payload(self) -> dict[str, Any]: ...
     @property
     def content_hash(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class SnapshotRead:
+    """How to get one snapshot inside a statement batch (``ModuleLearningPort.snapshot_read``).
+
+    Attributes:
+        view: the cached view; None when it must be read.
+        key, build, params: the ``SELECT`` (a :mod:`sqlcache` shape and its values).
+        from_row: the view of the ``SELECT``'s one row.
+        not_found: the error when it returns no row.
+    """
+
+    view: SnapshotView | None
+    key: Hashable
+    build: Callable[[], Any]
+    params: dict[str, Any]
+    from_row: Callable[[Sequence[Any]], SnapshotView]
+    not_found: Callable[[], Exception]
 
 
 class LearningPort(Protocol):
@@ -114,6 +135,25 @@ class ModuleLearningPort:
         from job_service.domain import snapshots
 
         return await snapshots.load_snapshot(session, snapshot_id)
+
+    def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
+        """A snapshot as a batch can read it: the cached view, or the statement.
+
+        For callers sending several statements in one round trip
+        (:mod:`job_service.domain.batch`); :meth:`load_snapshot` is the same read
+        one statement at a time. A port without this method is read that way.
+        """
+        from job_service.domain import snapshots
+
+        cached = snapshots.SNAPSHOT_CACHE.get(snapshot_id)
+        return SnapshotRead(
+            view=cached,
+            key=snapshots.SNAPSHOT_READ_KEY,
+            build=snapshots.snapshot_read_stmt,
+            params={"s_id": snapshot_id},
+            from_row=snapshots.snapshot_from_row,
+            not_found=lambda: snapshots.snapshot_not_found(snapshot_id),
+        )
 
     async def create_generation_plan(self, session: AsyncSession, **kw: Any) -> None:
         from job_service.domain import results

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import String, bindparam, case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
@@ -75,6 +75,7 @@ from airuntime_common.enums import JOB_TYPES, TARGET_TYPES
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import rfc3339
 from job_service.db import DbExec
+from job_service.domain import sqlcache
 from job_service.domain.learning import db_now, insert_ignore, new_id, require_user
 from job_service.learning_models import (
     AiFlashcardGenerationPlan,
@@ -625,6 +626,38 @@ class SnapshotCache:
 SNAPSHOT_CACHE = SnapshotCache()
 
 
+#: :mod:`sqlcache` key of the snapshot read (bound: ``s_id``).
+SNAPSHOT_READ_KEY = ("load_snapshot",)
+
+
+def snapshot_read_stmt() -> Any:
+    """``SELECT`` of one snapshot's view columns by ``snapshot_id`` (bound: ``s_id``);
+    its rows go through :func:`snapshot_from_row`."""
+    table = AiSnapshot.__table__
+    return select(
+        table.c.snapshot_id,
+        table.c.schema_version,
+        table.c.target_type,
+        table.c.target_id,
+        table.c.payload,
+        table.c.content_hash,
+    ).where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+
+
+def snapshot_from_row(row: Sequence[Any]) -> SnapshotView:
+    """The view of a :func:`snapshot_read_stmt` row, kept in :data:`SNAPSHOT_CACHE`."""
+    view = SnapshotView(*row)
+    SNAPSHOT_CACHE.put(view)
+    return view
+
+
+def snapshot_not_found(snapshot_id: str) -> AppError:
+    """``NOT_FOUND`` for a snapshot id with no row."""
+    return AppError(
+        ErrorCode.NOT_FOUND, f"snapshot {snapshot_id!r} not found", {"snapshotId": snapshot_id}
+    )
+
+
 async def load_snapshot(session: DbExec, snapshot_id: str) -> SnapshotView:
     """Read a stored snapshot (through :data:`SNAPSHOT_CACHE`).
 
@@ -634,22 +667,11 @@ async def load_snapshot(session: DbExec, snapshot_id: str) -> SnapshotView:
     cached = SNAPSHOT_CACHE.get(snapshot_id)
     if cached is not None:
         return cached
-    table = AiSnapshot.__table__
-    row = (await session.execute(select(table).where(table.c.snapshot_id == snapshot_id))).first()
+    stmt = sqlcache.statement(SNAPSHOT_READ_KEY, snapshot_read_stmt)
+    row = (await session.execute(stmt, {"s_id": snapshot_id})).first()
     if row is None:
-        raise AppError(
-            ErrorCode.NOT_FOUND, f"snapshot {snapshot_id!r} not found", {"snapshotId": snapshot_id}
-        )
-    view = SnapshotView(
-        row.snapshot_id,
-        row.schema_version,
-        row.target_type,
-        row.target_id,
-        row.payload,
-        row.content_hash,
-    )
-    SNAPSHOT_CACHE.put(view)
-    return view
+        raise snapshot_not_found(snapshot_id)
+    return snapshot_from_row(tuple(row))
 
 
 async def create_generation_plan(

@@ -13,6 +13,7 @@ misread as a lost lease.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -26,6 +27,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    text,
     tuple_,
     update,
 )
@@ -233,6 +235,93 @@ def _set_params(values: dict[str, Any]) -> dict[str, Any]:
     return {f"v_{k}": v for k, v in values.items() if not sqlcache.is_sql(v)}
 
 
+@dataclass(frozen=True)
+class TransitionSql:
+    """One transition as SQL, ready to run or to queue in a batch.
+
+    Attributes:
+        key: the UPDATE's :mod:`sqlcache` key; None for a one-off shape (an
+            unregistered SQL expression among the values).
+        build: makes the UPDATE (bound parameters when ``key`` is set).
+        params: the UPDATE's bound values.
+        event: :func:`event_params` of the event row it appends; None when the
+            transition records none (or the caller appends it).
+    """
+
+    key: Any
+    build: Callable[[], Any]
+    params: dict[str, Any]
+    event: dict[str, Any] | None
+
+
+def transition_sql(
+    clock: DbClock,
+    op: Op,
+    *,
+    job_id: str,
+    actor: str,
+    values: dict[str, Any] | None = None,
+    lease: Lease | None = None,
+    where: ColumnElement[bool] | None = None,
+    from_state: str | None = None,
+    error_code: str | None = None,
+    attempt_no: int | None = None,
+    record: bool = True,
+) -> TransitionSql | None:
+    """The conditional UPDATE (and event) of one transition; arguments as :func:`apply`.
+
+    Returns:
+        The SQL, or None when ``from_state`` rules the transition out.
+
+    Raises:
+        ValueError: a holder-only transition without a lease (a programming error).
+    """
+    t = TRANSITIONS[op]
+    if t.holder_only and lease is None:
+        raise ValueError(f"{op} needs a lease")
+    states = t.from_states if from_state is None else t.from_states & {from_state}
+    if not states:
+        return None
+    sets: dict[str, Any] = {"updated_at": clock.now(), **(values or {})}
+    if t.to_state is not None:
+        sets["status"] = t.to_state
+    shape = _shape(sets)
+    where_id = 0 if where is None else sqlcache.stable_id(where)
+    sorted_states = tuple(sorted(states))
+
+    def build(bound: bool) -> Any:
+        conds: list[ColumnElement[bool]] = [
+            jobs.c.job_id == (bindparam("a_job_id", type_=String()) if bound else job_id),
+            jobs.c.status.in_(sorted_states),
+        ]
+        if lease is not None:
+            conds.append(lease_guard_bound(clock) if bound else lease_guard(clock, lease))
+        if where is not None:
+            conds.append(where)
+        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
+
+    event = None
+    if t.records_event and record:
+        frm = from_state if from_state is not None else next(iter(states))
+        if attempt_no is None:
+            attempt_no = lease.attempt_no if lease is not None else 0
+        event = event_params(
+            job_id=job_id,
+            from_status=frm,
+            to_status=t.to_state or frm,
+            actor=actor,
+            attempt_no=attempt_no,
+            error_code=error_code,
+        )
+    if shape is None or where_id is None:
+        return TransitionSql(None, lambda: build(False), {}, event)
+    key = ("apply", clock.dialect, sorted_states, lease is not None, where_id, shape)
+    params: dict[str, Any] = {"a_job_id": job_id, **_set_params(sets)}
+    if lease is not None:
+        params.update(lease_params(lease))
+    return TransitionSql(key, lambda: build(True), params, event)
+
+
 async def apply(
     session: DbExec,
     clock: DbClock,
@@ -273,55 +362,58 @@ async def apply(
     Raises:
         ValueError: a holder-only transition without a lease (a programming error).
     """
-    t = TRANSITIONS[op]
-    if t.holder_only and lease is None:
-        raise ValueError(f"{op} needs a lease")
-    states = t.from_states if from_state is None else t.from_states & {from_state}
-    if not states:
-        return False
-    sets: dict[str, Any] = {"updated_at": clock.now(), **(values or {})}
-    if t.to_state is not None:
-        sets["status"] = t.to_state
-    shape = _shape(sets)
-    where_id = 0 if where is None else sqlcache.stable_id(where)
-    sorted_states = tuple(sorted(states))
+    sql = transition_sql(
+        clock,
+        op,
+        job_id=job_id,
+        actor=actor,
+        values=values,
+        lease=lease,
+        where=where,
+        from_state=from_state,
+        error_code=error_code,
+        attempt_no=attempt_no,
+        record=record,
+    )
+    return sql is not None and await run_transition(session, clock, sql)
 
-    def build(bound: bool) -> Any:
-        conds: list[ColumnElement[bool]] = [
-            jobs.c.job_id == (bindparam("a_job_id", type_=String()) if bound else job_id),
-            jobs.c.status.in_(sorted_states),
-        ]
-        if lease is not None:
-            conds.append(lease_guard_bound(clock) if bound else lease_guard(clock, lease))
-        if where is not None:
-            conds.append(where)
-        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
 
-    if shape is None or where_id is None:
-        result = await session.execute(build(False))
+async def run_transition(session: DbExec, clock: DbClock, sql: TransitionSql) -> bool:
+    """Run a :func:`transition_sql`: its UPDATE, then its event when exactly one row matched.
+
+    Returns:
+        True when the transition happened; False when refused (nothing written).
+    """
+    if sql.key is None:
+        result = await session.execute(sql.build())
     else:
-        key = ("apply", clock.dialect, sorted_states, lease is not None, where_id, shape)
-        params: dict[str, Any] = {"a_job_id": job_id, **_set_params(sets)}
-        if lease is not None:
-            params.update(lease_params(lease))
-        result = await session.execute(sqlcache.statement(key, lambda: build(True)), params)
+        result = await session.execute(sqlcache.statement(sql.key, sql.build), sql.params)
     if result.rowcount != 1:  # type: ignore[attr-defined]
         return False
-    if t.records_event and record:
-        frm = from_state if from_state is not None else next(iter(states))
-        if attempt_no is None:
-            attempt_no = lease.attempt_no if lease is not None else 0
-        await record_event(
-            session,
-            clock,
-            job_id=job_id,
-            from_status=frm,
-            to_status=t.to_state or frm,
-            actor=actor,
-            attempt_no=attempt_no,
-            error_code=error_code,
-        )
+    if sql.event is not None:
+        stmt = sqlcache.statement(("record_event", clock.dialect), _record_event_stmt)
+        await session.execute(stmt, sql.event)
     return True
+
+
+def event_params(
+    *,
+    job_id: str,
+    from_status: str | None,
+    to_status: str,
+    actor: str,
+    attempt_no: int,
+    error_code: str | None = None,
+) -> dict[str, Any]:
+    """The bound values of one event row (:func:`record_event`'s statement)."""
+    return {
+        "e_job_id": job_id,
+        "e_from": from_status,
+        "e_to": to_status,
+        "e_code": error_code,
+        "e_actor": actor[:160],
+        "e_attempt": attempt_no,
+    }
 
 
 async def record_event(
@@ -345,18 +437,34 @@ async def record_event(
     stmt = sqlcache.statement(("record_event", clock.dialect), _record_event_stmt)
     await session.execute(
         stmt,
-        {
-            "e_job_id": job_id,
-            "e_from": from_status,
-            "e_to": to_status,
-            "e_code": error_code,
-            "e_actor": actor[:160],
-            "e_attempt": attempt_no,
-        },
+        event_params(
+            job_id=job_id,
+            from_status=from_status,
+            to_status=to_status,
+            actor=actor,
+            attempt_no=attempt_no,
+            error_code=error_code,
+        ),
     )
 
 
-def _record_event_stmt() -> Any:
+def event_sql(clock: DbClock, *, if_matched: bool = False) -> tuple[Hashable, Callable[[], Any]]:
+    """The event row's INSERT as a :mod:`sqlcache` key and builder (values: :func:`event_params`).
+
+    Args:
+        if_matched: MySQL/MariaDB only: append the row only when the statement
+            sent just before it matched exactly one row (``ROW_COUNT() = 1``),
+            so a transition's UPDATE and its event can go in one batch
+            (:mod:`job_service.domain.batch`) whatever the UPDATE matched.
+    """
+    if not if_matched:
+        return ("record_event", clock.dialect), _record_event_stmt
+    if clock.is_sqlite:
+        raise ValueError("if_matched events need MySQL/MariaDB")
+    return ("record_event_if_matched", clock.dialect), lambda: _record_event_stmt(if_matched=True)
+
+
+def _record_event_stmt(*, if_matched: bool = False) -> Any:
     source = select(
         bindparam("e_job_id", type_=String()),
         bindparam("e_from", type_=String()),
@@ -366,9 +474,50 @@ def _record_event_stmt() -> Any:
         bindparam("e_attempt", type_=Integer()),
         jobs.c.updated_at,
     ).where(jobs.c.job_id == bindparam("e_job_id", type_=String()))
+    if if_matched:
+        source = source.where(text("ROW_COUNT() = 1"))
     return insert(events).from_select(
         ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"],
         source,
+    )
+
+
+def transition_many_sql(
+    clock: DbClock,
+    op: Op,
+    *,
+    job_ids: list[str],
+    values: dict[str, Any],
+    where: ColumnElement[bool] | None = None,
+) -> TransitionSql:
+    """One non-holder transition of several jobs as a single guarded UPDATE (no event).
+
+    Raises:
+        ValueError: a holder-only transition (a programming error).
+    """
+    t = TRANSITIONS[op]
+    if t.holder_only:
+        raise ValueError(f"{op} needs a lease")
+    sets: dict[str, Any] = {"updated_at": clock.now(), **values}
+    if t.to_state is not None:
+        sets["status"] = t.to_state
+    shape = _shape(sets)
+    where_id = 0 if where is None else sqlcache.stable_id(where)
+
+    def build(bound: bool) -> Any:
+        conds: list[ColumnElement[bool]] = [
+            jobs.c.job_id.in_(bindparam("m_job_ids", expanding=True) if bound else job_ids),
+            jobs.c.status.in_(sorted(t.from_states)),
+        ]
+        if where is not None:
+            conds.append(where)
+        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
+
+    if shape is None or where_id is None:
+        return TransitionSql(None, lambda: build(False), {}, None)
+    key = ("apply_many", clock.dialect, op, where_id, shape)
+    return TransitionSql(
+        key, lambda: build(True), {"m_job_ids": list(job_ids), **_set_params(sets)}, None
     )
 
 
@@ -390,34 +539,13 @@ async def apply_many(
     Returns:
         Rows matched.
     """
-    t = TRANSITIONS[op]
-    if t.holder_only:
-        raise ValueError(f"{op} needs a lease")
     if not job_ids:
         return 0
-    sets: dict[str, Any] = {"updated_at": clock.now(), **values}
-    if t.to_state is not None:
-        sets["status"] = t.to_state
-    shape = _shape(sets)
-    where_id = 0 if where is None else sqlcache.stable_id(where)
-
-    def build(bound: bool) -> Any:
-        conds: list[ColumnElement[bool]] = [
-            jobs.c.job_id.in_(bindparam("m_job_ids", expanding=True) if bound else job_ids),
-            jobs.c.status.in_(sorted(t.from_states)),
-        ]
-        if where is not None:
-            conds.append(where)
-        return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
-
-    if shape is None or where_id is None:
-        result = await session.execute(build(False))
+    sql = transition_many_sql(clock, op, job_ids=job_ids, values=values, where=where)
+    if sql.key is None:
+        result = await session.execute(sql.build())
     else:
-        key = ("apply_many", clock.dialect, op, where_id, shape)
-        result = await session.execute(
-            sqlcache.statement(key, lambda: build(True)),
-            {"m_job_ids": list(job_ids), **_set_params(sets)},
-        )
+        result = await session.execute(sqlcache.statement(sql.key, sql.build), sql.params)
     return int(result.rowcount)  # type: ignore[attr-defined]
 
 

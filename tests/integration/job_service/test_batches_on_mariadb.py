@@ -1,0 +1,387 @@
+"""Multi-statement batches on MariaDB (job_service.domain.batch) and the hot paths using them.
+
+Skipped without TEST_MYSQL_URL. Each test gets its own database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import String, bindparam, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from airuntime_common.errors import AppError, ErrorCode
+from job_service.db import make_job_engine
+from job_service.domain import snapshots
+from job_service.domain.batch import FenceBroken, StatementBatch
+from job_service.domain.jobs import JobDomain, ModelCallInput
+from job_service.domain.ports import SnapshotRead
+from job_service.domain.statemachine import Lease
+from job_service.learning_models import AiResult, AiSnapshot
+from job_service.models import events, invocations, jobs, workers
+from tests.integration.job_service.conftest import *  # noqa: F403
+from tests.unit.job_service.conftest import (
+    ANALYSIS_OUTPUT,
+    FakeLearning,
+    FakeSnapshot,
+    create_schema,
+    new_job,
+)
+
+pytestmark = pytest.mark.mysql
+
+CAPS = ["learning_state_analysis"]
+WORKER_KEY = ("test_batch_insert_worker",)
+WORKER_READ_KEY = ("test_batch_read_worker",)
+
+
+def _insert_worker() -> Any:
+    return insert(workers)
+
+
+def _read_worker() -> Any:
+    return select(workers.c.instance_id, workers.c.capabilities).where(
+        workers.c.instance_id == bindparam("w_id", type_=String())
+    )
+
+
+def _worker(instance_id: str) -> dict[str, Any]:
+    return {
+        "instance_id": instance_id,
+        "capabilities": ["quiz", "it's"],
+        "in_flight": 0,
+        "last_seen_at": datetime(2026, 1, 1),
+    }
+
+
+@pytest.fixture
+async def engine(mysql_url: str) -> AsyncIterator[AsyncEngine]:
+    await create_schema(mysql_url)
+    eng = make_job_engine(mysql_url)
+    yield eng
+    await eng.dispose()
+
+
+async def _worker_ids(engine: AsyncEngine) -> list[str]:
+    async with engine.connect() as conn:
+        rows = await conn.execute(select(workers.c.instance_id).order_by(workers.c.instance_id))
+        return [r[0] for r in rows]
+
+
+async def _com_commit(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        row = (await conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Com_commit'")).one()
+        await conn.rollback()
+        return int(row[1])
+
+
+async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncEngine) -> None:
+    before = await _com_commit(engine)
+    async with engine.begin() as conn:
+        batch = StatementBatch(conn)
+        first = batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+        second = batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        touched = batch.add(
+            None,
+            lambda: update(workers).where(workers.c.instance_id.in_(["w-a", "w-b", "w-c"])),
+            {"in_flight": 3},
+        )
+        read = batch.add(WORKER_READ_KEY, _read_worker, {"w_id": "w-b"})
+        batch.commit()
+        out = await batch.run()
+    assert [o.rowcount for o in (out[first], out[second], out[touched])] == [1, 1, 2]
+    # rows come back with the column types' processing: JSON decoded, quotes intact
+    assert out[read].rows == [("w-b", ["quiz", "it's"])]
+    assert await _worker_ids(engine) == ["w-a", "w-b"]
+    # the block's own COMMIT was skipped: the batch's was the only one
+    assert await _com_commit(engine) - before == 1
+
+
+async def test_a_statement_after_the_batch_is_committed_too(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        batch = StatementBatch(conn)
+        batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+        batch.commit()
+        await batch.run()
+        # a new implicit transaction: the block's COMMIT must be sent for it
+        await conn.execute(insert(workers).values(**_worker("w-after")))
+    assert await _worker_ids(engine) == ["w-a", "w-after"]
+
+
+async def test_a_broken_fence_stops_the_batch_before_its_commit(engine: AsyncEngine) -> None:
+    with pytest.raises(FenceBroken) as caught:
+        async with engine.begin() as conn:
+            batch = StatementBatch(conn)
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-before"))
+            batch.add(
+                None,
+                lambda: update(workers).where(workers.c.instance_id == "nobody"),
+                {"in_flight": 1},
+            )
+            batch.fence("nobody")
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-after"))
+            batch.commit()
+            await batch.run()
+    assert caught.value.label == "nobody"
+    # the whole transaction rolled back, the statement before the fence included
+    assert await _worker_ids(engine) == []
+
+
+async def test_a_fence_passes_on_exactly_one_row(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        await conn.execute(insert(workers).values(**_worker("w-a")))
+    async with engine.begin() as conn:
+        batch = StatementBatch(conn)
+        batch.add(
+            None,
+            lambda: update(workers).where(workers.c.instance_id == "w-a"),
+            {"in_flight": 1},
+        )
+        batch.fence("w-a")
+        batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        batch.commit()
+        await batch.run()
+    assert await _worker_ids(engine) == ["w-a", "w-b"]
+
+
+async def test_an_error_mid_batch_is_sqlalchemys_and_runs_nothing_after(
+    engine: AsyncEngine,
+) -> None:
+    with pytest.raises(IntegrityError):
+        async with engine.begin() as conn:
+            batch = StatementBatch(conn)
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))  # duplicate key
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-c"))
+            batch.commit()
+            await batch.run()
+    assert await _worker_ids(engine) == []
+
+
+async def test_a_lost_connection_is_invalidated(engine: AsyncEngine, mysql_url: str) -> None:
+    admin = make_job_engine(mysql_url)
+    try:
+        with pytest.raises(DBAPIError) as caught:
+            async with engine.begin() as conn:
+                thread_id = (await conn.execute(select(func.connection_id()))).scalar_one()
+                async with admin.connect() as other:
+                    await other.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+                batch = StatementBatch(conn)
+                batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+                batch.commit()
+                await batch.run()
+        assert caught.value.connection_invalidated
+        assert await _worker_ids(engine) == []  # the pool hands out a live connection
+    finally:
+        await admin.dispose()
+
+
+# ------------------------------------------------------------- the hot paths
+
+
+async def _result_rows(domain: JobDomain, job_id: str) -> int:
+    async with domain.sessions() as s:
+        return len(
+            (await s.execute(select(AiResult.result_id).where(AiResult.job_id == job_id))).all()
+        )
+
+
+async def _history(domain: JobDomain, job_id: str) -> list[tuple[str | None, str]]:
+    evs, _ = await domain.history(job_id)
+    return [(e.from_status, e.to_status) for e in evs]
+
+
+async def test_a_lease_lapsing_after_the_result_read_commits_nothing(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=1)
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    await domain.start(lease)
+    learning = domain.learning
+    assert isinstance(learning, FakeLearning)
+    original = learning.accept_result
+
+    async def slow_accept(session: Any, **kw: Any) -> Any:
+        # the read has seen the lease live; it lapses before the writes
+        await asyncio.sleep(1.3)
+        return await original(session, **kw)
+
+    learning.accept_result = slow_accept  # type: ignore[method-assign]
+    call = _call()
+    with pytest.raises(AppError) as caught:
+        await domain.submit_result(
+            lease,
+            prompt_version="learning_state_analysis.v1",
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+            calls=[call],
+        )
+    assert caught.value.code == ErrorCode.LOCK_NOT_HELD
+    assert await _result_rows(domain, job.job_id) == 0
+    assert (await domain.get(job.job_id)).status == "running"
+    assert await _history(domain, job.job_id) == [
+        (None, "pending"),
+        ("pending", "locked"),
+        ("locked", "running"),
+    ]
+    _, calls = await domain.history(job.job_id)
+    assert calls == []
+
+
+def _call() -> ModelCallInput:
+    return ModelCallInput(
+        model_provider="",
+        model_name="",
+        api_key_mode=None,
+        credential_id=None,
+        prompt_tokens=10,
+        completion_tokens=5,
+        cache_hit_tokens=0,
+        latency_ms=20,
+        outcome="succeeded",
+    )
+
+
+class SnapshotTableLearning(FakeLearning):
+    """FakeLearning whose snapshots are rows of ``ai_snapshots``, read the batched way."""
+
+    def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
+        return SnapshotRead(
+            view=None,
+            key=snapshots.SNAPSHOT_READ_KEY,
+            build=snapshots.snapshot_read_stmt,
+            params={"s_id": snapshot_id},
+            from_row=lambda row: FakeSnapshot(*row),
+            not_found=lambda: AppError(ErrorCode.NOT_FOUND, "no snapshot", None),
+        )
+
+
+async def test_get_snapshot_after_claim_starts_once_and_reads_the_row(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    domain.learning = SnapshotTableLearning()
+    job = await new_job(domain)
+    assert job.snapshot_id
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            insert(AiSnapshot).values(
+                snapshot_id=job.snapshot_id,
+                user_id="u1",
+                job_type="learning_state_analysis",
+                target_type="user",
+                target_id="",
+                schema_version="v1",
+                payload={"blocks": [{"blockId": "b1", "text": "it's"}]},
+                content_hash="c" * 64,
+                created_at=datetime(2026, 1, 1),
+            )
+        )
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+
+    # a caller without the lease: nothing starts, no event
+    with pytest.raises(AppError) as caught:
+        await domain.snapshot(Lease(job.job_id, "intruder", 1))
+    assert caught.value.code == ErrorCode.LOCK_NOT_HELD
+
+    view = await domain.snapshot(lease)
+    assert view.snapshot_id == job.snapshot_id
+    assert view.payload == {"blocks": [{"blockId": "b1", "text": "it's"}]}
+    assert (await domain.get(job.job_id)).status == "running"
+    again = await domain.snapshot(lease)  # a repeat (one statement at a time): no second event
+    assert again.snapshot_id == job.snapshot_id
+    assert await _history(domain, job.job_id) == [
+        (None, "pending"),
+        ("pending", "locked"),
+        ("locked", "running"),
+    ]
+
+
+async def test_verify_lease_in_one_round_trip(make_domain: Callable[..., Any]) -> None:
+    domain: JobDomain = await make_domain()
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    view = await domain.verify_lease(Lease(job.job_id, "w1", 1))
+    assert view.user_id == "u1" and view.model_name == "deepseek-chat"
+    with pytest.raises(AppError) as caught:
+        await domain.verify_lease(Lease(job.job_id, "w1", 2))
+    assert caught.value.code == ErrorCode.LOCK_NOT_HELD
+    with pytest.raises(AppError) as caught:
+        await domain.verify_lease(Lease(uuid.uuid4().hex, "w1", 1))
+    assert caught.value.code == ErrorCode.JOB_NOT_FOUND
+
+
+async def test_a_result_lands_with_its_call_log_event_and_row(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    call = _call()
+    out = await domain.submit_result(
+        lease,
+        prompt_version="learning_state_analysis.v1",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call],
+    )
+    assert out.status == "succeeded" and not out.replayed
+    replay = await domain.submit_result(
+        lease,
+        prompt_version="learning_state_analysis.v1",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call],
+    )
+    assert replay.replayed and replay.result_id == out.result_id
+    assert await _result_rows(domain, job.job_id) == 1
+    async with domain.sessions() as s:
+        stored = (
+            await s.execute(select(AiResult.output).where(AiResult.job_id == job.job_id))
+        ).scalar_one()
+        logged = (await s.execute(select(func.count()).select_from(invocations))).scalar_one()
+        ended = (
+            (await s.execute(select(events.c.to_status).where(events.c.job_id == job.job_id)))
+            .scalars()
+            .all()
+        )
+        row = (
+            await s.execute(
+                select(jobs.c.status, jobs.c.lock_until).where(jobs.c.job_id == job.job_id)
+            )
+        ).one()
+    assert stored == ANALYSIS_OUTPUT
+    assert logged == 1
+    assert ended[-1] == "succeeded" and ended.count("succeeded") == 1
+    assert tuple(row) == ("succeeded", None)
+
+
+async def test_claim_locks_logs_and_reads_a_batch_in_one_round_trip(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    made = [await new_job(domain, user_id=f"u{i}") for i in range(3)]
+    claimed = await domain.claim("w1", CAPS, 5, 0)
+    # in pick order, each exactly as stored (types included: bools, JSON, datetimes)
+    assert [j.job_id for j in claimed] == [j.job_id for j in made]
+    for job in claimed:
+        assert job == await domain.get(job.job_id)
+        assert job.status == "locked" and job.locked_by == "w1" and job.attempt_no == 1
+        assert job.cancel_requested is False and isinstance(job.params, dict)
+        evs, _ = await domain.history(job.job_id)
+        assert [(e.from_status, e.to_status, e.attempt_no, e.actor) for e in evs] == [
+            (None, "pending", 0, evs[0].actor),
+            ("pending", "locked", 1, "runtime:w1"),
+        ]
+        assert evs[1].at == job.locked_at
+    assert await domain.claim("w2", CAPS, 5, 0) == []
