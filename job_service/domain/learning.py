@@ -34,6 +34,7 @@ from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import as_utc, rfc3339, utcnow
 from job_service.db import DbExec, dialect_name
+from job_service.domain import sqlcache
 from job_service.domain.markdown_split import split_document
 from job_service.learning_models import (
     KnowledgePoint,
@@ -87,18 +88,27 @@ async def insert_ignore(session: DbExec, table: Table, rows: list[dict[str, Any]
     if not rows:
         return 0
     dialect = dialect_name(session)
+    if dialect not in ("sqlite", "mysql", "mariadb", "postgresql"):  # pragma: no cover
+        raise AppError(ErrorCode.INTERNAL, f"unsupported database dialect {dialect}")
+    # One shape per table, run with the rows as executemany parameters: the
+    # driver sends them as one multi-row INSERT, and the statement compiles once
+    # (a multi-VALUES ``insert().values(rows)`` has no cache key and compiles
+    # on every call).
+    stmt = sqlcache.statement(
+        ("insert_ignore", dialect, table.name), lambda: _ignore(dialect, table)
+    )
+    result: Any = await session.execute(stmt, rows)
+    return int(result.rowcount)
+
+
+def _ignore(dialect: str, table: Table) -> Any:
     if dialect == "sqlite":
-        stmt: Any = sqlite_insert(table).values(rows).on_conflict_do_nothing()
-    elif dialect in ("mysql", "mariadb"):
-        stmt = mysql_insert(table).values(rows).prefix_with("IGNORE")
-    elif dialect == "postgresql":
+        return sqlite_insert(table).on_conflict_do_nothing()
+    if dialect == "postgresql":  # pragma: no cover - not a supported job database
         from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-        stmt = pg_insert(table).values(rows).on_conflict_do_nothing()
-    else:  # pragma: no cover - unsupported backend
-        raise AppError(ErrorCode.INTERNAL, f"unsupported database dialect {dialect}")
-    result: Any = await session.execute(stmt)
-    return int(result.rowcount)
+        return pg_insert(table).on_conflict_do_nothing()
+    return mysql_insert(table).prefix_with("IGNORE")
 
 
 # ---------------------------------------------------------------- views
