@@ -52,6 +52,9 @@ _env = jinja2.Environment(
     autoescape=False,
     keep_trailing_newline=False,
     trim_blocks=True,
+    # the templates ship with the code and never change under a running worker:
+    # no stat() of every template file on every render
+    auto_reload=False,
 )
 
 
