@@ -230,17 +230,27 @@ def clone_pending(url: URL, template_job_id: str, n: int) -> None:
         conn.close()
 
 
-async def replay(url: URL, capture: Capture, n: int, concurrency: int) -> dict[str, Any]:
+async def replay(
+    url: URL, capture: Capture, n: int, concurrency: int, *, one_per_round_trip: bool = False
+) -> dict[str, Any]:
     """Replay the captured statements for ``n`` jobs with ``concurrency`` connections.
 
+    Args:
+        one_per_round_trip: send every statement of a batch on its own (the
+            protocol without batches), instead of the round trips as captured.
+
     Returns:
-        ``{"jobs", "jobs_per_s", "statements_per_s", "errors", "first_error"}``.
+        ``{"jobs", "jobs_per_s", "statements_per_s", "round_trips_per_s", "errors",
+        "first_error"}``.
     """
-    claim_idx = next(
-        (i for i, s in enumerate(capture.statements) if "SKIP LOCKED" in s.upper()), None
+    sent = (
+        [p for s in capture.statements for p in split_statements(s)]
+        if one_per_round_trip
+        else capture.statements
     )
-    templates = [HEX_ID.split(s) for s in capture.statements]
-    tokens = [HEX_ID.findall(s) for s in capture.statements]
+    claim_idx = next((i for i, s in enumerate(sent) if "SKIP LOCKED" in s.upper()), None)
+    templates = [HEX_ID.split(s) for s in sent]
+    tokens = [HEX_ID.findall(s) for s in sent]
     done = 0
     errors = 0
     first_error: str | None = None

@@ -65,6 +65,17 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
+    single = fl.get("one_statement_per_round_trip")
+    if single:
+        out.append(
+            (
+                f"DB floor @{single['concurrency']} conns, unbatched",
+                _f(single["jobs_per_s"]),
+                "jobs/s",
+                f"the same {fl['statements_per_job']} stmts, one per round trip",
+                "",
+            )
+        )
     pk = r.get("pickup", {})
     for phase in ("idle", "under_load"):
         s = pk.get(phase)

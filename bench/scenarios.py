@@ -148,6 +148,11 @@ async def floor(p: Params) -> dict[str, Any]:
         for slots in p.slots:
             await asyncio.to_thread(floor_mod.clone_pending, url, capture.job_id, p.jobs)
             runs[str(slots)] = await floor_mod.replay(url, capture, p.jobs, slots)
+        # the same statements one per round trip, at the most slots: how much the
+        # batches themselves are worth (and the floor as earlier runs measured it)
+        top = max(p.slots)
+        await asyncio.to_thread(floor_mod.clone_pending, url, capture.job_id, p.jobs)
+        unbatched = await floor_mod.replay(url, capture, p.jobs, top, one_per_round_trip=True)
     return {
         "params": {"jobs": p.jobs, "concurrency": list(p.slots)},
         "statements_per_job": capture.statement_count(),
@@ -155,6 +160,7 @@ async def floor(p: Params) -> dict[str, Any]:
         "statements_by_kind": capture.kinds(),
         "statements": [s[:300] for s in capture.statements],
         "runs": runs,
+        "one_statement_per_round_trip": {"concurrency": top, **unbatched},
     }
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.floor import HEX_ID, job_statements
+from bench.floor import HEX_ID, Capture, job_statements, split_statements
 from bench.harness import pct, summary_ms
 from bench.report import table
 
@@ -53,6 +53,24 @@ def test_job_statements_deinterleaves_and_drops_background() -> None:
         "ROLLBACK",
     ]
     assert HEX_ID.findall(out[1]) == [JOB]
+
+
+def test_a_batch_ending_in_commit_closes_its_transaction() -> None:
+    batch = f"UPDATE ai_runtime_jobs SET status='running' WHERE job_id='{JOB}';\nCOMMIT"
+    queries = [
+        (1, "SELECT job_id FROM ai_runtime_jobs WHERE status='pending' FOR UPDATE SKIP LOCKED"),
+        (1, f"UPDATE ai_runtime_jobs SET status='locked' WHERE job_id IN ('{JOB}');\nCOMMIT"),
+        (1, batch),
+        # the same connection's next transaction is background work, not the job's
+        (1, "SELECT seq FROM ai_runtime_jobs WHERE status='pending' LIMIT 1"),
+        (1, "ROLLBACK"),
+    ]
+    out = job_statements(queries, JOB, None)
+    assert out == [queries[0][1], queries[1][1], batch]
+    capture = Capture(job_id=JOB, statements=out)
+    assert capture.statement_count() == 5
+    assert capture.kinds()["COMMIT"] == 2
+    assert split_statements(batch) == [batch.split(";\n")[0], "COMMIT"]
 
 
 def test_table_marks_missed_targets() -> None:
