@@ -4,8 +4,9 @@ One loop claims as many jobs as there are free slots (long poll with
 ``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
 early). Each claimed job runs in its own task::
 
-    GetSnapshot (the implied start; validated) → render prompt → ResolveCredential
-    → model call(s) → SubmitResult            (or FailJob with the classified code)
+    GetSnapshot (the implied start; validated) → render prompt ┐
+    ResolveCredential (sent at the same time, awaited after)   ┴→ model call(s)
+    → SubmitResult            (or FailJob with the classified code)
 
 The model work runs in an inner task the lease keeper can cancel: a lost lease
 stops it and nothing more is reported; a cancel request stops it and the
@@ -290,29 +291,38 @@ class Worker:
         timeout = job.timeout_seconds if job.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
         job_deadline = started + timeout
 
+        # The key is resolved while the snapshot is read: both only need the lease
+        # (locked or running), and neither waits for the other. The snapshot's
+        # error, if any, is the one reported, as when they ran one after the other.
+        key_call = asyncio.ensure_future(self.client.resolve_credential(run.job_id, run.attempt_no))
         try:
-            snap_resp = await self.client.get_snapshot(run.job_id, run.attempt_no)
-        except AppError as exc:
-            if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.JOB_NOT_FOUND):
-                raise AppError(
-                    ErrorCode.INVALID_SNAPSHOT, "the job's snapshot is missing"
-                ) from None
-            raise
-        snapshot = validate_snapshot(
-            struct_to_dict(snap_resp.payload),
-            schema_version=snap_resp.schema_version,
-            job_type=run.job_type,
-            user_id=job.user_id or None,
-        )
-        params = {**snapshot.params, **struct_to_dict(job.params)}
-        prompt = render_prompt(run.job_type, snapshot, normalize_numbers(params))
-
-        try:
-            cred = await self.client.resolve_credential(run.job_id, run.attempt_no)
-        except AppError as exc:
-            if exc.code == ErrorCode.NOT_FOUND:
-                raise AppError(ErrorCode.INVALID_CREDENTIAL, "no usable model key") from None
-            raise
+            try:
+                snap_resp = await self.client.get_snapshot(run.job_id, run.attempt_no)
+            except AppError as exc:
+                if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.JOB_NOT_FOUND):
+                    raise AppError(
+                        ErrorCode.INVALID_SNAPSHOT, "the job's snapshot is missing"
+                    ) from None
+                raise
+            snapshot = validate_snapshot(
+                struct_to_dict(snap_resp.payload),
+                schema_version=snap_resp.schema_version,
+                job_type=run.job_type,
+                user_id=job.user_id or None,
+            )
+            params = {**snapshot.params, **struct_to_dict(job.params)}
+            prompt = render_prompt(run.job_type, snapshot, normalize_numbers(params))
+            try:
+                cred = await key_call
+            except AppError as exc:
+                if exc.code == ErrorCode.NOT_FOUND:
+                    raise AppError(ErrorCode.INVALID_CREDENTIAL, "no usable model key") from None
+                raise
+        finally:
+            if not key_call.done():
+                key_call.cancel()
+            with contextlib.suppress(BaseException):
+                await key_call  # never leave its error unretrieved
         if not cred.api_key:
             raise AppError(ErrorCode.INVALID_CREDENTIAL, "no model key was resolved for this job")
         run.api_key_mode = cred.api_key_mode or job.api_key_mode

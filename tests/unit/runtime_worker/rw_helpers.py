@@ -290,6 +290,8 @@ class FakeBackend:
     #: method name → number of UNAVAILABLE answers still to give
     unavailable: dict[str, int] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    #: method name → an event the call waits for after it is logged
+    hold: dict[str, asyncio.Event] = field(default_factory=dict)
 
     def add_job(self, job: Any, payload: dict[str, Any] | None = None, version: str = "v1") -> None:
         self.queue.append(job)
@@ -342,6 +344,8 @@ class FakeBackend:
         if iid:
             self.instance_ids.add(iid)
         self.changed.set()
+        if name in self.hold:
+            await self.hold[name].wait()
         if self.unavailable.get(name, 0) > 0:
             self.unavailable[name] -= 1
             await abort(context, AppError(ErrorCode.UNAVAILABLE, "restarting"))

@@ -378,8 +378,24 @@ async def test_invalid_snapshot_fails_before_any_model_call(
     await start_app(backend, apps, provider)
     await b.wait_for(lambda: len(b.fails) == 2)
     assert {f.error_code for f in b.fails} == {ErrorCode.INVALID_SNAPSHOT}
+    # the key may have been resolved alongside the snapshot read, but never used
     assert provider.requests == []
-    assert "ResolveCredential" not in b.names()
+
+
+async def test_the_key_is_resolved_while_the_snapshot_is_read(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.hold["GetSnapshot"] = asyncio.Event()
+    b.add_job(make_job("job-both"))
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    # the snapshot read is still held when the key is asked for
+    await b.wait_for(lambda: "ResolveCredential" in b.names())
+    assert "GetSnapshot" in b.names() and not b.hold["GetSnapshot"].is_set()
+    b.hold["GetSnapshot"].set()
+    await b.wait_for(lambda: bool(b.results))
+    assert b.fails == [] and len(provider.requests) == 1
 
 
 async def test_no_resolved_key_fails_invalid_credential_without_a_call(
