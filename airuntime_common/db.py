@@ -125,7 +125,10 @@ class DisconnectedBeforeCommit(Exception):
 
     The server rolled the transaction back, so running it again is safe;
     :func:`retry_transient` does. (A connection lost *during* COMMIT is not
-    this: whether it committed is unknown, so that error is not retried.)
+    this: whether it committed is unknown, so that error is not retried. The
+    exception is a multi-statement batch ending in COMMIT
+    (:mod:`job_service.domain.batch`), lost before its answer: it is retried,
+    and only transactions that converge when run again end a batch that way.)
     """
 
     def __init__(self, error: DBAPIError) -> None:
@@ -159,6 +162,12 @@ def mark_committed(driver_conn: Any) -> None:
     setattr(driver_conn, _COMMITTED_FLAG, True)
 
 
+def clear_committed(driver_conn: Any) -> None:
+    """Forget :func:`mark_committed` for ``driver_conn`` (its next COMMIT is sent)."""
+    if getattr(driver_conn, _COMMITTED_FLAG, False):
+        setattr(driver_conn, _COMMITTED_FLAG, False)
+
+
 def _skip_commit_after_batch(engine: AsyncEngine) -> None:
     """Dialect COMMIT: nothing when :func:`mark_committed` stands; listeners clear it."""
     dialect = engine.sync_engine.dialect
@@ -172,9 +181,7 @@ def _skip_commit_after_batch(engine: AsyncEngine) -> None:
         base_commit(dbapi_conn)
 
     def clear(conn: Any, *_args: Any) -> None:
-        driver = conn.connection.driver_connection
-        if getattr(driver, _COMMITTED_FLAG, False):
-            setattr(driver, _COMMITTED_FLAG, False)
+        clear_committed(conn.connection.driver_connection)
 
     dialect.do_commit = do_commit  # type: ignore[method-assign,assignment]
     event.listen(engine.sync_engine, "before_cursor_execute", clear)
@@ -189,6 +196,8 @@ def _reset_if_in_transaction(dbapi_conn: Any, _record: Any, state: Any) -> None:
     whether anything is left to roll back; connections being discarded are not
     reset at all.
     """
+    # a flag left by a batch whose block then failed is not handed to the next user
+    clear_committed(getattr(dbapi_conn, "_connection", None))
     if state.terminate_only or state.transaction_was_reset:
         return
     if _in_transaction(dbapi_conn):

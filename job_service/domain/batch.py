@@ -51,7 +51,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Select
 
-from airuntime_common.db import mark_committed
+from airuntime_common.db import clear_committed, mark_committed
 from job_service.db import DbExec
 from job_service.domain import sqlcache
 
@@ -111,14 +111,18 @@ def _compile(dialect: Dialect, stmt: Any, column_keys: list[str]) -> _Compiled:
     compiled = stmt.compile(dialect=dialect, column_keys=column_keys)
     if compiled.insert_prefetch or compiled.update_prefetch:
         raise ValueError("batched statements must not need Python-side column defaults")
+    # the processors SQLAlchemy itself would apply: each type's dialect
+    # implementation (variants and the dialect's type table included)
     processors: dict[str, Callable[[Any], Any]] = {}
     for name, bind in compiled.binds.items():
-        proc = bind.type.bind_processor(dialect)
+        proc = bind.type._cached_bind_processor(dialect)
         if proc is not None:
             processors[name] = proc
     result: tuple[Callable[[Any], Any] | None, ...] | None = None
     if isinstance(stmt, Select):
-        result = tuple(col.type.result_processor(dialect, None) for col in stmt.selected_columns)
+        result = tuple(
+            col.type._cached_result_processor(dialect, None) for col in stmt.selected_columns
+        )
     return _Compiled(
         expand=compiled.construct_expanded_state,
         bind_processors=processors,
@@ -204,7 +208,7 @@ class StatementBatch:
         """
         self._items.append(_Item(None, {}, "COMMIT"))
 
-    def _render(self, driver: Any) -> str:
+    def _render(self, driver: Any) -> list[str]:
         texts: list[str] = []
         escape = driver.escape
         for item in self._items:
@@ -222,7 +226,7 @@ class StatementBatch:
                 for n, v in zip(state.positiontup, values, strict=True)
             )
             texts.append(state.statement % args)
-        return ";\n".join(texts)
+        return texts
 
     async def run(self) -> list[Outcome]:
         """Send every queued statement in one round trip; one :class:`Outcome` per :meth:`add`.
@@ -237,23 +241,32 @@ class StatementBatch:
             return []
         raw = await self._db.get_raw_connection()
         driver: Any = raw.driver_connection
-        sql = self._render(driver)
+        clear_committed(driver)  # this transaction's COMMIT is to be sent unless we send it
+        texts = self._render(driver)
         results: list[Outcome] = []
         cursor = await driver.cursor()
         try:
-            await cursor.execute(sql)
+            await cursor.execute(";\n".join(texts))
             results.append(await self._collect(cursor, 0))
             while await cursor.nextset():
                 results.append(await self._collect(cursor, len(results)))
         except pymysql.err.Error as exc:
-            failed = self._items[len(results)] if len(results) < len(self._items) else None
+            at = len(results)  # the server stopped at the statement that failed
+            failed = self._items[at] if at < len(self._items) else None
             if failed is not None and failed.fence is not None and exc.args[:1] == (FENCE_ERROR,):
                 raise FenceBroken(failed.fence) from None
             disconnect = self._dialect.is_disconnect(exc, raw, cursor)
             if disconnect:
+                # as SQLAlchemy does for its own statements: the pool forgets
+                # every connection opened before this one (a restarted server
+                # dropped them all), then this connection is discarded
+                self._db.sync_engine.pool._invalidate(raw, exc)
                 await self._db.invalidate(exc)
+            # the statement, not the whole batch: its values may be large user data
+            where = f"statement {at + 1} of {len(texts)} of a batch: " if failed else "a batch: "
+            shown = texts[at] if failed is not None else texts[-1]
             raise DBAPIError.instance(
-                sql,
+                where + (shown if len(shown) <= 300 else shown[:300] + " …"),
                 None,
                 exc,
                 pymysql.err.Error,

@@ -1041,8 +1041,11 @@ class JobDomain:
         """Claim's writes after its pick, in one round trip (MySQL/MariaDB).
 
         The lock UPDATE, the event rows (read from the rows it locked: their new
-        ``attemptNo`` and ``lockedAt``), the read of those rows and the COMMIT go
-        as one batch. A job the UPDATE's guard skipped is neither read nor logged.
+        ``attemptNo`` and ``lockedAt``) and the read of those rows go as one
+        batch; the COMMIT follows on its own. Run again after a COMMIT whose
+        answer was lost, a claim would lock other jobs, so a claim is no batch
+        that may end in COMMIT (:mod:`job_service.domain.batch`). A job the
+        UPDATE's guard skipped is neither read nor logged.
         """
         lock = transition_many_sql(
             self.clock,
@@ -1063,7 +1066,6 @@ class JobDomain:
             _claim_read_stmt,
             {"ids": ids, "instance_id": instance_id},
         )
-        batch.commit()
         rows = (await batch.run())[read].rows
         names = JOB_COLUMNS
         return [JobRecord.from_values(names, row) for row in rows]
@@ -1407,9 +1409,11 @@ class JobDomain:
         """GetSnapshot right after claim, in one round trip (MySQL/MariaDB).
 
         The implied start, its event (appended only when the start matched), the
-        snapshot read and the COMMIT go as one batch. None when the start matched
-        no row (a repeat, or a lease not held): the caller then answers as the
-        one-statement path does, in a new transaction.
+        snapshot read and the COMMIT go as one batch. When the snapshot is not
+        cached, the start also requires its row to exist, so a missing snapshot
+        starts nothing. None when the start matched no row (a repeat, a lease not
+        held, a missing snapshot): the caller then answers as the one-statement
+        path does, in a new transaction.
         """
         reader = getattr(self.learning, "snapshot_read", None)
         if reader is None:
@@ -1422,10 +1426,12 @@ class JobDomain:
             actor=runtime_actor(lease.instance_id),
             lease=lease,
             values={"started_at": self.clock.now()},
+            where=None if read.view is not None else read.exists,
         )
         assert start is not None and start.event is not None  # START always records
+        params = start.params if read.view is not None else {**start.params, **read.params}
         batch = StatementBatch(session)
-        started = batch.add(start.key, start.build, start.params)
+        started = batch.add(start.key, start.build, params)
         batch.add(*event_sql(self.clock, if_matched=True), start.event)
         loaded = None if read.view is not None else batch.add(read.key, read.build, read.params)
         batch.commit()

@@ -51,6 +51,8 @@ class SnapshotRead:
     Attributes:
         view: the cached view; None when it must be read.
         key, build, params: the ``SELECT`` (a :mod:`sqlcache` shape and its values).
+        exists: a registered (:func:`sqlcache.stable`) condition, bound by the same
+            ``params``: the snapshot's row exists.
         from_row: the view of the ``SELECT``'s one row.
         not_found: the error when it returns no row.
     """
@@ -59,6 +61,7 @@ class SnapshotRead:
     key: Hashable
     build: Callable[[], Any]
     params: dict[str, Any]
+    exists: Any
     from_row: Callable[[Sequence[Any]], SnapshotView]
     not_found: Callable[[], Exception]
 
@@ -151,6 +154,7 @@ class ModuleLearningPort:
             key=snapshots.SNAPSHOT_READ_KEY,
             build=snapshots.snapshot_read_stmt,
             params={"s_id": snapshot_id},
+            exists=snapshots.snapshot_exists(),
             from_row=snapshots.snapshot_from_row,
             not_found=lambda: snapshots.snapshot_not_found(snapshot_id),
         )

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import String, bindparam, case, func, select, update
+from sqlalchemy import String, bindparam, case, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
@@ -642,6 +642,19 @@ def snapshot_read_stmt() -> Any:
         table.c.payload,
         table.c.content_hash,
     ).where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+
+
+def snapshot_exists() -> Any:
+    """``EXISTS`` (a snapshot row with ``snapshot_id = :s_id``), one shared registered
+    expression, for a statement that must not happen without the snapshot."""
+
+    def build() -> Any:
+        table = AiSnapshot.__table__
+        return sqlcache.stable(
+            exists().where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+        )
+
+    return sqlcache.statement(("snapshot_exists",), build)
 
 
 def snapshot_from_row(row: Sequence[Any]) -> SnapshotView:

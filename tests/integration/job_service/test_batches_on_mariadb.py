@@ -153,7 +153,7 @@ async def test_a_fence_passes_on_exactly_one_row(engine: AsyncEngine) -> None:
 async def test_an_error_mid_batch_is_sqlalchemys_and_runs_nothing_after(
     engine: AsyncEngine,
 ) -> None:
-    with pytest.raises(IntegrityError):
+    with pytest.raises(IntegrityError) as caught:
         async with engine.begin() as conn:
             batch = StatementBatch(conn)
             batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
@@ -162,6 +162,9 @@ async def test_an_error_mid_batch_is_sqlalchemys_and_runs_nothing_after(
             batch.commit()
             await batch.run()
     assert await _worker_ids(engine) == []
+    # the error names the failing statement, not the whole batch
+    assert "statement 2 of 4 of a batch: INSERT INTO ai_runtime_workers" in str(caught.value)
+    assert "w-c" not in str(caught.value)
 
 
 async def test_a_lost_connection_is_invalidated(engine: AsyncEngine, mysql_url: str) -> None:
@@ -180,6 +183,60 @@ async def test_a_lost_connection_is_invalidated(engine: AsyncEngine, mysql_url: 
         assert await _worker_ids(engine) == []  # the pool hands out a live connection
     finally:
         await admin.dispose()
+
+
+async def test_a_batch_commit_never_skips_a_later_transactions_commit(
+    engine: AsyncEngine,
+) -> None:
+    # the block fails after its batch committed: the skip must not outlive it
+    with pytest.raises(RuntimeError):
+        async with engine.begin() as conn:
+            batch = StatementBatch(conn)
+            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+            batch.commit()
+            await batch.run()
+            raise RuntimeError("after the batch")
+    # the same pooled connection, a batch without COMMIT: the block's COMMIT is sent
+    async with engine.begin() as conn:
+        batch = StatementBatch(conn)
+        batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        await batch.run()
+    assert await _worker_ids(engine) == ["w-a", "w-b"]
+
+
+async def test_a_restarted_server_costs_one_failed_batch_not_one_per_connection(
+    mysql_url: str,
+) -> None:
+    await create_schema(mysql_url)
+    engine = make_job_engine(mysql_url)
+    admin = make_job_engine(mysql_url)
+    try:
+        # four pooled connections, all dropped by the server at once
+        conns = [await engine.connect() for _ in range(4)]
+        ids = [(await c.execute(select(func.connection_id()))).scalar_one() for c in conns]
+        for c in conns:
+            await c.close()
+        async with admin.connect() as other:
+            for thread_id in ids:
+                await other.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
+        with pytest.raises(DBAPIError) as caught:
+            async with engine.begin() as conn:
+                batch = StatementBatch(conn)
+                batch.add(WORKER_KEY, _insert_worker, _worker("w-lost"))
+                batch.commit()
+                await batch.run()
+        assert caught.value.connection_invalidated
+        # the pool dropped the other dead connections too: the next batches all run
+        for i in range(4):
+            async with engine.begin() as conn:
+                batch = StatementBatch(conn)
+                batch.add(WORKER_KEY, _insert_worker, _worker(f"w-{i}"))
+                batch.commit()
+                await batch.run()
+        assert await _worker_ids(engine) == ["w-0", "w-1", "w-2", "w-3"]
+    finally:
+        await admin.dispose()
+        await engine.dispose()
 
 
 # ------------------------------------------------------------- the hot paths
@@ -253,12 +310,16 @@ def _call() -> ModelCallInput:
 class SnapshotTableLearning(FakeLearning):
     """FakeLearning whose snapshots are rows of ``ai_snapshots``, read the batched way."""
 
+    async def load_snapshot(self, session: Any, snapshot_id: str) -> Any:
+        return await snapshots.load_snapshot(session, snapshot_id)
+
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         return SnapshotRead(
             view=None,
             key=snapshots.SNAPSHOT_READ_KEY,
             build=snapshots.snapshot_read_stmt,
             params={"s_id": snapshot_id},
+            exists=snapshots.snapshot_exists(),
             from_row=lambda row: FakeSnapshot(*row),
             not_found=lambda: AppError(ErrorCode.NOT_FOUND, "no snapshot", None),
         )
@@ -304,6 +365,20 @@ async def test_get_snapshot_after_claim_starts_once_and_reads_the_row(
         ("pending", "locked"),
         ("locked", "running"),
     ]
+
+
+async def test_get_snapshot_of_a_missing_snapshot_starts_nothing(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    domain.learning = SnapshotTableLearning()
+    job = await new_job(domain)  # its snapshot has no ai_snapshots row
+    await domain.claim("w1", CAPS, 1, 0)
+    with pytest.raises(AppError) as caught:
+        await domain.snapshot(Lease(job.job_id, "w1", 1))
+    assert caught.value.code == ErrorCode.NOT_FOUND
+    assert (await domain.get(job.job_id)).status == "locked"
+    assert await _history(domain, job.job_id) == [(None, "pending"), ("pending", "locked")]
 
 
 async def test_verify_lease_in_one_round_trip(make_domain: Callable[..., Any]) -> None:
