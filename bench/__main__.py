@@ -25,10 +25,28 @@ from bench.harness import mysql_base_url
 from bench.report import table
 from bench.scenarios import SCENARIOS, Params
 
+EPILOG = """terms in the table:
+  DB floor        one job's SQL, captured from MariaDB's general log and replayed
+                  with plain aiomysql connections, no services: the most jobs/s
+                  the database allows for this SQL
+  ratio to floor  full-path jobs/s / floor jobs/s at the same concurrency
+  round trips     the floor keeps the service's round trips (hot-path statements
+                  go as multi-statement batches); "unbatched" sends the same
+                  statements one per round trip, at the highest concurrency
+  errors          replayed statements that failed (e.g. deadlocks the services
+                  would retry); their jobs still count
+  CPU per job     user+system CPU of the services (MariaDB shown, not summed)
+targets assume the 2-core machine the project is measured on."""
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command line (see module doc)."""
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument(
         "--scenario",
         action="append",

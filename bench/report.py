@@ -39,7 +39,7 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     _f(round(sum(v for k, v in cpu.items() if not k.startswith("mariadb")), 2)),
                     "ms",
                     shown,
-                    "services only",
+                    "excl. MariaDB",
                 )
             )
         floor_run = fl.get("runs", {}).get(slots)

@@ -2,10 +2,17 @@
 
 The runtime hot path's transactions are short, and after their first read
 most of what they write is already decided: SubmitResult's locking read has
-checked the lease, so the invocation log, the result row, the job's UPDATE,
-its event and the COMMIT follow whatever they return. Sent one by one they
-cost a round trip each, and in the job service every round trip costs far
-more CPU (driver, event loop, SQLAlchemy) than the server's work on it.
+checked the lease, so what follows (the invocation log, the result row, the
+job's UPDATE, its event, the COMMIT) is decided by that read. Only the UPDATE's
+outcome still matters, since the lease may lapse after the read, and a fence
+checks it. Sent one by one these statements cost a round trip each, and in
+the job service every round trip costs far more CPU (driver, event loop,
+SQLAlchemy) than the server's work on it.
+
+Batched: claim (lock UPDATE + events + read; its COMMIT is sent alone),
+GetSnapshot's implied start with its event and snapshot read, the lease check
+behind ResolveCredential (VerifyLease), and SubmitResult's writes after its
+read. FailJob and everything off the hot path run one statement at a time.
 
 :class:`StatementBatch` sends such a run of statements as one multi-statement
 query (``CLIENT.MULTI_STATEMENTS``, set on every MySQL engine by
@@ -32,7 +39,8 @@ Two things keep a batch as safe as the statements sent one by one:
   domain retries: a batch ending in COMMIT may then have committed, so only
   transactions that converge when run again (a replayed result, an implied
   start that matches no row the second time) may end a batch with
-  :meth:`StatementBatch.commit`.
+  :meth:`StatementBatch.commit`. A claim does not: run again, it would lock
+  other jobs, so its COMMIT is sent alone.
 
 SQLite has no round trips to save (it runs in process), so batches are for
 MySQL/MariaDB only: :func:`supports_batches` tells, and callers keep their
