@@ -33,8 +33,8 @@ EPILOG = """terms in the table:
   round trips     the floor keeps the service's round trips (hot-path statements
                   go as multi-statement batches); "unbatched" sends the same
                   statements one per round trip, at the highest concurrency
-  errors          replayed statements that failed (e.g. deadlocks the services
-                  would retry); their jobs still count
+  errors          replayed statements that failed (a deadlock is retried with
+                  its whole transaction, as the services do, and not counted)
   CPU per job     user+system CPU of the services (MariaDB shown, not summed)
 targets assume the 2-core machine the project is measured on."""
 

@@ -39,10 +39,33 @@ def _ends_transaction(text: str) -> bool:
     return split_statements(text)[-1].strip().upper() in {"COMMIT", "ROLLBACK"}
 
 
+_TABLE = re.compile(r"\b(?:FROM|INTO|UPDATE)\s+`?([a-z_]+)`?", re.IGNORECASE)
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.|'')*'")
+
+
+def _outer(stmt: str) -> str:
+    """``stmt`` without its string literals and parenthesised parts (subqueries)."""
+    text = _QUOTED.sub("''", stmt)
+    out: list[str] = []
+    depth = 0
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    return "".join(out)
+
+
 def _kind(stmt: str) -> str:
+    """Verb and table of a statement, e.g. ``SELECT ai_runtime_jobs`` (the statement's own
+    table, not a subquery's); ``SET fence`` for a batch's fence."""
     words = stmt.strip().split()
     head = " ".join(words[:1]).upper() if words else ""
-    m = re.search(r"\b(?:FROM|INTO|UPDATE)\s+`?([a-z_]+)`?", stmt, re.IGNORECASE)
+    if head == "SET" and "@airt_fence" in stmt:
+        return "SET fence"
+    m = _TABLE.search(_outer(stmt)) or _TABLE.search(stmt)
     return (
         f"{head} {m.group(1)}" if m and head in {"SELECT", "INSERT", "UPDATE", "DELETE"} else head
     )
@@ -241,7 +264,9 @@ async def replay(
 
     Returns:
         ``{"jobs", "jobs_per_s", "statements_per_s", "round_trips_per_s", "errors",
-        "first_error"}``.
+        "deadlocks_retried", "first_error"}``; a deadlock (1213) or lock wait timeout
+        (1205) runs its whole transaction again, as the services do, and only
+        other failures count as errors.
     """
     sent = (
         [p for s in capture.statements for p in split_statements(s)]
@@ -251,8 +276,10 @@ async def replay(
     claim_idx = next((i for i, s in enumerate(sent) if "SKIP LOCKED" in s.upper()), None)
     templates = [HEX_ID.split(s) for s in sent]
     tokens = [HEX_ID.findall(s) for s in sent]
+    ends = [_ends_transaction(s) for s in sent]
     done = 0
     errors = 0
+    retried = 0
     first_error: str | None = None
     remaining = [n]
 
@@ -265,7 +292,7 @@ async def replay(
         return "".join(out)
 
     async def slot() -> None:
-        nonlocal done, errors, first_error
+        nonlocal done, errors, first_error, retried
         conn = await aiomysql.connect(
             host=url.host or "127.0.0.1",
             port=url.port or 3306,
@@ -281,7 +308,8 @@ async def replay(
             while remaining[0] > 0:
                 remaining[0] -= 1
                 mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
-                for i in range(len(templates)):
+                i = tx_start = tries = 0
+                while i < len(templates):
                     sql = render(i, mapping)
                     try:
                         async with conn.cursor() as cur:
@@ -296,10 +324,19 @@ async def replay(
                             while await cur.nextset():  # the rest of a batch
                                 await cur.fetchall()
                     except pymysql.err.MySQLError as exc:
+                        await conn.rollback()
+                        if exc.args[:1] in ((1213,), (1205,)) and tries < 5:
+                            # a deadlock: the whole transaction again, as the services do
+                            retried += 1
+                            tries += 1
+                            i = tx_start
+                            continue
                         errors += 1
                         if first_error is None:
                             first_error = f"{exc!r} in {sql[:200]}"
-                        await conn.rollback()
+                    if ends[i]:
+                        tx_start, tries = i + 1, 0
+                    i += 1
                 done += 1
         finally:
             conn.close()
@@ -314,6 +351,7 @@ async def replay(
         "statements_per_s": round(done * capture.statement_count() / elapsed, 1),
         "round_trips_per_s": round(done * len(templates) / elapsed, 1),
         "errors": errors,
+        "deadlocks_retried": retried,
         "first_error": first_error,
     }
 

@@ -61,7 +61,8 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 _f(run["jobs_per_s"]),
                 "jobs/s",
                 f"{fl['statements_per_job']} stmts in {fl.get('round_trips_per_job', '?')}"
-                f" round trips/job, errors {run['errors']}",
+                f" round trips/job, errors {run['errors']},"
+                f" deadlocks retried {run.get('deadlocks_retried', 0)}",
                 "",
             )
         )

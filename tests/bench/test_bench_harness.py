@@ -73,6 +73,23 @@ def test_a_batch_ending_in_commit_closes_its_transaction() -> None:
     assert split_statements(batch) == [batch.split(";\n")[0], "COMMIT"]
 
 
+def test_statement_kinds_name_the_statements_own_table() -> None:
+    read = (
+        "SELECT ai_runtime_jobs.seq, (SELECT ai_results.result_id FROM ai_results"
+        " WHERE ai_results.idempotency_key = 'a) FROM x') AS prior FROM ai_runtime_jobs"
+        " WHERE ai_runtime_jobs.job_id = 'j' FOR UPDATE"
+    )
+    fence = "SET @airt_fence = IF(ROW_COUNT() = 1, 1, (SELECT 1 UNION ALL SELECT 2))"
+    insert = "INSERT INTO ai_runtime_job_events (job_id) SELECT ai_runtime_jobs.job_id FROM ai_runtime_jobs"
+    capture = Capture(job_id=JOB, statements=[f"{read};\n{fence};\n{insert};\nCOMMIT"])
+    assert capture.kinds() == {
+        "SELECT ai_runtime_jobs": 1,
+        "SET fence": 1,
+        "INSERT ai_runtime_job_events": 1,
+        "COMMIT": 1,
+    }
+
+
 def test_table_marks_missed_targets() -> None:
     doc = {
         "results": {
