@@ -70,6 +70,7 @@ from job_service.domain.statemachine import (
     TERMINAL,
     Lease,
     Op,
+    TransitionSql,
     apply,
     apply_many,
     event_sql,
@@ -314,23 +315,25 @@ _JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
 JOB_COLUMNS: tuple[str, ...] = tuple(c.key for c in jobs.c)
 
 
+def _claimed(stmt: Any) -> Any:
+    """``stmt`` narrowed to the rows a claim just locked (bound: ``ids`` list,
+    ``instance_id``), in pick order."""
+    return stmt.where(
+        jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+        jobs.c.status == LOCKED,
+        jobs.c.locked_by == bindparam("instance_id", type_=String()),
+    ).order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+
+
 def _claim_read_stmt() -> Any:
-    """The rows a claim just locked (bound: ``ids`` list, ``instance_id``), in pick order."""
-    return (
-        select(jobs)
-        .where(
-            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-            jobs.c.status == LOCKED,
-            jobs.c.locked_by == bindparam("instance_id", type_=String()),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-    )
+    """The rows a claim just locked (see :func:`_claimed`)."""
+    return _claimed(select(jobs))
 
 
 def _claim_events_stmt() -> Any:
     """The pending → locked event of every row a claim just locked, read from the rows
     (bound: ``ids``, ``instance_id``, ``e_actor``)."""
-    source = (
+    source = _claimed(
         select(
             jobs.c.job_id,
             bindparam("e_from", PENDING, type_=String()),
@@ -340,12 +343,6 @@ def _claim_events_stmt() -> Any:
             jobs.c.attempt_no,
             jobs.c.locked_at,
         )
-        .where(
-            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-            jobs.c.status == LOCKED,
-            jobs.c.locked_by == bindparam("instance_id", type_=String()),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
     )
     return insert(events).from_select(
         ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"], source
@@ -1067,8 +1064,7 @@ class JobDomain:
             {"ids": ids, "instance_id": instance_id},
         )
         rows = (await batch.run())[read].rows
-        names = JOB_COLUMNS
-        return [JobRecord.from_values(names, row) for row in rows]
+        return [JobRecord.from_values(JOB_COLUMNS, row) for row in rows]
 
     def _claim_pick_stmt(self) -> Any:
         """Claim's candidate read (bound: ``caps`` list, ``n``), ``SKIP LOCKED`` on MySQL."""
@@ -1225,15 +1221,22 @@ class JobDomain:
 
     async def _start(self, session: DbExec, lease: Lease) -> bool:
         """locked → running for the lease holder; False when not locked or not held."""
-        return await apply(
-            session,
+        return await run_transition(session, self.clock, self._start_sql(lease))
+
+    def _start_sql(self, lease: Lease, where: Any = None) -> TransitionSql:
+        """The implied start (locked → running) of ``lease``'s job, and its event;
+        ``where``: an extra registered guard."""
+        sql = transition_sql(
             self.clock,
             Op.START,
             job_id=lease.job_id,
             actor=runtime_actor(lease.instance_id),
             lease=lease,
             values={"started_at": self.clock.now()},
+            where=where,
         )
+        assert sql is not None and sql.event is not None  # START always applies and records
+        return sql
 
     def _remember_claimed(self, claimed: Sequence[JobRecord]) -> None:
         for job in claimed:
@@ -1419,16 +1422,8 @@ class JobDomain:
         if reader is None:
             return None
         read: SnapshotRead = reader(snapshot_id)
-        start = transition_sql(
-            self.clock,
-            Op.START,
-            job_id=lease.job_id,
-            actor=runtime_actor(lease.instance_id),
-            lease=lease,
-            values={"started_at": self.clock.now()},
-            where=None if read.view is not None else read.exists,
-        )
-        assert start is not None and start.event is not None  # START always records
+        start = self._start_sql(lease, None if read.view is not None else read.exists)
+        assert start.event is not None
         params = start.params if read.view is not None else {**start.params, **read.params}
         batch = StatementBatch(session)
         started = batch.add(start.key, start.build, params)

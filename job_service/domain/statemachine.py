@@ -384,16 +384,20 @@ async def run_transition(session: DbExec, clock: DbClock, sql: TransitionSql) ->
     Returns:
         True when the transition happened; False when refused (nothing written).
     """
+    if await _update(session, sql) != 1:
+        return False
+    if sql.event is not None:
+        await session.execute(sqlcache.statement(*event_sql(clock)), sql.event)
+    return True
+
+
+async def _update(session: DbExec, sql: TransitionSql) -> int:
+    """Run a transition's UPDATE (cached shape, or one-off); rows matched."""
     if sql.key is None:
         result = await session.execute(sql.build())
     else:
         result = await session.execute(sqlcache.statement(sql.key, sql.build), sql.params)
-    if result.rowcount != 1:  # type: ignore[attr-defined]
-        return False
-    if sql.event is not None:
-        stmt = sqlcache.statement(("record_event", clock.dialect), _record_event_stmt)
-        await session.execute(stmt, sql.event)
-    return True
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def event_params(
@@ -434,9 +438,8 @@ async def record_event(
     ``NOW(6)`` that computed ``lockUntil`` / ``availableAt``), not the later
     instant of this second statement.
     """
-    stmt = sqlcache.statement(("record_event", clock.dialect), _record_event_stmt)
     await session.execute(
-        stmt,
+        sqlcache.statement(*event_sql(clock)),
         event_params(
             job_id=job_id,
             from_status=from_status,
@@ -541,12 +544,9 @@ async def apply_many(
     """
     if not job_ids:
         return 0
-    sql = transition_many_sql(clock, op, job_ids=job_ids, values=values, where=where)
-    if sql.key is None:
-        result = await session.execute(sql.build())
-    else:
-        result = await session.execute(sqlcache.statement(sql.key, sql.build), sql.params)
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return await _update(
+        session, transition_many_sql(clock, op, job_ids=job_ids, values=values, where=where)
+    )
 
 
 async def renew_many(

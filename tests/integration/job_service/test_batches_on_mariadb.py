@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,7 @@ from job_service.db import make_job_engine
 from job_service.domain import snapshots
 from job_service.domain.batch import FenceBroken, StatementBatch
 from job_service.domain.jobs import JobDomain, ModelCallInput
-from job_service.domain.ports import SnapshotRead
+from job_service.domain.ports import ModuleLearningPort, SnapshotRead
 from job_service.domain.statemachine import Lease
 from job_service.learning_models import AiResult, AiSnapshot
 from job_service.models import events, invocations, jobs, workers
@@ -29,7 +30,6 @@ from tests.integration.job_service.conftest import *  # noqa: F403
 from tests.unit.job_service.conftest import (
     ANALYSIS_OUTPUT,
     FakeLearning,
-    FakeSnapshot,
     create_schema,
     new_job,
 )
@@ -314,15 +314,8 @@ class SnapshotTableLearning(FakeLearning):
         return await snapshots.load_snapshot(session, snapshot_id)
 
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
-        return SnapshotRead(
-            view=None,
-            key=snapshots.SNAPSHOT_READ_KEY,
-            build=snapshots.snapshot_read_stmt,
-            params={"s_id": snapshot_id},
-            exists=snapshots.snapshot_exists(),
-            from_row=lambda row: FakeSnapshot(*row),
-            not_found=lambda: AppError(ErrorCode.NOT_FOUND, "no snapshot", None),
-        )
+        # the real port's read, never answered from the process's cache
+        return replace(ModuleLearningPort().snapshot_read(snapshot_id), view=None)
 
 
 async def test_get_snapshot_after_claim_starts_once_and_reads_the_row(
