@@ -150,6 +150,13 @@ class PollBody(Body):
     statusAddress: str | None = Field(default=None, max_length=255)
 
 
+class ClaimBody(PollBody):
+    """Claim (SPEC §3): a poll body; ``withSnapshots`` also starts each claimed job
+    (locked → running, the start a snapshot read implies) and answers its snapshot."""
+
+    withSnapshots: bool = False
+
+
 class AttemptBody(Body):
     """Body of start and heartbeat: the attempt whose lease the caller holds."""
 
@@ -509,6 +516,13 @@ class SnapshotOut(BaseModel):
     targetId: str
     payload: dict[str, Any]
     contentHash: str
+
+
+class ClaimedJobs(PolledJobs):
+    """Claim answer; with ``withSnapshots``, also ``snapshots`` by job id (a job
+    missing there, e.g. past the answer's size budget, is read with GET …/snapshot)."""
+
+    snapshots: dict[str, SnapshotOut] | None = None
 
 
 class ResolvedCredential(BaseModel):

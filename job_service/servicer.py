@@ -37,6 +37,7 @@ from job_service.convert import (
 )
 from job_service.domain.breaker import BreakerView
 from job_service.domain.jobs import CreateJobInput, JobDomain, ModelCallInput
+from job_service.domain.ports import SnapshotView
 from job_service.domain.statemachine import Lease
 from job_service.settings import JobServiceSettings
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -129,6 +130,10 @@ MAX_PROMPT_VERSION = 64
 MAX_OUTPUT_SCHEMA_VERSION = 16
 MAX_ERROR_CODE = 64
 MAX_ERROR_MESSAGE = 4000
+#: Snapshot bytes one ClaimJobs answer carries at most (``with_snapshots``); the
+#: jobs past it come without theirs, so the answer stays far below the gRPC
+#: message limit (``MAX_MESSAGE_BYTES``, 8 MiB) whatever the snapshots weigh.
+CLAIM_SNAPSHOTS_MAX_BYTES = 2 * 1024 * 1024
 MAX_RETRY_AFTER_SECONDS = 86400.0
 MAX_MODEL_PROVIDER = 32
 MAX_MODEL_NAME = 64
@@ -413,8 +418,25 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         JobDomain.check_poll_args(caps, request.limit, request.wait_ms)
         _text(request.status_address, "statusAddress", MAX_STATUS_ADDRESS)
         await self.domain.seen(instance, caps, request.status_address or None)
-        found = await self.domain.claim(instance, caps, request.limit, request.wait_ms)
-        return rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+        if not request.with_snapshots:
+            found = await self.domain.claim(instance, caps, request.limit, request.wait_ms)
+            return rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+        found, views = await self.domain.claim_started(
+            instance, caps, request.limit, request.wait_ms
+        )
+        out = rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+        room = CLAIM_SNAPSHOTS_MAX_BYTES
+        for job in found:
+            view = views.get(job.job_id)
+            if view is None:
+                continue
+            snapshot = self._snapshot_proto(view)
+            size = snapshot.ByteSize()
+            if size > room:  # this job's snapshot is read with GetSnapshot
+                continue
+            room -= size
+            out.snapshots[job.job_id].CopyFrom(snapshot)
+        return out
 
     @rpc
     async def LockJob(self, request: rr.LockJobRequest, context: Ctx) -> rr.LockJobResponse:
@@ -485,6 +507,9 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         self, request: rr.GetSnapshotRequest, context: Ctx
     ) -> rr.GetSnapshotResponse:
         snap = await self.domain.snapshot(self._lease(context, request.job_id, request.attempt_no))
+        return self._snapshot_proto(snap)
+
+    def _snapshot_proto(self, snap: SnapshotView) -> rr.GetSnapshotResponse:
         return rr.GetSnapshotResponse(
             snapshot_id=snap.snapshot_id,
             schema_version=snap.schema_version,

@@ -126,17 +126,22 @@ class RuntimeClient:
 
     async def claim_jobs(
         self, capabilities: Sequence[str], limit: int, wait_ms: int, status_address: str
-    ) -> list[Any]:
-        """ClaimJobs: poll + lock up to ``limit`` jobs (SPEC §2.6, §3). Not retried.
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """ClaimJobs with start: poll + lock + start up to ``limit`` jobs, with their
+        snapshots (SPEC §2.3, §2.6, §3). Not retried.
 
         Returns:
-            The claimed ``Job`` messages, each locked to this instance.
+            ``(jobs, snapshots)``: the claimed ``Job`` messages, each leased to this
+            instance, and ``GetSnapshotResponse`` messages by job id. A job without
+            one there (too big for the answer, no snapshot row, or a job_service
+            that only locks) is read with :meth:`get_snapshot`.
         """
         request = rr.ClaimJobsRequest(
             capabilities=cast(Any, [JOB_TYPE.to_proto(c) for c in capabilities]),
             limit=limit,
             wait_ms=wait_ms,
             status_address=status_address,
+            with_snapshots=True,
         )
         response = await self._call(
             self._jobs.ClaimJobs,
@@ -145,7 +150,7 @@ class RuntimeClient:
             retry=False,
             deadline_s=self._rpc_timeout + wait_ms / 1000.0,
         )
-        return list(response.jobs)
+        return list(response.jobs), dict(response.snapshots)
 
     async def start_job(self, job_id: str, attempt_no: int) -> Any:
         """StartJob (idempotent for the holder). Returns ``StartJobResponse``."""

@@ -2,10 +2,13 @@
 
 One loop claims as many jobs as there are free slots (long poll with
 ``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
-early). Each claimed job runs in its own task::
+early). The claim also starts the jobs and carries their snapshots
+(``with_snapshots``), so a job needs no GetSnapshot of its own unless its
+snapshot did not fit in the answer. Each claimed job runs in its own task::
 
-    GetSnapshot (the implied start; validated) → render prompt ┐
-    ResolveCredential (sent at the same time, awaited after)   ┴→ model call(s)
+    snapshot (from the claim, else GetSnapshot: the implied start; validated)
+        → render prompt ┐
+    ResolveCredential (sent at the same time, awaited after) ┴→ model call(s)
     → SubmitResult            (or FailJob with the classified code)
 
 The model work runs in an inner task the lease keeper can cancel: a lost lease
@@ -77,6 +80,8 @@ class JobRun:
 
     Attributes:
         job: the claimed ``Job`` message.
+        snapshot: its ``GetSnapshotResponse`` when the claim answered with it (the
+            job then is already running); None: read with GetSnapshot.
         reason: why the work was stopped (``lease_lost``, ``cancel_requested``,
             ``shutdown``), or None.
         invocations: model calls made so far (recorded when the attempt ends).
@@ -88,6 +93,7 @@ class JobRun:
     job_type: str
     claimed_mono: float
     claimed_wall: datetime
+    snapshot: Any = None
     started_wall: datetime | None = None
     reason: str | None = None
     work: asyncio.Task[tuple[str, dict[str, Any]]] | None = None
@@ -211,7 +217,7 @@ class Worker:
             began = time.monotonic()
             failed = False
             try:
-                jobs = await self.client.claim_jobs(
+                jobs, snapshots = await self.client.claim_jobs(
                     self.capabilities,
                     free,
                     self.settings.LONG_POLL_WAIT_MS,
@@ -219,22 +225,23 @@ class Worker:
                 )
             except AppError as exc:
                 log.warning("claim failed: %s", exc.code, extra={"fields": {"code": exc.code}})
-                jobs = []
+                jobs, snapshots = [], {}
                 failed = True
             except Exception:
                 log.exception("claim crashed")
-                jobs = []
+                jobs, snapshots = [], {}
                 failed = True
             for job in jobs:
-                self._launch(job)
+                self._launch(job, snapshots.get(job.job_id))
             # sleep after a failure, or after an empty answer that came back early
             # (a long poll that waited its time need not sleep again)
             if failed or (not jobs and time.monotonic() - began < poll_s):
                 await self._wait_or_drain(None, poll_s)
 
-    def _launch(self, job: Any) -> None:
+    def _launch(self, job: Any, snapshot: Any = None) -> None:
         run = JobRun(
             job=job,
+            snapshot=snapshot,
             job_id=job.job_id,
             attempt_no=job.attempt_no,
             job_type=JOB_TYPE.to_str_or_none(job.job_type) or "",
@@ -285,7 +292,7 @@ class Worker:
         job = run.job
         if not run.job_type:
             raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no known jobType")
-        # Reading the snapshot is the implied start (SPEC §2.3): one call, not two.
+        # The claim started the job, or reading the snapshot does (SPEC §2.3).
         started = time.monotonic()
         run.started_wall = utcnow()
         timeout = job.timeout_seconds if job.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
@@ -296,14 +303,16 @@ class Worker:
         # error, if any, is the one reported, as when they ran one after the other.
         key_call = asyncio.ensure_future(self.client.resolve_credential(run.job_id, run.attempt_no))
         try:
-            try:
-                snap_resp = await self.client.get_snapshot(run.job_id, run.attempt_no)
-            except AppError as exc:
-                if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.JOB_NOT_FOUND):
-                    raise AppError(
-                        ErrorCode.INVALID_SNAPSHOT, "the job's snapshot is missing"
-                    ) from None
-                raise
+            snap_resp = run.snapshot
+            if snap_resp is None:
+                try:
+                    snap_resp = await self.client.get_snapshot(run.job_id, run.attempt_no)
+                except AppError as exc:
+                    if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.JOB_NOT_FOUND):
+                        raise AppError(
+                            ErrorCode.INVALID_SNAPSHOT, "the job's snapshot is missing"
+                        ) from None
+                    raise
             snapshot = validate_snapshot(
                 struct_to_dict(snap_resp.payload),
                 schema_version=snap_resp.schema_version,

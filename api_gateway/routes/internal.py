@@ -20,6 +20,8 @@ from api_gateway.routes.public import ERRORS
 from api_gateway.schemas import (
     INT32_MAX,
     AttemptBody,
+    ClaimBody,
+    ClaimedJobs,
     CreatedId,
     FailBody,
     FailOut,
@@ -74,15 +76,22 @@ async def poll_jobs(call: RuntimeCaller, body: PollBody) -> dict[str, Any]:
     return {"jobs": [convert.job_json(j) for j in resp.jobs]}
 
 
-@router.post("/jobs/claim", response_model=PolledJobs)
-async def claim_jobs(call: RuntimeCaller, body: PollBody) -> dict[str, Any]:
-    """Poll + lock of up to ``limit`` jobs in one transaction; each is locked to the caller."""
+@router.post("/jobs/claim", response_model=ClaimedJobs, response_model_exclude_unset=True)
+async def claim_jobs(call: RuntimeCaller, body: ClaimBody) -> dict[str, Any]:
+    """Poll + lock of up to ``limit`` jobs in one transaction; each is locked to the caller.
+
+    With ``withSnapshots``, each is also started and the answer carries the snapshots
+    (``{"jobs","snapshots":{jobId: snapshot}}``); without it the answer is ``{"jobs"}``.
+    """
     resp = await call(
         call.job.ClaimJobs,
-        rr.ClaimJobsRequest(**_poll_fields(body)),
+        rr.ClaimJobsRequest(**_poll_fields(body), with_snapshots=body.withSnapshots),
         deadline=_poll_timeout(call, body.waitMs),
     )
-    return {"jobs": [convert.job_json(j) for j in resp.jobs]}
+    out: dict[str, Any] = {"jobs": [convert.job_json(j) for j in resp.jobs]}
+    if body.withSnapshots:
+        out["snapshots"] = {job_id: _snapshot_json(snap) for job_id, snap in resp.snapshots.items()}
+    return out
 
 
 @router.post("/jobs/{jobId}/lock", response_model=LockOut)
@@ -176,6 +185,10 @@ async def get_snapshot(
     resp = await call(
         call.job.GetSnapshot, rr.GetSnapshotRequest(job_id=jobId, attempt_no=attemptNo)
     )
+    return _snapshot_json(resp)
+
+
+def _snapshot_json(resp: rr.GetSnapshotResponse) -> dict[str, Any]:
     return {
         "snapshotId": resp.snapshot_id,
         "schemaVersion": resp.schema_version,

@@ -315,38 +315,62 @@ _JOB_FIELDS = frozenset(f.name for f in fields(JobRecord))
 JOB_COLUMNS: tuple[str, ...] = tuple(c.key for c in jobs.c)
 
 
-def _claimed(stmt: Any) -> Any:
+def _claimed(stmt: Any, status: str = LOCKED) -> Any:
     """``stmt`` narrowed to the rows a claim just locked (bound: ``ids`` list,
-    ``instance_id``), in pick order."""
+    ``instance_id``), now in ``status`` (``running`` once a claim with start
+    started them), in pick order."""
     return stmt.where(
         jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-        jobs.c.status == LOCKED,
+        jobs.c.status == status,
         jobs.c.locked_by == bindparam("instance_id", type_=String()),
     ).order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
 
 
-def _claim_read_stmt() -> Any:
+def _claim_read_stmt(status: str = LOCKED) -> Any:
     """The rows a claim just locked (see :func:`_claimed`)."""
-    return _claimed(select(jobs))
+    return _claimed(select(jobs), status)
 
 
-def _claim_events_stmt() -> Any:
-    """The pending → locked event of every row a claim just locked, read from the rows
-    (bound: ``ids``, ``instance_id``, ``e_actor``)."""
+#: A claim's event rows: to-status → (from-status, the column that holds its time).
+_CLAIM_EVENTS = {LOCKED: (PENDING, jobs.c.locked_at), RUNNING: (LOCKED, jobs.c.started_at)}
+
+
+def _claim_events_stmt(to_status: str = LOCKED) -> Any:
+    """The pending → locked (or, for a claim with start, locked → running) event of
+    every row a claim just moved, read from the rows (bound: ``ids``,
+    ``instance_id``, ``e_actor``); its time is the row's ``lockedAt`` (``startedAt``)."""
+    from_status, at = _CLAIM_EVENTS[to_status]
     source = _claimed(
         select(
             jobs.c.job_id,
-            bindparam("e_from", PENDING, type_=String()),
-            bindparam("e_to", LOCKED, type_=String()),
+            bindparam("e_from", from_status, type_=String()),
+            bindparam("e_to", to_status, type_=String()),
             bindparam("e_code", None, type_=String()),
             bindparam("e_actor", type_=String()),
             jobs.c.attempt_no,
-            jobs.c.locked_at,
-        )
+            at,
+        ),
+        to_status,
     )
     return insert(events).from_select(
         ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"], source
     )
+
+
+#: What a claim returns inside: the jobs, and (claim with start) their snapshots by job id.
+_Claimed = tuple[list[JobRecord], dict[str, SnapshotView]]
+
+
+def _by_job(
+    claimed: Sequence[JobRecord], snapshot_ids: dict[str, str], views: dict[str, SnapshotView]
+) -> dict[str, SnapshotView]:
+    """Each claimed job's snapshot view, by job id (jobs without one left out)."""
+    out: dict[str, SnapshotView] = {}
+    for job in claimed:
+        view = views.get(snapshot_ids.get(job.job_id, ""))
+        if view is not None:
+            out[job.job_id] = view
+    return out
 
 
 def new_id() -> str:
@@ -975,21 +999,53 @@ class JobDomain:
         On MySQL/MariaDB the candidate rows are taken ``FOR UPDATE SKIP LOCKED``
         so concurrent claimers get disjoint batches; on SQLite the transaction
         holds the single write lock.
+
+        Raises:
+            AppError: INVALID_ARGUMENT (bad ``limit``, ``waitMs`` or capabilities).
         """
+        claimed, _ = await self._claim(instance_id, capabilities, limit, wait_ms, start=False)
+        return claimed
+
+    async def claim_started(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
+    ) -> tuple[list[JobRecord], dict[str, SnapshotView]]:
+        """Claim, and start each claimed job, in the same short transaction.
+
+        What :meth:`claim` then :meth:`snapshot` for every job would do, without a
+        call per job: each job goes pending → locked → running (two event rows,
+        SPEC §2.3: the start is the one a snapshot read implies) and its snapshot
+        is read. The jobs come back ``running``.
+
+        Returns:
+            ``(jobs, snapshots)``: the jobs as :meth:`claim` returns them, and the
+            snapshot of each by job id. A job whose snapshot row is missing has
+            none there (:meth:`snapshot` then answers as usual).
+
+        Raises:
+            AppError: INVALID_ARGUMENT (bad ``limit``, ``waitMs`` or capabilities).
+        """
+        return await self._claim(instance_id, capabilities, limit, wait_ms, start=True)
+
+    async def _claim(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int, *, start: bool
+    ) -> tuple[list[JobRecord], dict[str, SnapshotView]]:
         n = self.check_poll_args(capabilities, limit, wait_ms)
         lease_s = self.settings.LOCK_LEASE_SECONDS
         actor = runtime_actor(instance_id)
 
         caps = sorted(set(capabilities))
 
-        async def body(session: DbExec) -> list[JobRecord]:
-            ids = list(
-                (await session.execute(self._claim_pick_stmt(), {"caps": caps, "n": n})).scalars()
-            )
-            if not ids:
-                return []
+        async def body(session: DbExec) -> _Claimed:
+            picked = (await session.execute(self._claim_pick_stmt(), {"caps": caps, "n": n})).all()
+            if not picked:
+                return [], {}
+            ids = [row[0] for row in picked]
+            snapshot_ids = {row[0]: row[1] for row in picked if row[1]} if start else {}
             if supports_batches(session):
-                return await self._lock_claimed(session, ids, instance_id, actor, lease_s)
+                return await self._lock_claimed(
+                    session, ids, snapshot_ids, instance_id, actor, lease_s, start=start
+                )
+            status = RUNNING if start else LOCKED
             await apply_many(
                 session,
                 self.clock,
@@ -998,43 +1054,81 @@ class JobDomain:
                 where=lock_guard(self.clock),
                 values=self._lock_values(instance_id, lease_s),
             )
+            if start:
+                await apply_many(
+                    session,
+                    self.clock,
+                    Op.START,
+                    job_ids=ids,
+                    values={"started_at": self.clock.now()},
+                    holder=instance_id,
+                )
             rows = (
                 await session.execute(
-                    sqlcache.statement(("claim_read", self.clock.dialect), _claim_read_stmt),
+                    sqlcache.statement(
+                        ("claim_read", self.clock.dialect, status),
+                        lambda: _claim_read_stmt(status),
+                    ),
                     {"ids": ids, "instance_id": instance_id},
                 )
             ).all()
             out = [JobRecord.from_row(r) for r in rows]
             if out:
+                steps = [(PENDING, LOCKED)] + ([(LOCKED, RUNNING)] if start else [])
                 await session.execute(
                     EVENTS_INSERT,
                     [
                         {
                             "job_id": j.job_id,
-                            "from_status": PENDING,
-                            "to_status": LOCKED,
+                            "from_status": from_status,
+                            "to_status": to_status,
                             "error_code": None,
                             "actor": actor,
                             "attempt_no": j.attempt_no,
-                            "at": j.locked_at,
+                            "at": j.locked_at if to_status == LOCKED else j.started_at,
                         }
                         for j in out
+                        for (from_status, to_status) in steps
                     ],
                 )
-            return out
+            views: dict[str, SnapshotView] = {}
+            for sid in {snapshot_ids[j.job_id] for j in out if j.job_id in snapshot_ids}:
+                try:
+                    views[sid] = await self.learning.load_snapshot(session, sid)
+                except AppError as err:
+                    if err.code != ErrorCode.NOT_FOUND:
+                        raise
+            return out, _by_job(out, snapshot_ids, views)
 
-        async def once() -> list[JobRecord]:
+        async def once() -> _Claimed:
             return await self.lean_tx(body)
 
-        claimed = await self._long_poll(once, wait_ms)
+        result: _Claimed = ([], {})
+
+        async def any_claimed() -> list[JobRecord]:
+            nonlocal result
+            result = await once()
+            return result[0]
+
+        await self._long_poll(any_claimed, wait_ms)
+        claimed, snapshots = result
         for job in claimed:
             self._observe_pickup(job)
-        self._remember_claimed(claimed)
-        return claimed
+        if not start:
+            self._remember_claimed(claimed)
+        return claimed, snapshots
 
     async def _lock_claimed(
-        self, session: DbExec, ids: list[str], instance_id: str, actor: str, lease_s: float
-    ) -> list[JobRecord]:
+        self,
+        session: DbExec,
+        ids: list[str],
+        snapshot_ids: dict[str, str],
+        instance_id: str,
+        actor: str,
+        lease_s: float,
+        *,
+        start: bool,
+    ) -> tuple[list[JobRecord], dict[str, SnapshotView]]:
         """Claim's writes after its pick, in one round trip (MySQL/MariaDB).
 
         The lock UPDATE, the event rows (read from the rows it locked: their new
@@ -1043,6 +1137,10 @@ class JobDomain:
         answer was lost, a claim would lock other jobs, so a claim is no batch
         that may end in COMMIT (:mod:`job_service.domain.batch`). A job the
         UPDATE's guard skipped is neither read nor logged.
+
+        With ``start``, the start UPDATE (guarded by the lease just granted) and
+        its events follow the lock's in the same batch, and so do the reads of
+        the snapshots (``snapshot_ids``: job id → snapshot id) not in the cache.
         """
         lock = transition_many_sql(
             self.clock,
@@ -1051,27 +1149,63 @@ class JobDomain:
             where=lock_guard(self.clock),
             values=self._lock_values(instance_id, lease_s),
         )
+        moved = {"ids": ids, "instance_id": instance_id, "e_actor": actor[:160]}
         batch = StatementBatch(session)
         batch.add(lock.key, lock.build, lock.params)
-        batch.add(
-            ("claim_events", self.clock.dialect),
-            _claim_events_stmt,
-            {"ids": ids, "instance_id": instance_id, "e_actor": actor[:160]},
-        )
+        batch.add(("claim_events", self.clock.dialect, LOCKED), _claim_events_stmt, moved)
+        status = LOCKED
+        if start:
+            status = RUNNING
+            begin = transition_many_sql(
+                self.clock,
+                Op.START,
+                job_ids=ids,
+                values={"started_at": self.clock.now()},
+                holder=instance_id,
+            )
+            batch.add(begin.key, begin.build, begin.params)
+            batch.add(
+                ("claim_events", self.clock.dialect, RUNNING),
+                lambda: _claim_events_stmt(RUNNING),
+                moved,
+            )
         read = batch.add(
-            ("claim_read", self.clock.dialect),
-            _claim_read_stmt,
+            ("claim_read", self.clock.dialect, status),
+            lambda: _claim_read_stmt(status),
             {"ids": ids, "instance_id": instance_id},
         )
-        rows = (await batch.run())[read].rows
-        return [JobRecord.from_values(JOB_COLUMNS, row) for row in rows]
+        views: dict[str, SnapshotView] = {}
+        reads: dict[str, tuple[int, SnapshotRead]] = {}
+        reader = getattr(self.learning, "snapshot_read", None)
+        for sid in set(snapshot_ids.values()):
+            if reader is None:
+                break
+            snap: SnapshotRead = reader(sid)
+            if snap.view is not None:
+                views[sid] = snap.view
+            else:
+                reads[sid] = (batch.add(snap.key, snap.build, snap.params), snap)
+        out = await batch.run()
+        claimed = [JobRecord.from_values(JOB_COLUMNS, row) for row in out[read].rows]
+        for sid, (index, snap) in reads.items():
+            if out[index].rows:
+                views[sid] = snap.from_row(out[index].rows[0])
+        if reader is None and snapshot_ids:
+            for sid in set(snapshot_ids.values()):
+                try:
+                    views[sid] = await self.learning.load_snapshot(session, sid)
+                except AppError as err:
+                    if err.code != ErrorCode.NOT_FOUND:
+                        raise
+        return claimed, _by_job(claimed, snapshot_ids, views)
 
     def _claim_pick_stmt(self) -> Any:
-        """Claim's candidate read (bound: ``caps`` list, ``n``), ``SKIP LOCKED`` on MySQL."""
+        """Claim's candidate read: ``(jobId, snapshotId)`` rows (bound: ``caps`` list,
+        ``n``), ``SKIP LOCKED`` on MySQL."""
 
         def build() -> Any:
             q = (
-                select(jobs.c.job_id)
+                select(jobs.c.job_id, jobs.c.snapshot_id)
                 .where(
                     jobs.c.status == PENDING,
                     jobs.c.job_type.in_(bindparam("caps", expanding=True)),

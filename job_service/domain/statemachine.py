@@ -394,7 +394,7 @@ async def run_transition(session: DbExec, clock: DbClock, sql: TransitionSql) ->
 async def _update(session: DbExec, sql: TransitionSql) -> int:
     """Run a transition's UPDATE (cached shape, or one-off); rows matched."""
     if sql.key is None:
-        result = await session.execute(sql.build())
+        result = await session.execute(sql.build(), sql.params or None)
     else:
         result = await session.execute(sqlcache.statement(sql.key, sql.build), sql.params)
     return int(result.rowcount)  # type: ignore[attr-defined]
@@ -485,6 +485,28 @@ def _record_event_stmt(*, if_matched: bool = False) -> Any:
     )
 
 
+def holder_guard_bound(clock: DbClock) -> ColumnElement[bool]:
+    """WHERE clause: the instance bound as ``m_instance_id`` holds a live lease
+    (``lockedBy`` matches, ``lockUntil ≥ now``); one shared, stable object per dialect.
+
+    The guard of a holder-only transition applied to several jobs at once by the
+    transaction that has just locked them (claim with start): their ``attemptNo``
+    is the one that transaction granted, so the instance and the live lease are
+    the whole fencing token there (SPEC §3).
+    """
+
+    def build() -> ColumnElement[bool]:
+        return sqlcache.stable(
+            and_(
+                jobs.c.locked_by == bindparam("m_instance_id", type_=String()),
+                jobs.c.lock_until.is_not(None),
+                jobs.c.lock_until >= clock.now(),
+            )
+        )
+
+    return sqlcache.statement(("holder_guard", clock.dialect), build)
+
+
 def transition_many_sql(
     clock: DbClock,
     op: Op,
@@ -492,20 +514,27 @@ def transition_many_sql(
     job_ids: list[str],
     values: dict[str, Any],
     where: ColumnElement[bool] | None = None,
+    holder: str | None = None,
 ) -> TransitionSql:
-    """One non-holder transition of several jobs as a single guarded UPDATE (no event).
+    """One transition of several jobs as a single guarded UPDATE (no event).
+
+    Args:
+        holder: for a holder-only transition, the instance that must hold each
+            job's lease (:func:`holder_guard_bound`); only for jobs the same
+            transaction has just locked to it.
 
     Raises:
-        ValueError: a holder-only transition (a programming error).
+        ValueError: a holder-only transition without ``holder`` (a programming error).
     """
     t = TRANSITIONS[op]
-    if t.holder_only:
+    if t.holder_only and holder is None:
         raise ValueError(f"{op} needs a lease")
     sets: dict[str, Any] = {"updated_at": clock.now(), **values}
     if t.to_state is not None:
         sets["status"] = t.to_state
     shape = _shape(sets)
     where_id = 0 if where is None else sqlcache.stable_id(where)
+    holder_where = holder_guard_bound(clock) if holder is not None else None
 
     def build(bound: bool) -> Any:
         conds: list[ColumnElement[bool]] = [
@@ -514,13 +543,19 @@ def transition_many_sql(
         ]
         if where is not None:
             conds.append(where)
+        if holder_where is not None:
+            conds.append(holder_where)
         return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
 
+    holder_params = {} if holder is None else {"m_instance_id": holder}
     if shape is None or where_id is None:
-        return TransitionSql(None, lambda: build(False), {}, None)
-    key = ("apply_many", clock.dialect, op, where_id, shape)
+        return TransitionSql(None, lambda: build(False), holder_params, None)
+    key = ("apply_many", clock.dialect, op, where_id, holder is not None, shape)
     return TransitionSql(
-        key, lambda: build(True), {"m_job_ids": list(job_ids), **_set_params(sets)}, None
+        key,
+        lambda: build(True),
+        {"m_job_ids": list(job_ids), **holder_params, **_set_params(sets)},
+        None,
     )
 
 
@@ -532,8 +567,9 @@ async def apply_many(
     job_ids: list[str],
     values: dict[str, Any],
     where: ColumnElement[bool] | None = None,
+    holder: str | None = None,
 ) -> int:
-    """Apply one non-holder transition to several jobs with a single guarded UPDATE.
+    """Apply one transition to several jobs with a single guarded UPDATE.
 
     Used by claim, whose candidate rows the caller already holds (``FOR UPDATE
     SKIP LOCKED`` on MySQL, the write lock on SQLite). The caller appends the
@@ -545,7 +581,8 @@ async def apply_many(
     if not job_ids:
         return 0
     return await _update(
-        session, transition_many_sql(clock, op, job_ids=job_ids, values=values, where=where)
+        session,
+        transition_many_sql(clock, op, job_ids=job_ids, values=values, where=where, holder=holder),
     )
 
 

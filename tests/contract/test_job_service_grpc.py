@@ -662,3 +662,62 @@ async def test_refused_heartbeats_do_not_register_an_instance(server: Server) ->
     health = await server.stub.GetRuntimeHealth(rr.GetRuntimeHealthRequest(), metadata=server.md())
     seen = {w.instance_id for w in health.workers if not w.instance_id.startswith("biz-")}
     assert seen == {"w1"}
+
+
+async def test_claim_with_snapshots_starts_the_jobs_and_answers_their_snapshots(
+    server: Server,
+) -> None:
+    made = [(await create(server, idempotency_key=f"ws{i}")).job for i in range(2)]
+    claimed = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=5, with_snapshots=True),
+        metadata=server.md("w1"),
+    )
+    assert [j.job_id for j in claimed.jobs] == [j.job_id for j in made]
+    assert set(claimed.snapshots) == {j.job_id for j in made}
+    for job in claimed.jobs:
+        assert job.status == ST.Value("JOB_STATUS_RUNNING") and job.HasField("started_at")
+        assert job.locked_by == "w1" and job.attempt_no == 1
+        snap = claimed.snapshots[job.job_id]
+        assert snap.snapshot_id == job.snapshot_id and snap.payload["userId"] == "u1"
+        # the same answer GetSnapshot gives the holder, which starts nothing more
+        again = await server.stub.GetSnapshot(
+            rr.GetSnapshotRequest(job_id=job.job_id, attempt_no=1), metadata=server.md("w1")
+        )
+        assert again == snap
+        view = await server.stub.GetJob(rr.GetJobRequest(job_id=job.job_id), metadata=server.md())
+        assert view.job.started_at == job.started_at
+    # without the flag a claim only locks, and answers no snapshot
+    plain_job = (await create(server, idempotency_key="plain")).job
+    plain = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=5), metadata=server.md("w1")
+    )
+    assert [j.job_id for j in plain.jobs] == [plain_job.job_id]
+    assert plain.jobs[0].status == ST.Value("JOB_STATUS_LOCKED") and not plain.snapshots
+
+
+async def test_claim_answers_the_snapshots_that_fit_its_budget(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from job_service import servicer
+
+    first = (await create(server, idempotency_key="b0")).job
+    one = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=1, with_snapshots=True),
+        metadata=server.md("w1"),
+    )
+    size = one.snapshots[first.job_id].ByteSize()
+    made = [(await create(server, idempotency_key=f"b{i}")).job for i in range(1, 4)]
+    monkeypatch.setattr(servicer, "CLAIM_SNAPSHOTS_MAX_BYTES", size * 2 + size // 2)
+    claimed = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=5, with_snapshots=True),
+        metadata=server.md("w1"),
+    )
+    assert [j.job_id for j in claimed.jobs] == [j.job_id for j in made]
+    assert set(claimed.snapshots) == {j.job_id for j in made[:2]}
+    # the one left out is running too; its holder reads it with GetSnapshot
+    left = claimed.jobs[2]
+    assert left.status == ST.Value("JOB_STATUS_RUNNING")
+    snap = await server.stub.GetSnapshot(
+        rr.GetSnapshotRequest(job_id=left.job_id, attempt_no=1), metadata=server.md("w1")
+    )
+    assert snap.snapshot_id == left.snapshot_id

@@ -130,6 +130,30 @@ async def test_claim_locks_each_job_to_the_caller(stack: RuntimeStack, rt: RT) -
     assert (await w1.poll([LSA]))["jobs"] == []
 
 
+@MYSQL
+async def test_claim_with_snapshots_starts_each_job_and_answers_its_snapshot(
+    stack: RuntimeStack, rt: RT
+) -> None:
+    w1 = rt("w1")
+    ids = [(await stack.create())["jobId"] for _ in range(2)]
+    answer = await w1.claim([LSA], limit=5, with_snapshots=True)
+    assert set(answer) == {"jobs", "snapshots"}
+    assert [j["jobId"] for j in answer["jobs"]] == ids
+    assert set(answer["snapshots"]) == set(ids)
+    for job in answer["jobs"]:
+        assert tuple(job) == JOB_KEYS
+        assert (job["status"], job["lockedBy"], job["attemptNo"]) == ("running", "w1", 1)
+        assert when(job["startedAt"]) >= when(job["createdAt"])
+        assert job == await stack.get(job["jobId"])
+        # what the holder's snapshot read answers, and that read starts nothing more
+        assert answer["snapshots"][job["jobId"]] == await w1.snapshot(job["jobId"], 1)
+        assert (await stack.get(job["jobId"]))["startedAt"] == job["startedAt"]
+    late = (await stack.create())["jobId"]
+    plain = await w1.claim([LSA])
+    assert set(plain) == {"jobs"}  # without the flag: locked, no snapshots
+    assert [(j["jobId"], j["status"]) for j in plain["jobs"]] == [(late, "locked")]
+
+
 @pytest.mark.parametrize("op", ["poll", "claim"])
 async def test_poll_and_claim_argument_validation(stack: RuntimeStack, rt: RT, op: str) -> None:
     w1 = rt("w1")

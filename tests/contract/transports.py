@@ -115,9 +115,15 @@ class RuntimeTransport(Protocol):
         ...
 
     async def claim(
-        self, capabilities: list[str], limit: int | None = None, wait_ms: int | None = None
+        self,
+        capabilities: list[str],
+        limit: int | None = None,
+        wait_ms: int | None = None,
+        *,
+        with_snapshots: bool = False,
     ) -> dict[str, Any]:
-        """``{"jobs": [Job…]}``: each locked to this instance."""
+        """``{"jobs": [Job…]}``: each locked to this instance; with ``with_snapshots``
+        each is started too, and ``"snapshots"`` maps job id → snapshot."""
         ...
 
     async def lock(self, job_id: str) -> dict[str, Any]:
@@ -297,11 +303,20 @@ class GrpcTransport:
         return {"jobs": [job_json(j) for j in resp.jobs]}
 
     async def claim(
-        self, capabilities: list[str], limit: int | None = None, wait_ms: int | None = None
+        self,
+        capabilities: list[str],
+        limit: int | None = None,
+        wait_ms: int | None = None,
+        *,
+        with_snapshots: bool = False,
     ) -> dict[str, Any]:
         req = self._poll_request(rr.ClaimJobsRequest, capabilities, limit, wait_ms)
+        req.with_snapshots = with_snapshots
         resp = await self._call(self.job.ClaimJobs, req)
-        return {"jobs": [job_json(j) for j in resp.jobs]}
+        out: dict[str, Any] = {"jobs": [job_json(j) for j in resp.jobs]}
+        if with_snapshots:
+            out["snapshots"] = {k: to_json(v) for k, v in resp.snapshots.items()}
+        return out
 
     async def lock(self, job_id: str) -> dict[str, Any]:
         resp = await self._call(self.job.LockJob, rr.LockJobRequest(job_id=job_id))
@@ -470,11 +485,17 @@ class RestTransport:
         )
 
     async def claim(
-        self, capabilities: list[str], limit: int | None = None, wait_ms: int | None = None
+        self,
+        capabilities: list[str],
+        limit: int | None = None,
+        wait_ms: int | None = None,
+        *,
+        with_snapshots: bool = False,
     ) -> dict[str, Any]:
-        return await self._json(
-            "POST", "/jobs/claim", json=self._poll_body(capabilities, limit, wait_ms)
-        )
+        body = self._poll_body(capabilities, limit, wait_ms)
+        if with_snapshots:
+            body["withSnapshots"] = True
+        return await self._json("POST", "/jobs/claim", json=body)
 
     async def lock(self, job_id: str) -> dict[str, Any]:
         return await self._json("POST", f"/jobs/{quote(job_id, safe='')}/lock", json={})

@@ -6,6 +6,7 @@ Skipped without TEST_MYSQL_URL. Each test gets its own database.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -372,6 +373,65 @@ async def test_get_snapshot_of_a_missing_snapshot_starts_nothing(
     assert caught.value.code == ErrorCode.NOT_FOUND
     assert (await domain.get(job.job_id)).status == "locked"
     assert await _history(domain, job.job_id) == [(None, "pending"), ("pending", "locked")]
+
+
+async def _snapshot_row(domain: JobDomain, snapshot_id: str, text: str) -> None:
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            insert(AiSnapshot).values(
+                snapshot_id=snapshot_id,
+                user_id="u1",
+                job_type="learning_state_analysis",
+                target_type="user",
+                target_id="",
+                schema_version="v1",
+                payload={"blocks": [{"blockId": "b1", "text": text}]},
+                content_hash=hashlib.sha256(text.encode()).hexdigest(),
+                created_at=datetime(2026, 1, 1),
+            )
+        )
+
+
+async def test_claim_with_start_reads_the_snapshot_rows_in_its_batch(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    domain.learning = SnapshotTableLearning()
+    with_row = [await new_job(domain) for _ in range(2)]
+    for i, job in enumerate(with_row):
+        assert job.snapshot_id
+        await _snapshot_row(domain, job.snapshot_id, f"it's {i}")
+    without_row = await new_job(domain)  # its snapshot has no ai_snapshots row
+    claimed, views = await domain.claim_started("w1", CAPS, 3, 0)
+    assert [j.job_id for j in claimed] == [j.job_id for j in [*with_row, without_row]]
+    assert all(j.status == "running" for j in claimed)
+    assert set(views) == {j.job_id for j in with_row}
+    for i, job in enumerate(with_row):
+        assert views[job.job_id].payload == {"blocks": [{"blockId": "b1", "text": f"it's {i}"}]}
+    for job in claimed:
+        assert job == await domain.get(job.job_id)
+        assert await _history(domain, job.job_id) == [
+            (None, "pending"),
+            ("pending", "locked"),
+            ("locked", "running"),
+        ]
+    # the job without a row is running; its snapshot read answers NOT_FOUND as before
+    with pytest.raises(AppError) as caught:
+        await domain.snapshot(Lease(without_row.job_id, "w1", 1))
+    assert caught.value.code == ErrorCode.NOT_FOUND
+
+
+async def test_concurrent_claims_with_start_take_disjoint_jobs(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    made = {(await new_job(domain)).job_id for _ in range(30)}
+    answers = await asyncio.gather(*(domain.claim_started(f"w{i}", CAPS, 4, 0) for i in range(10)))
+    taken = [j for jobs_, _ in answers for j in jobs_]
+    assert len(taken) == len({j.job_id for j in taken}) == 30
+    assert {j.job_id for j in taken} == made
+    for job in taken:
+        assert len(await _history(domain, job.job_id)) == 3
 
 
 async def test_verify_lease_in_one_round_trip(make_domain: Callable[..., Any]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.unit.job_service.test_claim_with_start import *  # noqa: F403
 from tests.unit.job_service.test_lifecycle import *  # noqa: F403
 from tests.unit.job_service.test_reaper import (  # noqa: F401
     test_expiry_with_cancel_requested_ends_cancelled,

@@ -292,6 +292,9 @@ class FakeBackend:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     #: method name → an event the call waits for after it is logged
     hold: dict[str, asyncio.Event] = field(default_factory=dict)
+    #: ClaimJobs with ``with_snapshots`` answers the snapshots (as job_service does);
+    #: off, it answers the jobs alone (a job_service that only locks)
+    answer_snapshots: bool = False
 
     def add_job(self, job: Any, payload: dict[str, Any] | None = None, version: str = "v1") -> None:
         self.queue.append(job)
@@ -368,7 +371,22 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
             await asyncio.sleep(min(request.wait_ms / 1000, 0.05))
         jobs = self.b.queue[: request.limit]
         del self.b.queue[: request.limit]
-        return rr.ClaimJobsResponse(jobs=jobs)
+        out = rr.ClaimJobsResponse(jobs=jobs)
+        if request.with_snapshots and self.b.answer_snapshots:
+            for job in jobs:
+                out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
+        return out
+
+    def _snapshot(self, job_id: str) -> Any:
+        payload, version = self.b.snapshots[job_id]
+        resp = rr.GetSnapshotResponse(
+            snapshot_id="s-" + job_id,
+            schema_version=version,
+            target_type=TARGET_TYPE.to_proto("material"),  # type: ignore[arg-type]
+            target_id="m1",
+        )
+        resp.payload.update(payload)
+        return resp
 
     async def StartJob(self, request: Any, context: Any) -> Any:
         await self.b.enter("StartJob", request, context)
@@ -397,15 +415,7 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
     async def GetSnapshot(self, request: Any, context: Any) -> Any:
         await self.b.enter("GetSnapshot", request, context)
         await self.b.require_lease(request.job_id, request.attempt_no, context)
-        payload, version = self.b.snapshots[request.job_id]
-        resp = rr.GetSnapshotResponse(
-            snapshot_id="s-" + request.job_id,
-            schema_version=version,
-            target_type=TARGET_TYPE.to_proto("material"),  # type: ignore[arg-type]
-            target_id="m1",
-        )
-        resp.payload.update(payload)
-        return resp
+        return self._snapshot(request.job_id)
 
     async def SubmitResult(self, request: Any, context: Any) -> Any:
         await self.b.enter("SubmitResult", request, context)

@@ -398,6 +398,34 @@ async def test_the_key_is_resolved_while_the_snapshot_is_read(
     assert b.fails == [] and len(provider.requests) == 1
 
 
+async def test_a_snapshot_in_the_claim_answer_saves_the_get_snapshot_call(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.answer_snapshots = True
+    b.add_job(make_job("job-inline"))
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    await b.wait_for(lambda: bool(b.results))
+    claims = [req for name, req in b.calls if name == "ClaimJobs"]
+    assert claims and all(req.with_snapshots for req in claims)
+    assert "GetSnapshot" not in b.names()
+    assert b.fails == [] and len(provider.requests) == 1
+
+
+async def test_a_snapshot_from_the_claim_is_validated_like_one_read_alone(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.answer_snapshots = True
+    b.add_job(make_job("job-bad-inline"), version="v9")
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    await b.wait_for(lambda: bool(b.fails))
+    assert b.fails[0].error_code == ErrorCode.INVALID_SNAPSHOT
+    assert "GetSnapshot" not in b.names() and provider.requests == []
+
+
 async def test_no_resolved_key_fails_invalid_credential_without_a_call(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:

@@ -331,22 +331,33 @@ class PollJobsResponse(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ...) -> None: ...
 
 class ClaimJobsRequest(_message.Message):
-    __slots__ = ("capabilities", "limit", "wait_ms", "status_address")
+    __slots__ = ("capabilities", "limit", "wait_ms", "status_address", "with_snapshots")
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     STATUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WITH_SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     capabilities: _containers.RepeatedScalarFieldContainer[_message_pb2.JobType]
     limit: int
     wait_ms: int
     status_address: str
-    def __init__(self, capabilities: _Optional[_Iterable[_Union[_message_pb2.JobType, str]]] = ..., limit: _Optional[int] = ..., wait_ms: _Optional[int] = ..., status_address: _Optional[str] = ...) -> None: ...
+    with_snapshots: bool
+    def __init__(self, capabilities: _Optional[_Iterable[_Union[_message_pb2.JobType, str]]] = ..., limit: _Optional[int] = ..., wait_ms: _Optional[int] = ..., status_address: _Optional[str] = ..., with_snapshots: _Optional[bool] = ...) -> None: ...
 
 class ClaimJobsResponse(_message.Message):
-    __slots__ = ("jobs",)
+    __slots__ = ("jobs", "snapshots")
+    class SnapshotsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: GetSnapshotResponse
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ...) -> None: ...
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ...) -> None: ...
+    snapshots: _containers.MessageMap[str, GetSnapshotResponse]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ..., snapshots: _Optional[_Mapping[str, GetSnapshotResponse]] = ...) -> None: ...
 
 class LockJobRequest(_message.Message):
     __slots__ = ("job_id",)
