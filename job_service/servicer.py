@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -36,7 +37,7 @@ from job_service.convert import (
     worker_to_proto,
 )
 from job_service.domain.breaker import BreakerView
-from job_service.domain.jobs import CreateJobInput, JobDomain, ModelCallInput
+from job_service.domain.jobs import CreateJobInput, JobDomain, LeaseHolderView, ModelCallInput
 from job_service.domain.ports import SnapshotView
 from job_service.domain.statemachine import Lease
 from job_service.settings import JobServiceSettings
@@ -114,6 +115,33 @@ def _job_id(value: str) -> str:
     if not value:
         raise AppError(ErrorCode.INVALID_ARGUMENT, "jobId is required", {"field": "jobId"})
     return value
+
+
+def _verify_lease(request: rr.VerifyLeaseRequest) -> Lease:
+    """The lease a VerifyLease (or one item of VerifyLeases) asks about.
+
+    Raises:
+        AppError: INVALID_ARGUMENT (no job id, no runtime instance id, attemptNo < 1).
+    """
+    if not request.runtime_instance_id:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "runtimeInstanceId is required",
+            {"field": "runtimeInstanceId"},
+        )
+    return Lease(_job_id(request.job_id), request.runtime_instance_id, _attempt(request.attempt_no))
+
+
+def _lease_holder(job: LeaseHolderView) -> rr.VerifyLeaseResponse:
+    out = rr.VerifyLeaseResponse(
+        user_id=job.user_id,
+        api_key_mode=_enum(API_KEY_MODE.to_proto(job.api_key_mode)),
+        model_provider=job.model_provider,
+        model_name=job.model_name,
+    )
+    if job.credential_id is not None:
+        out.credential_id = job.credential_id
+    return out
 
 
 def _attempt(value: int) -> int:
@@ -597,24 +625,32 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
     async def VerifyLease(
         self, request: rr.VerifyLeaseRequest, context: Ctx
     ) -> rr.VerifyLeaseResponse:
-        if not request.runtime_instance_id:
-            raise AppError(
-                ErrorCode.INVALID_ARGUMENT,
-                "runtimeInstanceId is required",
-                {"field": "runtimeInstanceId"},
-            )
-        lease = Lease(
-            _job_id(request.job_id), request.runtime_instance_id, _attempt(request.attempt_no)
-        )
-        job = await self.domain.verify_lease(lease)
-        out = rr.VerifyLeaseResponse(
-            user_id=job.user_id,
-            api_key_mode=_enum(API_KEY_MODE.to_proto(job.api_key_mode)),
-            model_provider=job.model_provider,
-            model_name=job.model_name,
-        )
-        if job.credential_id is not None:
-            out.credential_id = job.credential_id
+        job = await self.domain.verify_lease(_verify_lease(request))
+        return _lease_holder(job)
+
+    @rpc
+    async def VerifyLeases(
+        self, request: rr.VerifyLeasesRequest, context: Ctx
+    ) -> rr.VerifyLeasesResponse:
+        verdicts: list[LeaseHolderView | AppError | Lease] = []
+        for item in request.leases:
+            try:
+                verdicts.append(_verify_lease(item))
+            except AppError as err:  # judged alone: the other leases are still checked
+                verdicts.append(err)
+        leases = [v for v in verdicts if isinstance(v, Lease)]
+        judged = iter(await self.domain.verify_leases(leases))
+        out = rr.VerifyLeasesResponse()
+        for verdict in verdicts:
+            answer = next(judged) if isinstance(verdict, Lease) else verdict
+            if isinstance(answer, AppError):
+                out.verdicts.add(
+                    error_code=answer.code,
+                    error_message=answer.message,
+                    error_details_json=json.dumps(answer.details or {}, default=str),
+                )
+            else:
+                out.verdicts.add(held=_lease_holder(answer))
         return out
 
 

@@ -27,6 +27,7 @@ from sqlalchemy import (
     Table,
     and_,
     bindparam,
+    case,
     func,
     insert,
     select,
@@ -373,6 +374,18 @@ def _by_job(
     return out
 
 
+def _lease_refusal(lease: Lease, status: str | None) -> AppError:
+    """The refusal of a lease not held: ``JOB_NOT_FOUND`` (no job, ``status`` None) or
+    ``LOCK_NOT_HELD`` with the job's current status."""
+    if status is None:
+        return AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": lease.job_id})
+    return AppError(
+        ErrorCode.LOCK_NOT_HELD,
+        "the caller does not hold this job's lease",
+        {"jobId": lease.job_id, "attemptNo": lease.attempt_no, "status": status},
+    )
+
+
 def new_id() -> str:
     """A fresh opaque id (uuid4 hex)."""
     return uuid.uuid4().hex
@@ -545,13 +558,7 @@ class JobDomain:
         return job
 
     def _lease_lost(self, job: JobRecord | None, lease: Lease) -> AppError:
-        if job is None:
-            return AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": lease.job_id})
-        return AppError(
-            ErrorCode.LOCK_NOT_HELD,
-            "the caller does not hold this job's lease",
-            {"jobId": lease.job_id, "attemptNo": lease.attempt_no, "status": job.status},
-        )
+        return _lease_refusal(lease, None if job is None else job.status)
 
     # ------------------------------------------------------------------ reads
 
@@ -1504,6 +1511,71 @@ class JobDomain:
             return LeaseHolderView(*found)
 
         return await self.lean_tx(body)
+
+    async def verify_leases(self, leases: Sequence[Lease]) -> list[LeaseHolderView | AppError]:
+        """:meth:`verify_lease` for several leases in one read; one verdict per lease, in order.
+
+        Each lease is judged as :meth:`verify_lease` judges it (the holder's instance
+        and ``attemptNo``, a leased status, ``lockUntil ≥ now`` on the database
+        clock), from one ``SELECT … WHERE jobId IN (…)``.
+
+        Returns:
+            The key settings for each held lease; the ``AppError`` (``JOB_NOT_FOUND``,
+            ``LOCK_NOT_HELD``) :meth:`verify_lease` would raise for each other.
+
+        Raises:
+            AppError: INVALID_ARGUMENT for more than 500 leases.
+        """
+        if len(leases) > MAX_HEARTBEAT_LEASES:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "at most 500 leases", {"field": "leases"})
+        if not leases:
+            return []
+        stmt = sqlcache.statement(("verify_leases", self.clock.dialect), self._verify_leases_stmt)
+        params = {"ids": sorted({lease.job_id for lease in leases})}
+
+        async def body(session: DbExec) -> list[Sequence[Any]]:
+            if supports_batches(session):
+                batch = StatementBatch(session)
+                batch.add(("verify_leases", self.clock.dialect), lambda: stmt, params)
+                batch.commit()
+                return list((await batch.run())[0].rows)
+            return list((await session.execute(stmt, params)).all())
+
+        rows = {row[0]: row for row in await self.lean_tx(body)}
+        out: list[LeaseHolderView | AppError] = []
+        for lease in leases:
+            row = rows.get(lease.job_id)
+            if row is None:
+                out.append(_lease_refusal(lease, None))
+                continue
+            _, status, locked_by, attempt_no, live, *view = row
+            if (
+                status in LEASED
+                and locked_by == lease.instance_id
+                and attempt_no == lease.attempt_no
+                and bool(live)
+            ):
+                out.append(LeaseHolderView(*view))
+            else:
+                out.append(_lease_refusal(lease, status))
+        return out
+
+    def _verify_leases_stmt(self) -> Any:
+        """:meth:`verify_leases`' read (bound: ``ids`` list): per job its lease columns,
+        whether the lease is live (``lockUntil ≥ now``), and the key settings."""
+        live = and_(jobs.c.lock_until.is_not(None), jobs.c.lock_until >= self.clock.now())
+        return select(
+            jobs.c.job_id,
+            jobs.c.status,
+            jobs.c.locked_by,
+            jobs.c.attempt_no,
+            case((live, 1), else_=0).label("live"),
+            jobs.c.user_id,
+            jobs.c.api_key_mode,
+            jobs.c.credential_id,
+            jobs.c.model_provider,
+            jobs.c.model_name,
+        ).where(jobs.c.job_id.in_(bindparam("ids", expanding=True)))
 
     async def snapshot(self, lease: Lease) -> SnapshotView:
         """The leased job's snapshot; reading it implies start (SPEC §2.3, §3).

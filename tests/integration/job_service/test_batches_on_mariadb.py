@@ -434,6 +434,33 @@ async def test_concurrent_claims_with_start_take_disjoint_jobs(
         assert len(await _history(domain, job.job_id)) == 3
 
 
+async def test_verify_leases_judges_each_lease_from_one_read(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain()
+    held, lapsed = (await new_job(domain)).job_id, (await new_job(domain)).job_id
+    await domain.claim("w1", CAPS, 2, 0)
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(jobs).where(jobs.c.job_id == lapsed).values(lock_until=domain.clock.plus(-5))
+        )
+    before = await _com_commit(domain._engine)
+    verdicts = await domain.verify_leases(
+        [
+            Lease(held, "w1", 1),
+            Lease(held, "w1", 2),
+            Lease(lapsed, "w1", 1),
+            Lease("nope", "w1", 1),
+            Lease(held, "w1", 1),
+        ]
+    )
+    assert await _com_commit(domain._engine) - before == 1
+    codes = [v.code if isinstance(v, AppError) else v.user_id for v in verdicts]
+    assert codes == ["u1", "LOCK_NOT_HELD", "LOCK_NOT_HELD", "JOB_NOT_FOUND", "u1"]
+    assert verdicts[2].details == {"jobId": lapsed, "attemptNo": 1, "status": "locked"}  # type: ignore[union-attr]
+    assert await domain.verify_leases([]) == []
+
+
 async def test_verify_lease_in_one_round_trip(make_domain: Callable[..., Any]) -> None:
     domain: JobDomain = await make_domain()
     job = await new_job(domain)

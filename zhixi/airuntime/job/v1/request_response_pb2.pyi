@@ -574,3 +574,27 @@ class VerifyLeaseResponse(_message.Message):
     model_provider: str
     model_name: str
     def __init__(self, user_id: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ...) -> None: ...
+
+class VerifyLeasesRequest(_message.Message):
+    __slots__ = ("leases",)
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    leases: _containers.RepeatedCompositeFieldContainer[VerifyLeaseRequest]
+    def __init__(self, leases: _Optional[_Iterable[_Union[VerifyLeaseRequest, _Mapping]]] = ...) -> None: ...
+
+class LeaseVerdict(_message.Message):
+    __slots__ = ("held", "error_code", "error_message", "error_details_json")
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_DETAILS_JSON_FIELD_NUMBER: _ClassVar[int]
+    held: VerifyLeaseResponse
+    error_code: str
+    error_message: str
+    error_details_json: str
+    def __init__(self, held: _Optional[_Union[VerifyLeaseResponse, _Mapping]] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., error_details_json: _Optional[str] = ...) -> None: ...
+
+class VerifyLeasesResponse(_message.Message):
+    __slots__ = ("verdicts",)
+    VERDICTS_FIELD_NUMBER: _ClassVar[int]
+    verdicts: _containers.RepeatedCompositeFieldContainer[LeaseVerdict]
+    def __init__(self, verdicts: _Optional[_Iterable[_Union[LeaseVerdict, _Mapping]]] = ...) -> None: ...

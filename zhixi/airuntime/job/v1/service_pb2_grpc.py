@@ -176,6 +176,11 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseResponse.FromString,
                 _registered_method=True)
+        self.VerifyLeases = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/VerifyLeases',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -353,6 +358,12 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyLeases(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -495,6 +506,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.VerifyLease,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseResponse.SerializeToString,
+            ),
+            'VerifyLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.VerifyLeases,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1255,6 +1271,33 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/VerifyLease',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/VerifyLeases',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,
