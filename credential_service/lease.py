@@ -8,7 +8,9 @@ resolves that arrive together in one call).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -68,12 +70,16 @@ class LeaseVerifier(Protocol):
         ...
 
 
+#: Seconds a job_service that answered VerifyLeases with UNIMPLEMENTED is asked one
+#: VerifyLease per lease before VerifyLeases is tried again.
+UNBATCHED_RECHECK_SECONDS = 60.0
 #: Leases one VerifyLeases call carries at most (job_service's limit).
 MAX_LEASES_PER_CALL = 500
 #: VerifyLeases calls in flight at once. The resolves that arrive meanwhile wait for
 #: it to end, then go together in the next call: one call in flight batches 2.5
 #: leases per call at 16 worker slots (4 in flight: 1.2). A stalled call holds the
-#: others back for at most ``VERIFY_LEASE_TIMEOUT_SECONDS``.
+#: others back for up to ``VERIFY_LEASE_TIMEOUT_SECONDS``, so a resolve may take up
+#: to twice that (the wait, then its own call).
 MAX_CALLS_IN_FLIGHT = 1
 
 
@@ -110,6 +116,7 @@ class GrpcLeaseVerifier:
         self._in_flight = 0
         self._flush_scheduled = False
         self._batched = True
+        self._unbatched_until = 0.0
         self._tasks: set[asyncio.Future[None]] = set()
         #: VerifyLeases calls made, and the leases they carried (for tests and metrics)
         self.calls = 0
@@ -122,7 +129,7 @@ class GrpcLeaseVerifier:
         request = job_rr.VerifyLeaseRequest(
             job_id=job_id, runtime_instance_id=runtime_instance_id, attempt_no=attempt_no
         )
-        if not self._batched:
+        if not self._batched and time.monotonic() < self._unbatched_until:
             return await self._verify_one(request, request_id)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(request, loop.create_future())
@@ -175,7 +182,11 @@ class GrpcLeaseVerifier:
                 isinstance(exc, grpc.aio.AioRpcError)
                 and exc.code() == grpc.StatusCode.UNIMPLEMENTED
             ):
-                self._batched = False  # an older job_service: one call per lease
+                # an older job_service: one call per lease, asked again after a while
+                # (it may be upgraded under us)
+                self._batched = False
+                self._unbatched_until = time.monotonic() + UNBATCHED_RECHECK_SECONDS
+                batch = [w for w in batch if not w.future.done()]
                 results = await asyncio.gather(
                     *(self._verify_one(w.request, None) for w in batch), return_exceptions=True
                 )
@@ -192,10 +203,13 @@ class GrpcLeaseVerifier:
                 _settle(w.future, err)
             return
         for w, verdict in zip(batch, reply.verdicts, strict=True):
-            if verdict.HasField("held"):
-                _settle(w.future, _lease_info(verdict.held))
-            else:
+            if not verdict.HasField("held"):
                 _settle(w.future, _verdict_error(verdict))
+                continue
+            try:
+                _settle(w.future, _lease_info(verdict.held))
+            except AppError as err:  # this lease alone
+                _settle(w.future, err)
 
     async def _verify_one(
         self, request: job_rr.VerifyLeaseRequest, request_id: str | None
@@ -211,14 +225,19 @@ class GrpcLeaseVerifier:
         return _lease_info(reply)
 
     async def close(self) -> None:
-        """Close the channel."""
+        """Close the channel; verifications still waiting fail with ``UNAVAILABLE``."""
+        waiting, self._waiting = self._waiting, []
+        for w in waiting:
+            _settle(w.future, AppError(ErrorCode.UNAVAILABLE, "lease verifier closed"))
         await self._channel.close()
 
 
 def _settle(future: asyncio.Future[LeaseInfo], result: LeaseInfo | BaseException) -> None:
     if future.done():  # its caller gave up (cancelled)
         return
-    if isinstance(result, BaseException):
+    if isinstance(result, AppError):  # each caller its own exception (and traceback)
+        future.set_exception(dataclasses.replace(result))
+    elif isinstance(result, BaseException):
         future.set_exception(result)
     else:
         future.set_result(result)

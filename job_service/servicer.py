@@ -458,7 +458,13 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             view = views.get(job.job_id)
             if view is None:
                 continue
-            snapshot = self._snapshot_proto(view)
+            try:
+                snapshot = self._snapshot_proto(view)
+            except Exception:  # this job alone reads it with GetSnapshot (and fails there)
+                log.exception(
+                    "snapshot left out of a claim answer", extra={"fields": {"jobId": job.job_id}}
+                )
+                continue
             size = snapshot.ByteSize()
             if size > room:  # this job's snapshot is read with GetSnapshot
                 continue
@@ -643,14 +649,17 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         out = rr.VerifyLeasesResponse()
         for verdict in verdicts:
             answer = next(judged) if isinstance(verdict, Lease) else verdict
-            if isinstance(answer, AppError):
-                out.verdicts.add(
-                    error_code=answer.code,
-                    error_message=answer.message,
-                    error_details_json=json.dumps(answer.details or {}, default=str),
-                )
-            else:
-                out.verdicts.add(held=_lease_holder(answer))
+            if not isinstance(answer, AppError):
+                try:
+                    out.verdicts.add(held=_lease_holder(answer))
+                    continue
+                except AppError as err:  # this lease alone, as VerifyLease would fail it
+                    answer = err
+            out.verdicts.add(
+                error_code=answer.code,
+                error_message=answer.message,
+                error_details_json=json.dumps(answer.details or {}, default=str),
+            )
         return out
 
 

@@ -4,9 +4,10 @@ One loop claims as many jobs as there are free slots (long poll with
 ``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
 early). The claim also starts the jobs and carries their snapshots
 (``with_snapshots``), so a job needs no GetSnapshot of its own unless its
-snapshot did not fit in the answer. Each claimed job runs in its own task::
+snapshot did not fit in the answer (or job_service only locks; then the
+snapshot read is the start). Each claimed job runs in its own task::
 
-    snapshot (from the claim, else GetSnapshot: the implied start; validated)
+    snapshot (from the claim, else GetSnapshot; validated)
         → render prompt ┐
     ResolveCredential (sent at the same time, awaited after) ┴→ model call(s)
     → SubmitResult            (or FailJob with the classified code)
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from airuntime_common.enums import API_KEY_MODE, JOB_TYPE
+from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
+#: A claimed ``Job`` message's status when the claim also started it.
+RUNNING_STATUS = JOB_STATUS.to_proto("running")
 #: The most jobs one ClaimJobs returns (SPEC §2.6 limit cap).
 MAX_CLAIM_BATCH = 50
 #: After the grace period, how long stopped jobs get to report (s).
@@ -80,8 +83,12 @@ class JobRun:
 
     Attributes:
         job: the claimed ``Job`` message.
-        snapshot: its ``GetSnapshotResponse`` when the claim answered with it (the
-            job then is already running); None: read with GetSnapshot.
+        snapshot: its ``GetSnapshotResponse`` when the claim answered with it; None:
+            read with GetSnapshot (a job past the answer's snapshot budget, or
+            one from a job_service that only locks).
+        started_mono: ``time.monotonic()`` from before the claim that started the
+            job (``startedAt`` is set then, SPEC §2.3); None when the job is
+            started by its snapshot read.
         reason: why the work was stopped (``lease_lost``, ``cancel_requested``,
             ``shutdown``), or None.
         invocations: model calls made so far (recorded when the attempt ends).
@@ -94,6 +101,7 @@ class JobRun:
     claimed_mono: float
     claimed_wall: datetime
     snapshot: Any = None
+    started_mono: float | None = None
     started_wall: datetime | None = None
     reason: str | None = None
     work: asyncio.Task[tuple[str, dict[str, Any]]] | None = None
@@ -232,16 +240,19 @@ class Worker:
                 jobs, snapshots = [], {}
                 failed = True
             for job in jobs:
-                self._launch(job, snapshots.get(job.job_id))
+                self._launch(job, snapshots.get(job.job_id), began)
             # sleep after a failure, or after an empty answer that came back early
             # (a long poll that waited its time need not sleep again)
             if failed or (not jobs and time.monotonic() - began < poll_s):
                 await self._wait_or_drain(None, poll_s)
 
-    def _launch(self, job: Any, snapshot: Any = None) -> None:
+    def _launch(self, job: Any, snapshot: Any = None, claim_sent: float | None = None) -> None:
         run = JobRun(
             job=job,
             snapshot=snapshot,
+            # a claim with start set startedAt before its answer left job_service: the
+            # job's time budget runs from before the claim was sent
+            started_mono=claim_sent if job.status == RUNNING_STATUS else None,
             job_id=job.job_id,
             attempt_no=job.attempt_no,
             job_type=JOB_TYPE.to_str_or_none(job.job_type) or "",
@@ -292,8 +303,9 @@ class Worker:
         job = run.job
         if not run.job_type:
             raise AppError(ErrorCode.INVALID_SNAPSHOT, "job has no known jobType")
-        # The claim started the job, or reading the snapshot does (SPEC §2.3).
-        started = time.monotonic()
+        # The claim started the job, or reading the snapshot does (SPEC §2.3); the
+        # time budget counts from the earlier of the two, as the reaper's does.
+        started = run.started_mono if run.started_mono is not None else time.monotonic()
         run.started_wall = utcnow()
         timeout = job.timeout_seconds if job.timeout_seconds > 0 else DEFAULT_TIMEOUT_SECONDS
         job_deadline = started + timeout

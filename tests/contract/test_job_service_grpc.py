@@ -9,6 +9,7 @@ import grpc
 import pytest
 from google.protobuf import struct_pb2
 
+from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, TOKEN, Server
 from zhixi.airuntime.common.v1 import message_pb2 as common
@@ -721,3 +722,57 @@ async def test_claim_answers_the_snapshots_that_fit_its_budget(
         rr.GetSnapshotRequest(job_id=left.job_id, attempt_no=1), metadata=server.md("w1")
     )
     assert snap.snapshot_id == left.snapshot_id
+
+
+async def test_a_snapshot_that_cannot_be_answered_leaves_the_others_in_the_claim(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from job_service.servicer import JobServiceServicer
+
+    made = [(await create(server, idempotency_key=f"bad{i}")).job for i in range(3)]
+    original = JobServiceServicer._snapshot_proto
+
+    def broken(self: Any, view: Any) -> Any:
+        if view.snapshot_id == made[1].snapshot_id:
+            raise ValueError("cannot convert")
+        return original(self, view)
+
+    monkeypatch.setattr(JobServiceServicer, "_snapshot_proto", broken)
+    claimed = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=5, with_snapshots=True),
+        metadata=server.md("w1"),
+    )
+    assert [j.job_id for j in claimed.jobs] == [j.job_id for j in made]
+    assert set(claimed.snapshots) == {made[0].job_id, made[2].job_id}
+
+
+async def test_verify_leases_fails_one_lease_it_cannot_answer_alone(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from job_service import servicer
+
+    ok = (await create(server, idempotency_key="v1")).job
+    bad = (await create(server, user_id="u2", target_id="u2", idempotency_key="v2")).job
+    await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=5), metadata=server.md("w1")
+    )
+    original = servicer._lease_holder
+
+    def broken(job: Any) -> Any:
+        if job.user_id == "u2":
+            raise AppError(ErrorCode.INTERNAL, "bad row")
+        return original(job)
+
+    monkeypatch.setattr(servicer, "_lease_holder", broken)
+    reply = await server.stub.VerifyLeases(
+        rr.VerifyLeasesRequest(
+            leases=[
+                rr.VerifyLeaseRequest(job_id=j.job_id, runtime_instance_id="w1", attempt_no=1)
+                for j in (ok, bad)
+            ]
+        ),
+        metadata=server.md(),
+    )
+    assert reply.verdicts[0].held.user_id == "u1"
+    assert reply.verdicts[1].error_code == ErrorCode.INTERNAL
+    assert not reply.verdicts[1].HasField("held")

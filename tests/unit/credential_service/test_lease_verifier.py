@@ -194,3 +194,33 @@ async def test_an_older_job_service_is_asked_one_lease_at_a_time() -> None:
     finally:
         await verifier.close()
         await srv.stop(None)
+
+
+class _OddJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
+    """Answers VerifyLeases with one verdict the verifier cannot use (no key mode)."""
+
+    async def VerifyLeases(self, request: Any, context: Any) -> Any:
+        out = rr.VerifyLeasesResponse()
+        for item in request.leases:
+            mode = 0 if item.job_id == "odd" else 1
+            out.verdicts.add(held=rr.VerifyLeaseResponse(user_id="u1", api_key_mode=mode))
+        return out
+
+
+async def test_a_verdict_that_cannot_be_used_fails_its_lease_alone() -> None:
+    srv = grpc.aio.server()
+    job_grpc.add_JobServiceServicer_to_server(_OddJobService(), srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    verifier = GrpcLeaseVerifier(f"127.0.0.1:{port}", TOKEN)
+    try:
+        got = await asyncio.gather(
+            *(verifier.verify(j, "w1", 1, None) for j in ("a", "odd", "b")),
+            return_exceptions=True,
+        )
+    finally:
+        await verifier.close()
+        await srv.stop(None)
+    assert verifier.calls == 1
+    assert isinstance(got[1], AppError) and got[1].code == ErrorCode.INTERNAL
+    assert [g.user_id for g in (got[0], got[2])] == ["u1", "u1"]  # type: ignore[union-attr]

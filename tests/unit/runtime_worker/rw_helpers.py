@@ -373,7 +373,8 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         del self.b.queue[: request.limit]
         out = rr.ClaimJobsResponse(jobs=jobs)
         if request.with_snapshots and self.b.answer_snapshots:
-            for job in jobs:
+            for job in out.jobs:  # started by the claim, as job_service does
+                job.status = JOB_STATUS.to_proto("running")
                 out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
         return out
 

@@ -426,6 +426,26 @@ async def test_a_snapshot_from_the_claim_is_validated_like_one_read_alone(
     assert "GetSnapshot" not in b.names() and provider.requests == []
 
 
+async def test_a_job_started_by_its_claim_counts_its_time_from_before_the_claim(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """job_service set startedAt when the claim ran: the worker's time budget must not
+    end after the reaper's (JOB_TIMEOUT counts from startedAt)."""
+    b = backend[0]
+    b.answer_snapshots = True
+    b.hold["ClaimJobs"] = asyncio.Event()
+    b.add_job(make_job("job-budget", timeout_seconds=10))
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
+    await b.wait_for(lambda: "ClaimJobs" in b.names())
+    await asyncio.sleep(0.6)  # the claim's answer takes 0.6 s to come back
+    b.hold["ClaimJobs"].set()
+    await b.wait_for(lambda: bool(b.results))
+    [request] = provider.requests
+    assert request.timeout_is_job_deadline
+    assert request.timeout_seconds <= 10 - 0.6
+
+
 async def test_no_resolved_key_fails_invalid_credential_without_a_call(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
