@@ -115,7 +115,6 @@ class GrpcLeaseVerifier:
         self._waiting: list[_Waiting] = []
         self._in_flight = 0
         self._flush_scheduled = False
-        self._batched = True
         self._unbatched_until = 0.0
         self._tasks: set[asyncio.Future[None]] = set()
         #: VerifyLeases calls made, and the leases they carried (for tests and metrics)
@@ -129,7 +128,7 @@ class GrpcLeaseVerifier:
         request = job_rr.VerifyLeaseRequest(
             job_id=job_id, runtime_instance_id=runtime_instance_id, attempt_no=attempt_no
         )
-        if not self._batched and time.monotonic() < self._unbatched_until:
+        if time.monotonic() < self._unbatched_until:
             return await self._verify_one(request, request_id)
         loop = asyncio.get_running_loop()
         waiting = _Waiting(request, loop.create_future())
@@ -184,7 +183,6 @@ class GrpcLeaseVerifier:
             ):
                 # an older job_service: one call per lease, asked again after a while
                 # (it may be upgraded under us)
-                self._batched = False
                 self._unbatched_until = time.monotonic() + UNBATCHED_RECHECK_SECONDS
                 batch = [w for w in batch if not w.future.done()]
                 results = await asyncio.gather(
@@ -246,22 +244,19 @@ def _settle(future: asyncio.Future[LeaseInfo], result: LeaseInfo | BaseException
 def _refusal(exc: grpc.RpcError) -> AppError:
     """A failed call as the caller sees it: job_service's word about the lease passed
     through, anything else (our own token refused, an internal error) UNAVAILABLE."""
-    err = from_rpc_error(exc)
-    if err.code in PASS_THROUGH:
-        return err
-    return AppError(
-        ErrorCode.UNAVAILABLE,
-        "lease verification with job_service failed",
-        {"upstreamCode": err.code},
-    )
+    return _as_caller_sees(from_rpc_error(exc))
 
 
 def _verdict_error(verdict: job_rr.LeaseVerdict) -> AppError:
+    """A refused lease of a VerifyLeases answer, as :func:`_refusal` gives a refused call."""
     try:
         details = json.loads(verdict.error_details_json) if verdict.error_details_json else None
     except ValueError:
         details = None
-    err = AppError(verdict.error_code, verdict.error_message, details or None)
+    return _as_caller_sees(AppError(verdict.error_code, verdict.error_message, details or None))
+
+
+def _as_caller_sees(err: AppError) -> AppError:
     if err.code in PASS_THROUGH:
         return err
     return AppError(

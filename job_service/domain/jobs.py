@@ -358,6 +358,20 @@ def _claim_events_stmt(to_status: str = LOCKED) -> Any:
     )
 
 
+async def _read_and_commit(
+    session: DbExec, key: Any, stmt: Any, params: dict[str, Any]
+) -> list[Sequence[Any]]:
+    """The rows of a read-only transaction's one ``SELECT`` (``key``: its
+    :mod:`sqlcache` key). On MySQL/MariaDB the read and its COMMIT go in one round
+    trip (nothing to roll back); elsewhere the caller's block commits."""
+    if supports_batches(session):
+        batch = StatementBatch(session)
+        batch.add(key, lambda: stmt, params)
+        batch.commit()
+        return list((await batch.run())[0].rows)
+    return list((await session.execute(stmt, params)).all())
+
+
 #: What a claim returns inside: the jobs, and (claim with start) their snapshots by job id.
 _Claimed = tuple[list[JobRecord], dict[str, SnapshotView]]
 
@@ -1098,13 +1112,9 @@ class JobDomain:
                         for (from_status, to_status) in steps
                     ],
                 )
-            views: dict[str, SnapshotView] = {}
-            for sid in {snapshot_ids[j.job_id] for j in out if j.job_id in snapshot_ids}:
-                try:
-                    views[sid] = await self.learning.load_snapshot(session, sid)
-                except AppError as err:
-                    if err.code != ErrorCode.NOT_FOUND:
-                        raise
+            views = await self._load_snapshots(
+                session, {snapshot_ids[j.job_id] for j in out if j.job_id in snapshot_ids}
+            )
             return out, _by_job(out, snapshot_ids, views)
 
         async def once() -> _Claimed:
@@ -1197,14 +1207,23 @@ class JobDomain:
         for sid, (index, snap) in reads.items():
             if out[index].rows:
                 views[sid] = snap.from_row(out[index].rows[0])
-        if reader is None and snapshot_ids:
-            for sid in set(snapshot_ids.values()):
-                try:
-                    views[sid] = await self.learning.load_snapshot(session, sid)
-                except AppError as err:
-                    if err.code != ErrorCode.NOT_FOUND:
-                        raise
+        if reader is None:
+            views = await self._load_snapshots(session, set(snapshot_ids.values()))
         return claimed, _by_job(claimed, snapshot_ids, views)
+
+    async def _load_snapshots(
+        self, session: DbExec, snapshot_ids: set[str]
+    ) -> dict[str, SnapshotView]:
+        """The snapshots of a claim with start, one read each, by snapshot id; a
+        snapshot without a row is left out (its job's GetSnapshot answers NOT_FOUND)."""
+        views: dict[str, SnapshotView] = {}
+        for sid in snapshot_ids:
+            try:
+                views[sid] = await self.learning.load_snapshot(session, sid)
+            except AppError as err:
+                if err.code != ErrorCode.NOT_FOUND:
+                    raise
+        return views
 
     def _claim_pick_stmt(self) -> Any:
         """Claim's candidate read: ``(jobId, snapshotId)`` rows (bound: ``caps`` list,
@@ -1497,15 +1516,10 @@ class JobDomain:
         )
 
         async def body(session: DbExec) -> LeaseHolderView:
-            if supports_batches(session):
-                # the read and its COMMIT in one round trip (nothing to roll back)
-                batch = StatementBatch(session)
-                batch.add(("verify_lease", self.clock.dialect), lambda: stmt, lease_params(lease))
-                batch.commit()
-                rows = (await batch.run())[0].rows
-                found = rows[0] if rows else None
-            else:
-                found = (await session.execute(stmt, lease_params(lease))).first()
+            rows = await _read_and_commit(
+                session, ("verify_lease", self.clock.dialect), stmt, lease_params(lease)
+            )
+            found = rows[0] if rows else None
             if found is None:
                 raise self._lease_lost(await self._get(session, lease.job_id), lease)
             return LeaseHolderView(*found)
@@ -1534,12 +1548,9 @@ class JobDomain:
         params = {"ids": sorted({lease.job_id for lease in leases})}
 
         async def body(session: DbExec) -> list[Sequence[Any]]:
-            if supports_batches(session):
-                batch = StatementBatch(session)
-                batch.add(("verify_leases", self.clock.dialect), lambda: stmt, params)
-                batch.commit()
-                return list((await batch.run())[0].rows)
-            return list((await session.execute(stmt, params)).all())
+            return await _read_and_commit(
+                session, ("verify_leases", self.clock.dialect), stmt, params
+            )
 
         rows = {row[0]: row for row in await self.lean_tx(body)}
         out: list[LeaseHolderView | AppError] = []

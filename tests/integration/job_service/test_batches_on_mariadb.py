@@ -326,20 +326,7 @@ async def test_get_snapshot_after_claim_starts_once_and_reads_the_row(
     domain.learning = SnapshotTableLearning()
     job = await new_job(domain)
     assert job.snapshot_id
-    async with domain.sessions() as s, s.begin():
-        await s.execute(
-            insert(AiSnapshot).values(
-                snapshot_id=job.snapshot_id,
-                user_id="u1",
-                job_type="learning_state_analysis",
-                target_type="user",
-                target_id="",
-                schema_version="v1",
-                payload={"blocks": [{"blockId": "b1", "text": "it's"}]},
-                content_hash="c" * 64,
-                created_at=datetime(2026, 1, 1),
-            )
-        )
+    await _snapshot_row(domain, job.snapshot_id, "it's")
     await domain.claim("w1", CAPS, 1, 0)
     lease = Lease(job.job_id, "w1", 1)
 
