@@ -164,6 +164,34 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
+class ResultFacts:
+    """The columns of a job that SubmitResult reads (SPEC §2.3 result, §2.5): those
+    its checks, business rows, invocation log and metrics use, not the whole row.
+
+    The driver parses a field description for every column of an answer, in
+    Python, for about as long as the server takes to run the statement; the
+    locking read of a result is one of the two wide reads of every job, and a
+    narrow one costs the job service about 0.6 ms less per result than
+    ``select(jobs)`` (35 columns) on the benchmark machine.
+    """
+
+    job_id: str
+    user_id: str
+    job_type: str
+    snapshot_id: str | None
+    status: str
+    api_key_mode: str
+    model_provider: str
+    model_name: str
+    cancel_requested: bool
+    started_at: datetime | None
+
+
+#: :class:`ResultFacts`' columns, in the order SubmitResult's read selects them.
+RESULT_FACTS: tuple[str, ...] = tuple(f.name for f in fields(ResultFacts))
+
+
+@dataclass(frozen=True)
 class EventRecord:
     """One ``ai_runtime_job_events`` row."""
 
@@ -571,7 +599,7 @@ class JobDomain:
             raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
         return job
 
-    def _lease_lost(self, job: JobRecord | None, lease: Lease) -> AppError:
+    def _lease_lost(self, job: JobRecord | ResultFacts | None, lease: Lease) -> AppError:
         return _lease_refusal(lease, None if job is None else job.status)
 
     # ------------------------------------------------------------------ reads
@@ -1657,11 +1685,13 @@ class JobDomain:
         return read.from_row(out[loaded].rows[0])
 
     def _submit_read_stmt(self) -> Any:
-        """SubmitResult's locking read (bound: :func:`lease_params` and ``r_key``)."""
+        """SubmitResult's locking read (bound: :func:`lease_params` and ``r_key``): the
+        :class:`ResultFacts` columns first, then ``lease_held``, ``prior_result_id``,
+        ``db_now`` and the breaker's peek."""
 
         def build() -> Any:
             stmt = select(
-                jobs,
+                *(jobs.c[name] for name in RESULT_FACTS),
                 lease_guard_bound(self.clock).label("lease_held"),
                 select(results.c.result_id)
                 .where(results.c.idempotency_key == bindparam("r_key", type_=String()))
@@ -1717,7 +1747,7 @@ class JobDomain:
             ).first()
             if row is None:
                 raise self._lease_lost(None, lease)
-            job = JobRecord.from_row(row)
+            job = ResultFacts(*row[: len(RESULT_FACTS)])
             prior = row.prior_result_id
             breaker_peek = (row.breaker_state, row.breaker_failures)
             seen[:] = [job, row.db_now]
@@ -2325,7 +2355,7 @@ class JobDomain:
     async def _insert_calls(
         self,
         session: DbExec,
-        job: JobRecord,
+        job: JobRecord | ResultFacts,
         attempt_no: int,
         calls: Sequence[ModelCallInput],
     ) -> list[str]:
@@ -2339,7 +2369,7 @@ class JobDomain:
         return [str(row["id"]) for row in rows]
 
     def _call_rows(
-        self, job: JobRecord, attempt_no: int, calls: Sequence[ModelCallInput]
+        self, job: JobRecord | ResultFacts, attempt_no: int, calls: Sequence[ModelCallInput]
     ) -> list[dict[str, Any]]:
         """The invocation log rows of ``calls`` (values of :meth:`_insert_calls_stmt`)."""
         rows = []
