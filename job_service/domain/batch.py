@@ -19,8 +19,9 @@ query (``CLIENT.MULTI_STATEMENTS``, set on every MySQL engine by
 :func:`airuntime_common.db.make_engine`) and hands back each statement's row
 count and rows. Statements are the same cached Core shapes the hot path runs
 elsewhere (:mod:`job_service.domain.sqlcache`): each is compiled once per
-shape, and its bound values are escaped by the driver (``mogrify``), so no
-value is ever pasted into SQL text unescaped.
+shape and expanded once per set of IN-list lengths (SQLAlchemy's expansion,
+kept as text with a placeholder per value), and its bound values are escaped
+by the driver (``escape``), so no value is ever pasted into SQL text unescaped.
 
 Two things keep a batch as safe as the statements sent one by one:
 
@@ -50,7 +51,7 @@ one-by-one path for SQLite.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pymysql
@@ -105,14 +106,114 @@ class Outcome:
     rows: list[tuple[Any, ...]]
 
 
+#: Renderings kept per statement shape: one per combination of its IN-list lengths.
+MAX_RENDERINGS = 256
+
+
+class _Slot:
+    """Marks where a caller's value lands in an expanded statement (see :class:`_Rendering`)."""
+
+    __slots__ = ("index", "name")
+
+    def __init__(self, name: str, index: int | None) -> None:
+        self.name = name
+        self.index = index
+
+
 @dataclass(frozen=True)
+class _Rendering:
+    """A statement expanded for one set of IN-list lengths: its text (``%s`` per
+    value) and, per placeholder, where its value comes from — the caller's
+    ``(name, index in the list or None)``, or a constant bound in the statement —
+    with the type's bind processor."""
+
+    text: str
+    slots: tuple[tuple[str | None, int | None, Any, Callable[[Any], Any] | None], ...]
+
+    def args(self, params: Mapping[str, Any]) -> list[Any]:
+        out = []
+        for name, index, constant, proc in self.slots:
+            if name is None:
+                value = constant
+            elif index is None:
+                value = params[name]
+            else:
+                value = params[name][index]
+            out.append(proc(value) if proc is not None else value)
+        return out
+
+
+@dataclass
 class _Compiled:
     expand: Callable[[Mapping[str, Any]], Any]  # params → ExpandedState
     bind_processors: dict[str, Callable[[Any], Any]]
     result_processors: tuple[Callable[[Any], Any] | None, ...] | None
+    # expanding (IN-list) bind names; None: the text depends on values, never cached
+    expanding: tuple[str, ...] | None = ()
+    renderings: dict[tuple[int, ...], _Rendering] = field(default_factory=dict)
+
+    def rendering(self, params: Mapping[str, Any]) -> _Rendering | None:
+        """The statement expanded for ``params``' IN-list lengths (made once per
+        lengths, from SQLAlchemy's own expansion), or None to expand it per call."""
+        if self.expanding is None:
+            return None
+        lists = [params.get(name) for name in self.expanding]
+        if not all(isinstance(v, list | tuple) for v in lists):
+            return None
+        shape = tuple(len(v) for v in lists)  # type: ignore[arg-type]
+        found = self.renderings.get(shape)
+        if found is not None:
+            return found
+        if any(isinstance(x, tuple) for v in lists for x in v):  # type: ignore[union-attr]
+            return None  # tuple IN: several values per item
+        marked: dict[str, Any] = {
+            name: (
+                [_Slot(name, i) for i in range(len(value))]
+                if name in self.expanding
+                else _Slot(name, None)
+            )
+            for name, value in params.items()
+        }
+        state = self.expand(marked)
+        procs = {**self.bind_processors, **state.processors}
+        slots: list[tuple[str | None, int | None, Any, Callable[[Any], Any] | None]] = []
+        for position in state.positiontup:
+            value = state.parameters[position]
+            proc = procs.get(position)
+            if isinstance(value, _Slot):
+                slots.append((value.name, value.index, None, proc))
+            else:
+                slots.append((None, None, value, proc))
+        made = _Rendering(state.statement, tuple(slots))
+        if len(self.renderings) < MAX_RENDERINGS:
+            self.renderings[shape] = made
+        return made
 
 
 _COMPILED: dict[Hashable, _Compiled] = {}
+
+
+def _render(c: _Compiled, params: Mapping[str, Any], escape: Callable[[Any], str]) -> str:
+    """One statement's SQL text with ``params`` escaped by the driver (``escape``):
+    from its :class:`_Rendering` for these IN-list lengths when it has one, else
+    as :func:`_render_expanded` makes it (the same text)."""
+    rendering = c.rendering(params)
+    if rendering is None:
+        return _render_expanded(c, params, escape)
+    return rendering.text % tuple(escape(v) for v in rendering.args(params))
+
+
+def _render_expanded(c: _Compiled, params: Mapping[str, Any], escape: Callable[[Any], str]) -> str:
+    """SQLAlchemy's own expansion of the bound values (IN lists and the statement's
+    constants included), then the driver's escaping: per call, about three times
+    the work of a kept :class:`_Rendering`."""
+    state = c.expand(params)
+    procs = {**c.bind_processors, **state.processors}
+    args = tuple(
+        escape(procs[n](v) if n in procs else v)
+        for n, v in zip(state.positiontup, state.positional_parameters, strict=True)
+    )
+    return str(state.statement % args)
 
 
 def _compile(dialect: Dialect, stmt: Any, column_keys: list[str]) -> _Compiled:
@@ -131,10 +232,18 @@ def _compile(dialect: Dialect, stmt: Any, column_keys: list[str]) -> _Compiled:
         result = tuple(
             col.type._cached_result_processor(dialect, None) for col in stmt.selected_columns
         )
+    expanding: tuple[str, ...] | None = tuple(
+        sorted(b.key for b in compiled.binds.values() if b.expanding)
+    )
+    if compiled.literal_execute_params or any(
+        not b.expanding for b in compiled.post_compile_params
+    ):
+        expanding = None  # values rendered into the text: expanded per call
     return _Compiled(
         expand=compiled.construct_expanded_state,
         bind_processors=processors,
         result_processors=result,
+        expanding=expanding,
     )
 
 
@@ -217,24 +326,11 @@ class StatementBatch:
         self._items.append(_Item(None, {}, "COMMIT"))
 
     def _render(self, driver: Any) -> list[str]:
-        texts: list[str] = []
         escape = driver.escape
-        for item in self._items:
-            c = item.compiled
-            if c is None:
-                texts.append(item.text)
-                continue
-            # SQLAlchemy's own expansion of the bound values (IN lists of a
-            # shape's constant states included), then the driver's escaping
-            state = c.expand(item.params)
-            procs = {**c.bind_processors, **state.processors}
-            values = state.positional_parameters
-            args = tuple(
-                escape(procs[n](v) if n in procs else v)
-                for n, v in zip(state.positiontup, values, strict=True)
-            )
-            texts.append(state.statement % args)
-        return texts
+        return [
+            item.text if item.compiled is None else _render(item.compiled, item.params, escape)
+            for item in self._items
+        ]
 
     async def run(self) -> list[Outcome]:
         """Send every queued statement in one round trip; one :class:`Outcome` per :meth:`add`.

@@ -1,0 +1,174 @@
+"""A batch statement's text from its kept rendering equals SQLAlchemy's own expansion.
+
+:mod:`job_service.domain.batch` expands each statement shape once per set of
+IN-list lengths and fills in later calls' values itself; these tests hold the
+text to what SQLAlchemy's per-call expansion gives, for the hot path's shapes
+and for values the driver must escape. No database: MariaDB runs these
+statements in ``tests/integration/job_service/test_batches_on_mariadb.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import pymysql
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import Integer, String, bindparam, insert, literal_column, select, tuple_, update
+from sqlalchemy.dialects.mysql import aiomysql
+
+from job_service.domain import batch
+from job_service.domain.jobs import RUNNING, _claim_events_stmt, _claim_read_stmt, results
+from job_service.models import invocations, jobs
+
+DIALECT = aiomysql.dialect()
+
+
+def escape(value: Any) -> str:
+    """The driver's escaping, as ``aiomysql.Connection.escape`` does it for utf8mb4."""
+    return str(pymysql.converters.escape_item(value, "utf8mb4"))
+
+
+def both(stmt: Any, params: dict[str, Any]) -> tuple[str, str]:
+    compiled = batch._compile(DIALECT, stmt, list(params))
+    return (
+        batch._render(compiled, params, escape),
+        batch._render_expanded(compiled, params, escape),
+    )
+
+
+def ids(n: int, prefix: str = "j") -> list[str]:
+    return [f"{prefix}{i:031x}" for i in range(n)]
+
+
+@pytest.mark.parametrize("n", [0, 1, 4, 50])
+def test_claim_statements_render_as_sqlalchemy_expands_them(n: int) -> None:
+    params = {"ids": ids(n), "instance_id": "worker-1", "e_actor": "runtime:worker-1"}
+    for stmt in (_claim_read_stmt(RUNNING), _claim_events_stmt(RUNNING)):
+        kept, expanded = both(stmt, params)
+        assert kept == expanded
+
+
+def test_a_kept_rendering_takes_each_calls_own_values() -> None:
+    stmt = _claim_read_stmt(RUNNING)
+    compiled = batch._compile(DIALECT, stmt, ["ids", "instance_id"])
+    first = {"ids": ids(3, "a"), "instance_id": "w-1"}
+    second = {"ids": ids(3, "b"), "instance_id": "w-2"}
+    batch._render(compiled, first, escape)
+    assert list(compiled.renderings) == [(3,)]
+    text = batch._render(compiled, second, escape)
+    assert text == batch._render_expanded(compiled, second, escape)
+    assert "'w-2'" in text and "'w-1'" not in text
+    assert all(f"'{i}'" in text for i in second["ids"])
+    assert not any(f"'{i}'" in text for i in first["ids"])
+
+
+def test_rows_with_json_times_decimals_and_nulls_render_alike() -> None:
+    result_row = {
+        "result_id": "r1",
+        "idempotency_key": "j1:1:abc",
+        "job_id": "j1",
+        "attempt_no": 1,
+        "output_hash": "abc",
+        "prompt_version": None,
+        "output_schema_version": "v1",
+        "output": {"summary": 'it\'s \\ "quoted" — 中文', "items": [1, 2.5, None, True]},
+    }
+    call_row = {
+        "id": "c1",
+        "job_id": "j1",
+        "job_type": "quiz_generation",
+        "attempt_no": 2,
+        "model_provider": "deepseek",
+        "model_name": "deepseek-chat",
+        "api_key_mode": "platform_key",
+        "credential_id": None,
+        "prompt_tokens": 10,
+        "completion_tokens": 20,
+        "cache_hit_tokens": 0,
+        "latency_ms": 31,
+        "outcome": "ok",
+        "error_code": None,
+        "provider_request_id": "req-1",
+        "cost_usd": Decimal("0.000123"),
+    }
+    succeed = (
+        update(jobs)
+        .where(jobs.c.job_id == bindparam("u_job_id", type_=String()), jobs.c.status == RUNNING)
+        .values(
+            status="succeeded",
+            finished_at=bindparam("u_finished_at"),
+            lock_until=None,
+            error_message=bindparam("u_message", type_=String()),
+        )
+    )
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        (insert(results), result_row),
+        (insert(invocations), call_row),
+        (
+            succeed,
+            {
+                "u_job_id": "j1",
+                "u_finished_at": datetime(2026, 12, 1, 4, 5, 6, 789),
+                "u_message": "line\nbreak; DROP TABLE x; --",
+            },
+        ),
+    ]
+    for stmt, params in cases:
+        kept, expanded = both(stmt, params)
+        assert kept == expanded
+
+
+def test_shapes_whose_text_depends_on_values_are_expanded_per_call() -> None:
+    literal = select(jobs.c.job_id).limit(bindparam("n", type_=Integer(), literal_execute=True))
+    compiled = batch._compile(DIALECT, literal, ["n"])
+    assert compiled.expanding is None
+    assert batch._render(compiled, {"n": 7}, escape).rstrip().endswith("7")
+    assert compiled.renderings == {}
+
+    pairs = select(jobs.c.job_id).where(
+        tuple_(jobs.c.job_id, jobs.c.attempt_no).in_(bindparam("pairs", expanding=True))
+    )
+    params = {"pairs": [("j1", 1), ("j2", 2)]}
+    compiled = batch._compile(DIALECT, pairs, ["pairs"])
+    kept, expanded = both(pairs, params)
+    assert kept == expanded
+    assert compiled.renderings == {}
+
+
+def test_renderings_kept_per_shape_are_bounded() -> None:
+    stmt = select(jobs.c.job_id).where(jobs.c.job_id.in_(bindparam("ids", expanding=True)))
+    compiled = batch._compile(DIALECT, stmt, ["ids"])
+    for n in range(batch.MAX_RENDERINGS + 5):
+        batch._render(compiled, {"ids": ids(n)}, escape)
+    assert len(compiled.renderings) == batch.MAX_RENDERINGS
+    beyond = {"ids": ids(batch.MAX_RENDERINGS + 3)}
+    assert batch._render(compiled, beyond, escape) == batch._render_expanded(
+        compiled, beyond, escape
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(st.text(max_size=12), max_size=8),
+    instance=st.text(max_size=20),
+    constant=st.sampled_from(["pending", "it's", "a\\b"]),
+)
+def test_any_values_render_as_sqlalchemy_expands_them(
+    values: list[str], instance: str, constant: str
+) -> None:
+    stmt = select(jobs.c.job_id, literal_column("1").label("one")).where(
+        jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+        jobs.c.locked_by == bindparam("instance_id", type_=String()),
+        jobs.c.status == constant,
+    )
+    params = {"ids": values, "instance_id": instance}
+    compiled = batch._compile(DIALECT, stmt, list(params))
+    # twice: the first call keeps the rendering, the second uses it
+    for _ in range(2):
+        assert batch._render(compiled, params, escape) == batch._render_expanded(
+            compiled, params, escape
+        )
