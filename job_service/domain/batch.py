@@ -232,8 +232,11 @@ def _compile(dialect: Dialect, stmt: Any, column_keys: list[str]) -> _Compiled:
         result = tuple(
             col.type._cached_result_processor(dialect, None) for col in stmt.selected_columns
         )
+    # the caller's IN lists; one built into the shape (``status.in_([...])``) has
+    # the same length on every call, and its values land in the kept text as constants
+    given = set(column_keys)
     expanding: tuple[str, ...] | None = tuple(
-        sorted(b.key for b in compiled.binds.values() if b.expanding)
+        sorted(b.key for b in compiled.binds.values() if b.expanding and b.key in given)
     )
     if compiled.literal_execute_params or any(
         not b.expanding for b in compiled.post_compile_params

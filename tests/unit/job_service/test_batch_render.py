@@ -172,3 +172,23 @@ def test_any_values_render_as_sqlalchemy_expands_them(
         assert batch._render(compiled, params, escape) == batch._render_expanded(
             compiled, params, escape
         )
+
+
+def test_an_in_list_built_into_the_shape_is_kept_with_its_values() -> None:
+    stmt = (
+        update(jobs)
+        .where(
+            jobs.c.job_id == bindparam("u_job_id", type_=String()),
+            jobs.c.status.in_(["locked", "running"]),
+            jobs.c.job_type.in_(bindparam("types", expanding=True)),
+        )
+        .values(lock_until=None)
+    )
+    compiled = batch._compile(DIALECT, stmt, ["u_job_id", "types"])
+    assert compiled.expanding == ("types",)
+    for types in (["quiz_generation"], ["a", "b"], ["c"]):
+        params = {"u_job_id": "j1", "types": types}
+        kept = batch._render(compiled, params, escape)
+        assert kept == batch._render_expanded(compiled, params, escape)
+        assert "'locked', 'running'" in kept
+    assert set(compiled.renderings) == {(1,), (2,)}
