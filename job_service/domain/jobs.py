@@ -1757,6 +1757,8 @@ class JobDomain:
 
         async def body(session: DbExec) -> SubmitOutcome:
             invalid.clear()
+            # business rows for the batch (``PreparedResult.statements()``), if any
+            business: list[tuple[Any, Any, dict[str, Any]]] | None = None
             # One locking read answers the replay, the lease and the run time:
             # the job row, whether the caller's lease is live, a prior result
             # with this idempotency key, and the database's now.
@@ -1800,16 +1802,24 @@ class JobDomain:
                 # port that validates everything before writing needs none
                 guarded = not getattr(self.learning, "validates_before_write", False)
                 nested = await session.begin_nested() if guarded else None
+                accept: dict[str, Any] = {
+                    "job_id": job.job_id,
+                    "user_id": job.user_id,
+                    "job_type": job.job_type,
+                    "snapshot_id": job.snapshot_id or "",
+                    "output_schema_version": output_schema_version,
+                    "output": output,
+                }
                 try:
-                    await self.learning.accept_result(
-                        session,
-                        job_id=job.job_id,
-                        user_id=job.user_id,
-                        job_type=job.job_type,
-                        snapshot_id=job.snapshot_id or "",
-                        output_schema_version=output_schema_version,
-                        output=output,
-                    )
+                    prepare = getattr(self.learning, "prepare_result", None)
+                    if prepare is not None and supports_batches(session):
+                        # checked now, written with the result's batch when they can be
+                        prepared = await prepare(session, **accept)
+                        business = prepared.statements()
+                        if business is None:
+                            await prepared.write(session)
+                    else:
+                        await self.learning.accept_result(session, **accept)
                 except AppError as exc:
                     if nested is not None:
                         await nested.rollback()
@@ -1894,6 +1904,8 @@ class JobDomain:
                 # lapsed since the read; a re-run after a lost connection
                 # replays by the idempotency key.
                 batch = StatementBatch(session)
+                for statement in business or ():
+                    batch.add(*statement)
                 for call_row in self._call_rows(job, lease.attempt_no, calls):
                     batch.add(self._insert_calls_key, self._insert_calls_stmt, call_row)
                 batch.add(self._insert_result_key, self._insert_result_stmt, result_row)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
@@ -94,11 +94,16 @@ async def insert_ignore(session: DbExec, table: Table, rows: list[dict[str, Any]
     # driver sends them as one multi-row INSERT, and the statement compiles once
     # (a multi-VALUES ``insert().values(rows)`` has no cache key and compiles
     # on every call).
-    stmt = sqlcache.statement(
-        ("insert_ignore", dialect, table.name), lambda: _ignore(dialect, table)
-    )
-    result: Any = await session.execute(stmt, rows)
+    key, build = ignore_statement(dialect, table)
+    result: Any = await session.execute(sqlcache.statement(key, build), rows)
     return int(result.rowcount)
+
+
+def ignore_statement(dialect: str, table: Table) -> tuple[tuple[str, ...], Callable[[], Any]]:
+    """:func:`insert_ignore`'s statement shape for ``table`` on ``dialect``: its
+    :mod:`sqlcache` key and builder (bound: one row's columns by name), for a
+    caller that sends the rows one statement each in a batch."""
+    return ("insert_ignore", dialect, table.name), lambda: _ignore(dialect, table)
 
 
 def _ignore(dialect: str, table: Table) -> Any:

@@ -169,6 +169,15 @@ class ModuleLearningPort:
 
         return await results.accept_result(session, **kw)
 
+    async def prepare_result(self, session: DbExec, **kw: Any) -> Any:
+        """:meth:`accept_result` up to its writes: a ``results.PreparedResult``, whose
+        ``statements()`` a result's batch sends with its own (or None, then its
+        ``write(session)``). A port without this method is called with
+        :meth:`accept_result`."""
+        from job_service.domain import results
+
+        return await results.prepare_result(session, **kw)
+
 
 class CredentialChecker(Protocol):
     """The credential service as seen from job create and fail (SPEC §6)."""

@@ -29,23 +29,30 @@ import base64
 import binascii
 import json
 import re
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import Table, and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.outputs import validate_output
 from airuntime_common.timeutil import rfc3339
-from job_service.db import DbExec
-from job_service.domain.learning import db_now, insert_ignore, new_id, require_user
+from job_service.db import DbExec, dialect_name
+from job_service.domain.learning import (
+    db_now,
+    ignore_statement,
+    insert_ignore,
+    new_id,
+    require_user,
+)
+from job_service.domain.snapshots import GENERATION_TYPES, load_snapshot, record_plan_outcome
 from job_service.domain.snapshots import (
     create_generation_plan as create_generation_plan,  # re-exported: callers find it here too
 )
-from job_service.domain.snapshots import load_snapshot, record_plan_outcome
 from job_service.learning_models import (
     BUSINESS_TABLES,
     KIND_BY_JOB_TYPE,
@@ -258,6 +265,100 @@ async def check_ownership(
         )
 
 
+@dataclass(frozen=True)
+class PreparedResult:
+    """A validated output's business rows, not yet written (:func:`prepare_result`).
+
+    Attributes:
+        job_id, job_type: the job.
+        dialect: the database's dialect name.
+        table: the job type's business table.
+        rows: one row per output item, by column name, in output order.
+    """
+
+    job_id: str
+    job_type: str
+    dialect: str
+    table: Table
+    rows: list[dict[str, Any]]
+
+    async def write(self, session: DbExec) -> AcceptOutcome:
+        """Write the rows (one multi-row INSERT IGNORE: a repeat within the output
+        is skipped like one already stored, by the per-user unique key, and counted
+        as skipped) and the generation plan's counts, in the caller's transaction."""
+        written = await insert_ignore(session, self.table, self.rows)
+        outcome = AcceptOutcome(len(self.rows), written, len(self.rows) - written)
+        await record_plan_outcome(
+            session,
+            job_id=self.job_id,
+            job_type=self.job_type,
+            generated=outcome.generated,
+            written=outcome.written,
+            skipped=outcome.skipped,
+        )
+        return outcome
+
+    def statements(self) -> list[tuple[Hashable, Callable[[], Any], dict[str, Any]]] | None:
+        """The writes as statements a caller may send in its own batch, one INSERT
+        IGNORE per row (``(sqlcache key, builder, row)``), with the same outcome as
+        :meth:`write`; None when the job type keeps a generation plan, whose counts
+        need the rows' outcome first."""
+        if self.job_type in GENERATION_TYPES:
+            return None
+        key, build = ignore_statement(self.dialect, self.table)
+        return [(key, build, row) for row in self.rows]
+
+
+async def prepare_result(
+    session: DbExec,
+    *,
+    job_id: str,
+    user_id: str,
+    job_type: str,
+    snapshot_id: str,
+    output_schema_version: str,
+    output: Any,
+) -> PreparedResult:
+    """:func:`accept_result` up to its writes: validate the output, check what it
+    cites (reads only) and build its business rows.
+
+    Arguments as :func:`accept_result`'s.
+
+    Raises:
+        AppError: ``INVALID_SCHEMA`` for a schema or ownership violation;
+        ``INVALID_SNAPSHOT`` when the snapshot is missing. Nothing is written.
+    """
+    validated = validate_output(job_type, output_schema_version, output)
+    items = output_items(job_type, validated)
+    try:
+        snapshot = await load_snapshot(session, snapshot_id)
+    except AppError:
+        raise AppError(
+            ErrorCode.INVALID_SNAPSHOT,
+            f"snapshot {snapshot_id!r} of job {job_id} is missing",
+            {"snapshotId": snapshot_id},
+        ) from None
+    block_ids = {str(b.get("blockId")) for b in snapshot.payload.get("blocks", [])}
+    await check_ownership(
+        session, user_id=user_id, job_type=job_type, snapshot_block_ids=block_ids, items=items
+    )
+    model, _ = BUSINESS_TABLES[KIND_BY_JOB_TYPE[job_type]]
+    now = db_now()
+    rows = []
+    for ordinal, item in enumerate(items):
+        row = {_snake(k): v for k, v in item.items()}
+        row.update(
+            id=new_id(),
+            user_id=user_id,
+            job_id=job_id,
+            ordinal=ordinal,
+            content_hash=content_hash(item),
+            created_at=now,
+        )
+        rows.append(row)
+    return PreparedResult(job_id, job_type, dialect_name(session), model.__table__, rows)
+
+
 async def accept_result(
     session: DbExec,
     *,
@@ -288,47 +389,16 @@ async def accept_result(
         AppError: ``INVALID_SCHEMA`` for a schema or ownership violation
         (nothing written); ``INVALID_SNAPSHOT`` when the snapshot is missing.
     """
-    validated = validate_output(job_type, output_schema_version, output)
-    items = output_items(job_type, validated)
-    try:
-        snapshot = await load_snapshot(session, snapshot_id)
-    except AppError:
-        raise AppError(
-            ErrorCode.INVALID_SNAPSHOT,
-            f"snapshot {snapshot_id!r} of job {job_id} is missing",
-            {"snapshotId": snapshot_id},
-        ) from None
-    block_ids = {str(b.get("blockId")) for b in snapshot.payload.get("blocks", [])}
-    await check_ownership(
-        session, user_id=user_id, job_type=job_type, snapshot_block_ids=block_ids, items=items
-    )
-    model, _ = BUSINESS_TABLES[KIND_BY_JOB_TYPE[job_type]]
-    now = db_now()
-    rows = []
-    for ordinal, item in enumerate(items):
-        row = {_snake(k): v for k, v in item.items()}
-        row.update(
-            id=new_id(),
-            user_id=user_id,
-            job_id=job_id,
-            ordinal=ordinal,
-            content_hash=content_hash(item),
-            created_at=now,
-        )
-        rows.append(row)
-    # one multi-row INSERT IGNORE: a repeat within the output is skipped like
-    # one already stored (the per-user unique key), and counted as skipped
-    written = await insert_ignore(session, model.__table__, rows)
-    outcome = AcceptOutcome(len(items), written, len(items) - written)
-    await record_plan_outcome(
+    prepared = await prepare_result(
         session,
         job_id=job_id,
+        user_id=user_id,
         job_type=job_type,
-        generated=outcome.generated,
-        written=outcome.written,
-        skipped=outcome.skipped,
+        snapshot_id=snapshot_id,
+        output_schema_version=output_schema_version,
+        output=output,
     )
-    return outcome
+    return await prepared.write(session)
 
 
 def _row_json(row: Any, id_key: str) -> dict[str, Any]:

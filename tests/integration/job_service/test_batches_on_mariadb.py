@@ -19,8 +19,9 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.outputs import validate_output
 from job_service.db import make_job_engine
-from job_service.domain import snapshots
+from job_service.domain import results, snapshots
 from job_service.domain.batch import FenceBroken, StatementBatch
 from job_service.domain.jobs import JobDomain, ModelCallInput
 from job_service.domain.ports import ModuleLearningPort, SnapshotRead
@@ -527,3 +528,90 @@ async def test_claim_locks_logs_and_reads_a_batch_in_one_round_trip(
         ]
         assert evs[1].at == job.locked_at
     assert await domain.claim("w2", CAPS, 5, 0) == []
+
+
+class PreparingLearning(FakeLearning):
+    """FakeLearning whose results are prepared, then written with the result's batch:
+    one ``ai_runtime_workers`` row per result stands in for its business row."""
+
+    delay = 0.0
+
+    async def accept_result(self, session: Any, **kw: Any) -> Any:
+        raise AssertionError("a port that prepares its results is not asked to accept them")
+
+    async def prepare_result(self, session: Any, **kw: Any) -> results.PreparedResult:
+        validate_output(kw["job_type"], kw["output_schema_version"], kw["output"])
+        await asyncio.sleep(self.delay)
+        return results.PreparedResult(
+            kw["job_id"],
+            kw["job_type"],
+            session.dialect.name,
+            workers,
+            [{**_worker(f"biz-{kw['job_id']}"), "capabilities": []}],
+        )
+
+
+async def _business_rows(engine: AsyncEngine, job_id: str) -> int:
+    return sum(1 for w in await _worker_ids(engine) if w == f"biz-{job_id}")
+
+
+async def test_business_rows_go_in_the_results_batch(
+    make_domain: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    domain: JobDomain = await make_domain()
+    domain.learning = PreparingLearning()
+
+    async def no_separate_write(self: Any, session: Any) -> Any:
+        raise AssertionError("business rows written outside the result's batch")
+
+    monkeypatch.setattr(results.PreparedResult, "write", no_separate_write)
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    await domain.start(lease)
+    commits = await _com_commit(domain._engine)
+    out = await domain.submit_result(
+        lease,
+        prompt_version="learning_state_analysis.v1",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[_call()],
+    )
+    assert out.status == "succeeded"
+    assert await _com_commit(domain._engine) - commits == 1
+    assert await _business_rows(domain._engine, job.job_id) == 1
+    assert await _result_rows(domain, job.job_id) == 1
+
+
+async def test_a_lease_lapsing_after_the_rows_are_prepared_writes_none_of_them(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=1)
+    learning = PreparingLearning()
+    learning.delay = 1.3  # the read saw the lease live; it lapses before the batch
+    domain.learning = learning
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    await domain.start(lease)
+    with pytest.raises(AppError) as caught:
+        await domain.submit_result(
+            lease,
+            prompt_version="learning_state_analysis.v1",
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+            calls=[_call()],
+        )
+    assert caught.value.code == ErrorCode.LOCK_NOT_HELD
+    assert await _business_rows(domain._engine, job.job_id) == 0
+    assert await _result_rows(domain, job.job_id) == 0
+    assert (await domain.get(job.job_id)).status == "running"
+
+
+def test_a_generation_plans_rows_are_written_on_their_own() -> None:
+    rows = [{"id": "r1"}]
+    quiz = results.PreparedResult("j1", "quiz_generation", "mariadb", workers, rows)
+    assert quiz.statements() is None
+    analysis = results.PreparedResult("j1", "learning_state_analysis", "mariadb", workers, rows)
+    statements = analysis.statements()
+    assert statements is not None and [params for _, _, params in statements] == rows
