@@ -164,6 +164,8 @@ class _Compiled:
         found = self.renderings.get(shape)
         if found is not None:
             return found
+        if len(self.renderings) >= MAX_RENDERINGS:
+            return None  # no room to keep one: SQLAlchemy's expansion, per call
         if any(isinstance(x, tuple) for v in lists for x in v):  # type: ignore[union-attr]
             return None  # tuple IN: several values per item
         marked: dict[str, Any] = {
@@ -184,9 +186,7 @@ class _Compiled:
                 slots.append((value.name, value.index, None, proc))
             else:
                 slots.append((None, None, value, proc))
-        made = _Rendering(state.statement, tuple(slots))
-        if len(self.renderings) < MAX_RENDERINGS:
-            self.renderings[shape] = made
+        made = self.renderings[shape] = _Rendering(state.statement, tuple(slots))
         return made
 
 

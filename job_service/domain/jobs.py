@@ -410,13 +410,6 @@ async def _read_rows(
     return list((await session.execute(stmt, params)).all())
 
 
-async def _read_and_commit(
-    session: DbExec, key: Any, stmt: Any, params: dict[str, Any]
-) -> list[Sequence[Any]]:
-    """:func:`_read_rows` of a read-only transaction's one ``SELECT``, with its COMMIT."""
-    return await _read_rows(session, key, stmt, params, commit=True)
-
-
 #: What a claim returns inside: the jobs, and (claim with start) their snapshots by job id.
 _Claimed = tuple[list[JobRecord], dict[str, SnapshotView]]
 
@@ -1564,8 +1557,12 @@ class JobDomain:
         )
 
         async def body(session: DbExec) -> LeaseHolderView:
-            rows = await _read_and_commit(
-                session, ("verify_lease", self.clock.dialect), stmt, lease_params(lease)
+            rows = await _read_rows(
+                session,
+                ("verify_lease", self.clock.dialect),
+                stmt,
+                lease_params(lease),
+                commit=True,
             )
             found = rows[0] if rows else None
             if found is None:
@@ -1596,8 +1593,8 @@ class JobDomain:
         params = {"ids": sorted({lease.job_id for lease in leases})}
 
         async def body(session: DbExec) -> list[Sequence[Any]]:
-            return await _read_and_commit(
-                session, ("verify_leases", self.clock.dialect), stmt, params
+            return await _read_rows(
+                session, ("verify_leases", self.clock.dialect), stmt, params, commit=True
             )
 
         rows = {row[0]: row for row in await self.lean_tx(body)}
@@ -1772,8 +1769,8 @@ class JobDomain:
                 raise self._lease_lost(None, lease)
             row = found[0]
             job = ResultFacts(*row[: len(RESULT_FACTS)])
-            lease_held, prior, db_now, *breaker = row[len(RESULT_FACTS) :]
-            breaker_peek = (breaker[0], breaker[1])
+            lease_held, prior, db_now, breaker_state, breaker_failures = row[len(RESULT_FACTS) :]
+            breaker_peek = (breaker_state, breaker_failures)
             seen[:] = [job, db_now]
             if prior is not None:
                 return SubmitOutcome(job.job_id, job.status, prior, output_hash, True)
