@@ -11,6 +11,8 @@ from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from airuntime_common.aio import DEFAULT_EVENT_LOOP, EventLoopName
+
 VAR_DIR = Path("var")
 DEFAULT_JOB_DB = f"sqlite+aiosqlite:///{VAR_DIR}/job_service.db"
 DEFAULT_CREDENTIAL_DB = f"sqlite+aiosqlite:///{VAR_DIR}/credential_service.db"
@@ -27,6 +29,8 @@ class CommonSettings(BaseSettings):
 
     RUNTIME_SERVICE_TOKEN: str = ""
     LOG_LEVEL: str = "INFO"
+    #: The process's event loop (:mod:`airuntime_common.aio`): ``uvloop`` or ``asyncio``.
+    EVENT_LOOP: EventLoopName = DEFAULT_EVENT_LOOP
     JOB_SERVICE_ADDR: str = "localhost:50051"
     CREDENTIAL_SERVICE_ADDR: str = "localhost:50052"
     RUNTIME_WORKER_ADDR: str = "localhost:50053"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from airuntime_common.aio import resolve_event_loop
 from airuntime_common.logs import setup_logging
 from api_gateway.app import create_app
 from api_gateway.settings import GatewaySettings
@@ -21,6 +22,7 @@ def main() -> None:
         log_config=None,
         access_log=False,
         proxy_headers=False,
+        loop=resolve_event_loop(settings.EVENT_LOOP),
     )
 
 

@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import sys
 
+from airuntime_common import aio
 from airuntime_common.logs import setup_logging
 from airuntime_common.settings import MissingSetting
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         from credential_service.app import run_forever
 
         settings.validate_for_serve()
-        asyncio.run(run_forever(settings))
+        aio.run(run_forever(settings), loop=settings.EVENT_LOOP)
         return 0
     except MissingSetting as exc:
         print(f"credential_service: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from job_service.migrate import upgrade_head
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
         upgrade_head(settings.DATABASE_URL)
         return 0
     if command == "serve":
-        asyncio.run(_serve(settings))
+        aio.run(_serve(settings), loop=settings.EVENT_LOOP)
         return 0
     print(f"usage: python -m job_service [serve|migrate], not {command!r}", file=sys.stderr)
     return 2

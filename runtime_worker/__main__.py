@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 
+from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from runtime_worker.app import run
 from runtime_worker.settings import WorkerSettings
 
 
-async def _main() -> None:
-    settings = WorkerSettings()
-    setup_logging("runtime_worker", settings.LOG_LEVEL)
-    settings.check()
+async def _main(settings: WorkerSettings) -> None:
     stop = asyncio.Event()
     install_stop_signals(stop)
     await run(settings, stop)
@@ -21,7 +19,10 @@ async def _main() -> None:
 
 def main() -> None:
     """Entry point."""
-    asyncio.run(_main())
+    settings = WorkerSettings()
+    setup_logging("runtime_worker", settings.LOG_LEVEL)
+    settings.check()
+    aio.run(_main(settings), loop=settings.EVENT_LOOP)
 
 
 if __name__ == "__main__":

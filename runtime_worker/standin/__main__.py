@@ -23,6 +23,7 @@ import sys
 
 from pydantic import ValidationError
 
+from airuntime_common import aio
 from runtime_worker.standin.faults import FAULT_LIST, Fault
 from runtime_worker.standin.server import StandIn
 
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid --faults: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_run(args, faults))
+        aio.run(_run(args, faults))
     except OSError as exc:  # e.g. the port is taken
         print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
