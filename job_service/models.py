@@ -7,7 +7,7 @@ from the database clock only (:mod:`job_service.domain.clock`).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, cast
 
@@ -16,10 +16,12 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Date,
     DateTime,
     Index,
     Integer,
     Numeric,
+    SmallInteger,
     String,
     Table,
     Text,
@@ -221,3 +223,31 @@ class UserAdmissionLock(Base):
 
 
 admission_locks = cast(Table, UserAdmissionLock.__table__)
+
+
+#: Rows per UTC day in :class:`PlatformSpend`: concurrent reports add to different
+#: rows, so they do not queue on one row lock.
+PLATFORM_SPEND_SHARDS = 16
+
+
+class PlatformSpend(Base):
+    """``ai_runtime_platform_spend``: platform-key model cost per UTC day (SPEC §6 budget).
+
+    A running total beside the invocation log: the transaction that logs a
+    platform-key call adds its cost here too, to one of
+    :data:`PLATFORM_SPEND_SHARDS` rows of the day. The budget check at create
+    then sums at most that many rows by primary key, however many calls the day
+    has logged; summing the log itself costs a scan of the day's calls.
+    ``day`` is the database's UTC date when the call was logged.
+    """
+
+    __tablename__ = "ai_runtime_platform_spend"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), nullable=False, default=0)
+    calls: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+platform_spend = cast(Table, PlatformSpend.__table__)

@@ -9,11 +9,12 @@ values compare and sort correctly as text and read back as datetimes.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import date, datetime
 
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    Date,
     DateTime,
     String,
     bindparam,
@@ -113,6 +114,12 @@ class DbClock:
             shifted = func.strftime(literal_column(_SQLITE_FMT), base, modifier, type_=String())
             return type_coerce(shifted.concat("000"), DateTime())
         return func.timestampadd(literal_column("SECOND"), seconds, base, type_=DateTime())
+
+    def today(self) -> ColumnElement[date]:
+        """The database's current UTC date (``UTC_DATE()``; ``'YYYY-MM-DD'`` text on SQLite)."""
+        if self.is_sqlite:
+            return literal_column("date('now')", type_=Date())
+        return literal_column("UTC_DATE()", type_=Date())
 
     def day_start(self) -> ColumnElement[datetime]:
         """Midnight UTC of the database's current day."""

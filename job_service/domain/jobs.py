@@ -34,6 +34,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -87,7 +88,15 @@ from job_service.domain.statemachine import (
     transition_sql,
 )
 from job_service.learning_models import AiResult
-from job_service.models import admission_locks, authorizations, events, invocations, jobs
+from job_service.models import (
+    PLATFORM_SPEND_SHARDS,
+    admission_locks,
+    authorizations,
+    events,
+    invocations,
+    jobs,
+    platform_spend,
+)
 from job_service.settings import JobServiceSettings
 
 #: Accepted results (``ai_results``, owned by the learning-data module's models).
@@ -887,11 +896,12 @@ class JobDomain:
 
     async def _platform_guards(self, session: DbExec) -> None:
         budget = self.settings.PLATFORM_DAILY_BUDGET_USD
+        # the day's running total (at most PLATFORM_SPEND_SHARDS rows by primary
+        # key), not a sum over the day's invocation log
         spent = (
             await session.execute(
-                select(func.coalesce(func.sum(invocations.c.cost_usd), 0)).where(
-                    invocations.c.api_key_mode == "platform_key",
-                    invocations.c.created_at >= self.clock.day_start(),
+                select(func.coalesce(func.sum(platform_spend.c.cost_usd), 0)).where(
+                    platform_spend.c.day == self.clock.today()
                 )
             )
         ).scalar_one()
@@ -1903,8 +1913,12 @@ class JobDomain:
                 batch = StatementBatch(session)
                 for statement in business or ():
                     batch.add(*statement)
-                for call_row in self._call_rows(job, lease.attempt_no, calls):
+                call_rows = self._call_rows(job, lease.attempt_no, calls)
+                for call_row in call_rows:
                     batch.add(self._insert_calls_key, self._insert_calls_stmt, call_row)
+                spend = self._spend_row(call_rows)
+                if spend is not None:
+                    batch.add(self._add_spend_key, self._add_spend_stmt, spend)
                 batch.add(self._insert_result_key, self._insert_result_stmt, result_row)
                 batch.add(succeed.key, succeed.build, succeed.params)
                 batch.fence("succeed")
@@ -2397,7 +2411,52 @@ class JobDomain:
             await session.execute(
                 sqlcache.statement(self._insert_calls_key, self._insert_calls_stmt), rows
             )
+            spend = self._spend_row(rows)
+            if spend is not None:
+                await session.execute(
+                    sqlcache.statement(self._add_spend_key, self._add_spend_stmt), spend
+                )
         return [str(row["id"]) for row in rows]
+
+    @staticmethod
+    def _spend_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+        """What logged call ``rows`` add to the day's platform spend (values of
+        :meth:`_add_spend_stmt`: ``shard``, ``cost_usd``, ``calls``); None when no row
+        used the platform key. The shard is random, spreading concurrent reports
+        over the day's rows (SPEC §6 budget; :class:`~job_service.models.PlatformSpend`)."""
+        platform = [r for r in rows if r["api_key_mode"] == "platform_key"]
+        if not platform:
+            return None
+        return {
+            "shard": random.randrange(PLATFORM_SPEND_SHARDS),
+            "cost_usd": sum((Decimal(r["cost_usd"]) for r in platform), Decimal(0)),
+            "calls": len(platform),
+        }
+
+    @property
+    def _add_spend_key(self) -> tuple[str, str]:
+        return ("add_spend", self.clock.dialect)
+
+    def _add_spend_stmt(self) -> Any:
+        """Upsert adding ``cost_usd`` and ``calls`` to today's row ``shard``."""
+        values = {"day": self.clock.today(), "updated_at": self.clock.now()}
+        total = platform_spend.c
+        if self.clock.is_sqlite:
+            lite = sqlite_insert(platform_spend).values(**values)
+            return lite.on_conflict_do_update(
+                index_elements=[total.day, total.shard],
+                set_={
+                    "cost_usd": total.cost_usd + lite.excluded.cost_usd,
+                    "calls": total.calls + lite.excluded.calls,
+                    "updated_at": lite.excluded.updated_at,
+                },
+            )
+        my = mysql_insert(platform_spend).values(**values)
+        return my.on_duplicate_key_update(
+            cost_usd=total.cost_usd + my.inserted.cost_usd,
+            calls=total.calls + my.inserted.calls,
+            updated_at=my.inserted.updated_at,
+        )
 
     def _call_rows(
         self, job: JobRecord | ResultFacts, attempt_no: int, calls: Sequence[ModelCallInput]
