@@ -101,6 +101,16 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     "",
                 )
             )
+            if "create" in s:
+                out.append(
+                    (
+                        f"create p50/p99 @{key}",
+                        f"{s['create']['p50_ms']}/{s['create']['p99_ms']}",
+                        "ms",
+                        f"{s['calls_logged_today']:,} platform calls logged today, one by one",
+                        "",
+                    )
+                )
             out.append(
                 (
                     f"claim p50/p99 @{key}",
@@ -116,6 +126,9 @@ def rows(doc: dict[str, Any]) -> list[Row]:
             out.append(
                 (f"{what} p99 big/small", _f(ratio), "×", "", f"≤1.5 {_check(ratio <= 1.5)}")
             )
+    if "create_p99_ratio_big_to_small" in ps:
+        ratio = ps["create_p99_ratio_big_to_small"]
+        out.append(("create p99 big/small", _f(ratio), "×", "", ""))
     idle = r.get("idle", {})
     if "db_statements_per_s_per_worker" in idle:
         v = idle["db_statements_per_s_per_worker"]

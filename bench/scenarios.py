@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, cast
 
 from airuntime_common.enums import JOB_TYPE, JOB_TYPES
@@ -268,8 +269,52 @@ def _grow_finished(system: System, target: int) -> float:
     return time.perf_counter() - t0
 
 
+def _grow_calls(system: System, target: int) -> float:
+    """Double today's platform-key invocation log with INSERT … SELECT until ``target``
+    rows (one call per finished job, all logged today: the daily budget's worst case),
+    adding their cost to the day's running total as the services do; returns seconds."""
+    t0 = time.perf_counter()
+    cols = (
+        "job_id, job_type, attempt_no, model_provider, model_name, api_key_mode,"
+        " prompt_tokens, completion_tokens, cache_hit_tokens, latency_ms, outcome, cost_usd"
+    )
+    cost = "0.00010000"
+    have = int(system.sql("SELECT COUNT(*) FROM ai_runtime_invocation_logs")[0][0])
+    start = have
+    if have == 0:
+        system.sql(
+            f"INSERT INTO ai_runtime_invocation_logs (id, {cols}, created_at) VALUES"
+            " (REPLACE(UUID(),'-',''), 'old-0', 'learning_state_analysis', 1, 'deepseek',"
+            f" 'deepseek-chat', 'platform_key', 300, 200, 0, 900, 'succeeded', {cost},"
+            " UTC_TIMESTAMP(6))"
+        )
+        have = 1
+    while have < target:
+        k = min(have, target - have)
+        system.sql(
+            f"INSERT INTO ai_runtime_invocation_logs (id, {cols}, created_at)"
+            f" SELECT REPLACE(UUID(),'-',''), {cols}, UTC_TIMESTAMP(6)"
+            f" FROM ai_runtime_invocation_logs LIMIT {k}"
+        )
+        have += k
+    added = have - start
+    system.sql(
+        "INSERT INTO ai_runtime_platform_spend (day, shard, cost_usd, calls, updated_at)"
+        " VALUES (UTC_DATE(), 0, %s, %s, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE"
+        " cost_usd = cost_usd + VALUES(cost_usd), calls = calls + VALUES(calls)",
+        (Decimal(cost) * added, added),
+    )
+    return time.perf_counter() - t0
+
+
 async def poll_scale(p: Params) -> dict[str, Any]:
-    """Scenario 4: PollJobs / ClaimJobs latency (waitMs=0) with 1k and 1M finished rows."""
+    """Scenario 4: PollJobs / ClaimJobs latency (waitMs=0) with 1k and 1M finished rows.
+
+    Each finished job has its model call in the invocation log, all logged today;
+    the platform-key creates of the pending jobs that are then polled are timed
+    one by one, so the create path's reads (quota, daily budget) are measured
+    at both sizes too.
+    """
     caps = cast(Any, [JOB_TYPE.to_proto(t) for t in JOB_TYPES])
     out: dict[str, Any] = {"params": {"samples": p.poll_samples, "pending_jobs": p.poll_samples}}
     explain_sql = (
@@ -284,8 +329,13 @@ async def poll_scale(p: Params) -> dict[str, Any]:
             md = system.md("bench-poller")
             for rows in p.scale_rows:
                 grow_s = await asyncio.to_thread(_grow_finished, system, rows)
+                grow_s += await asyncio.to_thread(_grow_calls, system, rows)
                 await asyncio.to_thread(system.sql, "ANALYZE TABLE ai_runtime_jobs")
-                await system.create_jobs(p.poll_samples)
+                creates: list[float] = []
+                for i in range(p.poll_samples):
+                    t0 = time.perf_counter()
+                    await system.create_job(f"bench-user-{i % 50}")
+                    creates.append(time.perf_counter() - t0)
                 polls: list[float] = []
                 claims: list[float] = []
                 for _ in range(p.poll_samples):
@@ -317,7 +367,9 @@ async def poll_scale(p: Params) -> dict[str, Any]:
                 ]
                 out[str(rows)] = {
                     "finished_rows": rows,
+                    "calls_logged_today": rows,
                     "grow_s": round(grow_s, 1),
+                    "create": summary_ms(creates),
                     "poll": summary_ms(polls),
                     "claim": summary_ms(claims),
                     "explain_claim": explain,
@@ -328,6 +380,9 @@ async def poll_scale(p: Params) -> dict[str, Any]:
     )
     out["poll_p99_ratio_big_to_small"] = round(
         out[big]["poll"]["p99_ms"] / out[small]["poll"]["p99_ms"], 2
+    )
+    out["create_p99_ratio_big_to_small"] = round(
+        out[big]["create"]["p99_ms"] / out[small]["create"]["p99_ms"], 2
     )
     out["explain_sql"] = explain_sql
     return out

@@ -121,3 +121,69 @@ def test_bench_throughput_tiny_run(mysql_url: str, tmp_path: Path) -> None:
     assert run["terminal"] == 5 and run["succeeded"] == 5
     assert run["jobs_per_s"] > 0
     assert "job_service" in run["cpu_ms_per_job"]
+
+
+def test_table_shows_create_latency_at_scale() -> None:
+    def at(rows: int, create_p99: float) -> dict[str, object]:
+        ms = {"p50_ms": 1.0, "p99_ms": 2.0}
+        return {
+            "finished_rows": rows,
+            "calls_logged_today": rows,
+            "poll": ms,
+            "claim": ms,
+            "create": {"p50_ms": 5.0, "p99_ms": create_p99},
+            "explain_claim": [{"key": "ix_jobs_poll"}],
+        }
+
+    doc = {
+        "results": {
+            "poll_scale": {
+                "1000": at(1000, 8.0),
+                "1000000": at(1000000, 12.0),
+                "poll_p99_ratio_big_to_small": 1.0,
+                "claim_p99_ratio_big_to_small": 1.0,
+                "create_p99_ratio_big_to_small": 1.5,
+            }
+        }
+    }
+    text = table(doc)
+    assert "create p50/p99 @1000000" in text and "5.0/12.0" in text
+    assert "1,000,000 platform calls logged today" in text
+    assert "create p99 big/small" in text
+
+
+def test_grown_call_log_and_the_days_total_agree(mysql_url: str) -> None:
+    """``poll_scale`` logs today's calls in bulk: the running total must say the same."""
+    import asyncio
+    from decimal import Decimal
+    from typing import Any
+
+    from sqlalchemy.engine import make_url
+
+    from bench.harness import admin_connect
+    from bench.scenarios import _grow_calls
+    from tests.unit.job_service.conftest import create_schema
+
+    asyncio.run(create_schema(mysql_url))
+
+    class Db:
+        def sql(self, query: str, args: Any = None) -> list[tuple[Any, ...]]:
+            conn = admin_connect(mysql_url, make_url(mysql_url).database)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(query, args)
+                    return list(cur.fetchall())
+            finally:
+                conn.close()
+
+    db = Db()
+    _grow_calls(db, 1000)  # type: ignore[arg-type]
+    _grow_calls(db, 2500)  # type: ignore[arg-type]
+    [(logged, today)] = db.sql(
+        "SELECT COUNT(*), SUM(created_at >= UTC_DATE()) FROM ai_runtime_invocation_logs"
+    )
+    [(cost, calls)] = db.sql(
+        "SELECT SUM(cost_usd), SUM(calls) FROM ai_runtime_platform_spend WHERE day = UTC_DATE()"
+    )
+    assert (logged, today) == (2500, 2500)
+    assert (Decimal(cost), calls) == (Decimal("0.25"), 2500)
