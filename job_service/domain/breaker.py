@@ -14,6 +14,7 @@ database's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -51,10 +52,12 @@ async def ensure_row(session: DbExec, clock: DbClock) -> None:
         await session.execute(mysql_insert(breaker).values(**values).prefix_with("IGNORE"))
 
 
-async def _row(
-    session: DbExec, clock: DbClock, *, lock: bool = True
-) -> tuple[str, int, datetime | None, datetime | None, int]:
-    lock = lock and not clock.is_sqlite
+def row_sql(*, lock: bool) -> tuple[Hashable, Callable[[], Any]]:
+    """The breaker row's read as a :mod:`sqlcache` key and builder (no parameters).
+
+    Columns: state, consecutive_failures, opened_at, half_open_at, probes_in_flight;
+    with ``lock``, ``FOR UPDATE`` (MySQL/MariaDB only).
+    """
 
     def build() -> Any:
         stmt = select(
@@ -66,7 +69,14 @@ async def _row(
         ).where(breaker.c.id == ROW_ID)
         return stmt.with_for_update() if lock else stmt
 
-    row = (await session.execute(sqlcache.statement(("breaker_row", lock), build))).first()
+    return ("breaker_row", lock), build
+
+
+async def _row(
+    session: DbExec, clock: DbClock, *, lock: bool = True
+) -> tuple[str, int, datetime | None, datetime | None, int]:
+    lock = lock and not clock.is_sqlite
+    row = (await session.execute(sqlcache.statement(*row_sql(lock=lock)))).first()
     if row is None:
         await ensure_row(session, clock)
         return ("closed", 0, None, None, 0)

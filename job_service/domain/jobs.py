@@ -36,7 +36,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from airuntime_common.canonical import content_hash
 from airuntime_common.db import DisconnectedBeforeCommit, retry_transient
@@ -503,6 +503,59 @@ def cost_usd(
     return total.quantize(Decimal("0.00000001"))
 
 
+def _check_granted(granted: Any) -> None:
+    """Refuse when the user turned AI off (``granted`` false; no row = granted, SPEC §6).
+
+    Raises:
+        AppError: AI_NOT_AUTHORIZED.
+    """
+    if granted is not None and not granted:
+        raise AppError(
+            ErrorCode.AI_NOT_AUTHORIZED, "AI features are turned off for this user", None
+        )
+
+
+def _check_quota(quota: int, used: Any) -> None:
+    """Refuse once the user's jobs of the day reached ``quota`` (SPEC §6).
+
+    Raises:
+        AppError: QUOTA_EXCEEDED.
+    """
+    if used >= quota:
+        raise AppError(
+            ErrorCode.QUOTA_EXCEEDED,
+            "daily AI job quota reached",
+            {"quota": quota, "used": int(used)},
+        )
+
+
+def _admission_lock_stmt() -> Any:
+    """The user's (``a_user``) admission row, locked (MySQL/MariaDB)."""
+    return (
+        select(admission_locks.c.user_id)
+        .where(admission_locks.c.user_id == bindparam("a_user", type_=String()))
+        .with_for_update()
+    )
+
+
+def _scope_stmt() -> Any:
+    """The job of an idempotency scope (SPEC §2.5): user, type, target and key."""
+    return select(jobs).where(
+        jobs.c.user_id == bindparam("a_user", type_=String()),
+        jobs.c.job_type == bindparam("a_type", type_=String()),
+        jobs.c.target_type == bindparam("a_target_type", type_=String()),
+        jobs.c.target_id == bindparam("a_target", type_=String()),
+        jobs.c.idempotency_key == bindparam("a_key", type_=String()),
+    )
+
+
+def _granted_stmt() -> Any:
+    """The user's (``a_user``) AI switch (no row: granted)."""
+    return select(authorizations.c.granted).where(
+        authorizations.c.user_id == bindparam("a_user", type_=String())
+    )
+
+
 class JobDomain:
     """Every job operation; one instance per process, shared by all RPCs.
 
@@ -751,21 +804,27 @@ class JobDomain:
         await self._ensure_admission_row(req.user_id)
 
         async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
-            if not self.clock.is_sqlite:
-                # One create per user at a time on every replica: the quota count
-                # below then sees every job committed before it (SPEC §6).
-                await session.execute(
-                    select(admission_locks.c.user_id)
-                    .where(admission_locks.c.user_id == req.user_id)
-                    .with_for_update()
-                )
-            if req.idempotency_key is not None:
-                # A racing repeat that lost the pre-check gets the original here,
-                # not a quota refusal.
-                existing = await self._by_scope(req, session)
+            conn = None if self.clock.is_sqlite else await session.connection()
+            if conn is not None and supports_batches(conn):
+                existing = await self._admission_batched(conn, req)
                 if existing is not None:
                     return existing, True
-            await self._admission(session, req)
+            else:
+                if not self.clock.is_sqlite:
+                    # One create per user at a time on every replica: the quota
+                    # count below then sees every job committed before it (SPEC §6).
+                    await session.execute(
+                        select(admission_locks.c.user_id)
+                        .where(admission_locks.c.user_id == req.user_id)
+                        .with_for_update()
+                    )
+                if req.idempotency_key is not None:
+                    # A racing repeat that lost the pre-check gets the original
+                    # here, not a quota refusal.
+                    existing = await self._by_scope(req, session)
+                    if existing is not None:
+                        return existing, True
+                await self._admission(session, req)
             snapshot_id = await self.learning.build_snapshot(
                 session,
                 user_id=req.user_id,
@@ -863,18 +922,20 @@ class JobDomain:
         return JobRecord.from_row(row) if row is not None else None
 
     async def _admission(self, session: DbExec, req: CreateJobInput) -> None:
+        """The create transaction's admission, one statement at a time (SPEC §6):
+        the AI switch, the daily quota, then the platform guards.
+
+        Raises:
+            AppError: AI_NOT_AUTHORIZED, QUOTA_EXCEEDED, PLATFORM_BUDGET_EXCEEDED,
+                PLATFORM_CIRCUIT_OPEN.
+        """
         granted = (
             await session.execute(
                 select(authorizations.c.granted).where(authorizations.c.user_id == req.user_id)
             )
         ).scalar_one_or_none()
-        if granted is False:
-            raise AppError(
-                ErrorCode.AI_NOT_AUTHORIZED, "AI features are turned off for this user", None
-            )
-        quota = self.settings.USER_DAILY_JOB_QUOTA
-        if req.plan and req.plan in self.settings.PLAN_DAILY_JOB_QUOTAS:
-            quota = self.settings.PLAN_DAILY_JOB_QUOTAS[req.plan]
+        _check_granted(granted)
+        quota = self._quota(req)
         if quota > 0:
             used = (
                 await session.execute(
@@ -885,32 +946,117 @@ class JobDomain:
                     )
                 )
             ).scalar_one()
-            if used >= quota:
-                raise AppError(
-                    ErrorCode.QUOTA_EXCEEDED,
-                    "daily AI job quota reached",
-                    {"quota": quota, "used": int(used)},
-                )
+            _check_quota(quota, used)
         if req.api_key_mode == "platform_key":
             await self._platform_guards(session)
 
-    async def _platform_guards(self, session: DbExec) -> None:
-        budget = self.settings.PLATFORM_DAILY_BUDGET_USD
-        # the day's running total (at most PLATFORM_SPEND_SHARDS rows by primary
-        # key), not a sum over the day's invocation log
-        spent = (
-            await session.execute(
-                select(func.coalesce(func.sum(platform_spend.c.cost_usd), 0)).where(
-                    platform_spend.c.day == self.clock.today()
-                )
+    async def _admission_batched(
+        self, conn: AsyncConnection, req: CreateJobInput
+    ) -> JobRecord | None:
+        """:meth:`_admission` on MySQL/MariaDB in one round trip, the user's admission
+        lock and the idempotency re-check included.
+
+        The server runs the reads in order, each after the one before: the user's
+        admission row ``FOR UPDATE`` (one create per user at a time on every
+        replica, so the day's count sees every job committed before it, SPEC §6),
+        the job of the request's idempotency scope (a racing repeat that lost the
+        pre-check gets the original, not a quota refusal), the AI switch, the
+        day's job count, the day's platform spend and the breaker's state. They
+        are then judged in :meth:`_admission`'s order. A breaker that is not
+        closed goes through :func:`breaker.admit_new_job` (its locking read and
+        transitions) as before.
+
+        Returns:
+            The original job of the request's idempotency scope, else None.
+
+        Raises:
+            AppError: as :meth:`_admission`.
+        """
+        dialect = self.clock.dialect
+        user = {"a_user": req.user_id}
+        batch = StatementBatch(conn)
+        batch.add(("admission_lock", dialect), _admission_lock_stmt, user)
+        scope = None
+        if req.idempotency_key is not None:
+            scope = batch.add(
+                ("admission_scope", dialect),
+                _scope_stmt,
+                {
+                    "a_user": req.user_id,
+                    "a_type": req.job_type,
+                    "a_target_type": req.target_type,
+                    "a_target": req.target_id,
+                    "a_key": req.idempotency_key,
+                },
             )
-        ).scalar_one()
+        granted = batch.add(("admission_granted", dialect), _granted_stmt, user)
+        quota = self._quota(req)
+        used = None
+        if quota > 0:
+            used = batch.add(("admission_used", dialect), self._used_stmt, user)
+        platform = req.api_key_mode == "platform_key"
+        spent = state = None
+        if platform:
+            spent = batch.add(("admission_spent", dialect), self._spent_stmt, {})
+            state = batch.add(*breaker_mod.row_sql(lock=False), {})
+        out = await batch.run()
+        if scope is not None and out[scope].rows:
+            return JobRecord.from_values(JOB_COLUMNS, out[scope].rows[0])
+        _check_granted(out[granted].rows[0][0] if out[granted].rows else None)
+        if used is not None:
+            _check_quota(quota, out[used].rows[0][0])
+        if spent is not None and state is not None:
+            self._check_budget(out[spent].rows[0][0])
+            rows = out[state].rows
+            if not rows or rows[0][0] != "closed":
+                await breaker_mod.admit_new_job(conn, self.clock, self.settings)
+        return None
+
+    def _quota(self, req: CreateJobInput) -> int:
+        """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""
+        if req.plan and req.plan in self.settings.PLAN_DAILY_JOB_QUOTAS:
+            return self.settings.PLAN_DAILY_JOB_QUOTAS[req.plan]
+        return self.settings.USER_DAILY_JOB_QUOTA
+
+    def _used_stmt(self) -> Any:
+        """The user's (``a_user``) jobs created since the database's UTC midnight."""
+        return (
+            select(func.count())
+            .select_from(jobs)
+            .where(
+                jobs.c.user_id == bindparam("a_user", type_=String()),
+                jobs.c.created_at >= self.clock.day_start(),
+            )
+        )
+
+    def _spent_stmt(self) -> Any:
+        """The day's platform-key spend: its running total's rows, by primary key
+        (at most PLATFORM_SPEND_SHARDS), never a sum over the invocation log."""
+        return select(func.coalesce(func.sum(platform_spend.c.cost_usd), 0)).where(
+            platform_spend.c.day == self.clock.today()
+        )
+
+    def _check_budget(self, spent: Any) -> None:
+        """Refuse a platform-key job once the day's spend reached the budget (SPEC §6).
+
+        Raises:
+            AppError: PLATFORM_BUDGET_EXCEEDED.
+        """
+        budget = self.settings.PLATFORM_DAILY_BUDGET_USD
         if Decimal(str(spent)) >= Decimal(str(budget)):
             raise AppError(
                 ErrorCode.PLATFORM_BUDGET_EXCEEDED,
                 "the platform's daily AI budget is used up",
                 {"budgetUsd": budget, "spentUsd": float(spent)},
             )
+
+    async def _platform_guards(self, session: DbExec) -> None:
+        spent = (
+            await session.execute(
+                sqlcache.statement(("admission_spent", self.clock.dialect), self._spent_stmt)
+            )
+        ).scalar_one()
+        self._check_budget(spent)
         await breaker_mod.admit_new_job(session, self.clock, self.settings)
 
     async def _insert_job(
