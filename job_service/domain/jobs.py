@@ -75,6 +75,7 @@ from job_service.domain.statemachine import (
     TransitionSql,
     apply,
     apply_many,
+    event_params,
     event_sql,
     lease_guard,
     lease_guard_bound,
@@ -549,6 +550,11 @@ def _scope_stmt() -> Any:
     )
 
 
+def _get_job_stmt() -> Any:
+    """One job row by id (``g_job_id``), every column."""
+    return select(jobs).where(jobs.c.job_id == bindparam("g_job_id", type_=String()))
+
+
 def _granted_stmt() -> Any:
     """The user's (``a_user``) AI switch (no row: granted)."""
     return select(authorizations.c.granted).where(
@@ -647,7 +653,7 @@ class JobDomain:
         lock = lock and not self.clock.is_sqlite
 
         def build() -> Any:
-            stmt = select(jobs).where(jobs.c.job_id == bindparam("g_job_id", type_=String()))
+            stmt = _get_job_stmt()
             return stmt.with_for_update() if lock else stmt
 
         stmt = sqlcache.statement(("get_job", self.clock.dialect, lock), build)
@@ -833,10 +839,9 @@ class JobDomain:
                 target_id=req.target_id,
                 params=params,
             )
-            job_id = new_id()
-            await self._insert_job(
+            job = await self._insert_job(
                 session,
-                job_id=job_id,
+                job_id=new_id(),
                 user_id=req.user_id,
                 job_type=req.job_type,
                 target_type=req.target_type,
@@ -852,7 +857,7 @@ class JobDomain:
                 retried_from_job_id=None,
                 actor=req.actor or f"user:{req.user_id}",
             )
-            return await self._must_get(session, job_id), False
+            return job, False
 
         try:
             job, replayed = await self.tx(body)
@@ -1080,57 +1085,99 @@ class JobDomain:
         actor: str,
         model_provider: str = "deepseek",
         model_name: str = "deepseek-chat",
-    ) -> None:
-        s = self.settings
-        now = self.clock.now()
-        await session.execute(
-            insert(jobs).values(
-                job_id=job_id,
-                user_id=user_id,
-                job_type=job_type,
-                target_type=target_type,
-                target_id=target_id,
-                snapshot_id=snapshot_id,
-                status=PENDING,
-                priority=s.DEFAULT_PRIORITY if priority is None else priority,
-                idempotency_key=idempotency_key,
-                params=params,
-                api_key_mode=api_key_mode,
-                credential_id=credential_id,
-                model_provider=model_provider,
-                model_name=model_name,
-                attempt_no=0,
-                retry_count=0,
-                max_retry_count=s.MAX_RETRY_COUNT if max_retry_count is None else max_retry_count,
-                timeout_seconds=s.JOB_TIMEOUT_SECONDS
-                if timeout_seconds is None
-                else timeout_seconds,
-                retried_from_job_id=retried_from_job_id,
-                cancel_requested=False,
-                available_at=now,
-                created_at=now,
-                updated_at=now,
-            )
-        )
-        # created_at and available_at come from one statement, so they are equal.
-        await self.learning.create_generation_plan(
-            session,
+    ) -> JobRecord:
+        """Insert a pending job, its generation plan (quiz/flashcard) and its first
+        event in the caller's transaction; returns the job as stored.
+
+        On MySQL/MariaDB the job row, its event and the read of the stored row go
+        as one batch (no COMMIT: the create's own COMMIT follows alone, since a
+        create run again after a lost connection would make a second job).
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: a job of the same idempotency scope exists.
+        """
+        values = self._job_values(
             job_id=job_id,
             user_id=user_id,
             job_type=job_type,
             target_type=target_type,
             target_id=target_id,
+            snapshot_id=snapshot_id,
             params=params,
+            api_key_mode=api_key_mode,
+            credential_id=credential_id,
+            idempotency_key=idempotency_key,
+            priority=priority,
+            max_retry_count=max_retry_count,
+            timeout_seconds=timeout_seconds,
+            retried_from_job_id=retried_from_job_id,
+            model_provider=model_provider,
+            model_name=model_name,
         )
-        await record_event(
-            session,
-            self.clock,
-            job_id=job_id,
-            from_status=None,
-            to_status=PENDING,
-            actor=actor,
-            attempt_no=0,
+        first_event = event_params(
+            job_id=job_id, from_status=None, to_status=PENDING, actor=actor, attempt_no=0
         )
+        plan: dict[str, Any] = {
+            "job_id": job_id,
+            "user_id": user_id,
+            "job_type": job_type,
+            "target_type": target_type,
+            "target_id": target_id,
+            "params": params,
+        }
+        conn = None if self.clock.is_sqlite else await session.connection()
+        if conn is not None and supports_batches(conn):
+            batch = StatementBatch(conn)
+            batch.add(self._insert_job_key, self._insert_job_stmt, values)
+            batch.add(*event_sql(self.clock), first_event)
+            read = batch.add(
+                ("get_job", self.clock.dialect, False), _get_job_stmt, {"g_job_id": job_id}
+            )
+            out = await batch.run()
+            await self.learning.create_generation_plan(session, **plan)
+            return JobRecord.from_values(JOB_COLUMNS, out[read].rows[0])
+        await session.execute(
+            sqlcache.statement(self._insert_job_key, self._insert_job_stmt), values
+        )
+        # created_at and available_at come from one statement, so they are equal.
+        await self.learning.create_generation_plan(session, **plan)
+        await session.execute(sqlcache.statement(*event_sql(self.clock)), first_event)
+        return await self._must_get(session, job_id)
+
+    def _job_values(
+        self,
+        *,
+        priority: int | None,
+        max_retry_count: int | None,
+        timeout_seconds: int | None,
+        **given: Any,
+    ) -> dict[str, Any]:
+        """A new pending job's column values but its times (:meth:`_insert_job_stmt`),
+        the settings' defaults filling ``priority``, ``max_retry_count`` and
+        ``timeout_seconds`` when None."""
+        s = self.settings
+        return {
+            **given,
+            "status": PENDING,
+            "priority": s.DEFAULT_PRIORITY if priority is None else priority,
+            "attempt_no": 0,
+            "retry_count": 0,
+            "max_retry_count": s.MAX_RETRY_COUNT if max_retry_count is None else max_retry_count,
+            "timeout_seconds": s.JOB_TIMEOUT_SECONDS
+            if timeout_seconds is None
+            else timeout_seconds,
+            "cancel_requested": False,
+        }
+
+    @property
+    def _insert_job_key(self) -> tuple[str, str]:
+        return ("insert_job", self.clock.dialect)
+
+    def _insert_job_stmt(self) -> Any:
+        """INSERT of a job row, its times from one database clock reading (so
+        ``created_at`` = ``available_at`` = ``updated_at``); values: :meth:`_job_values`."""
+        now = self.clock.now()
+        return insert(jobs).values(available_at=now, created_at=now, updated_at=now)
 
     # ------------------------------------------------------------ scheduling
 
@@ -2466,7 +2513,7 @@ class JobDomain:
                     params=old.params,
                 )
             new_job_id = new_id()
-            await self._insert_job(
+            return await self._insert_job(
                 session,
                 job_id=new_job_id,
                 user_id=old.user_id,
@@ -2486,7 +2533,6 @@ class JobDomain:
                 model_provider=old.model_provider,
                 model_name=old.model_name,
             )
-            return await self._must_get(session, new_job_id)
 
         job = await self.tx(body)
         metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
