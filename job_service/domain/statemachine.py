@@ -179,9 +179,13 @@ def leases_guard(
 ) -> ColumnElement[bool]:
     """WHERE clause: ``instance_id`` holds a live lease on each of ``refs`` ((jobId, attemptNo)).
 
-    The batched form of :func:`lease_guard` (SPEC §3 HeartbeatLeases).
+    The batched form of :func:`lease_guard` (SPEC §3 HeartbeatLeases). The plain
+    ``job_id IN (…)`` beside the pairs is for MariaDB's planner: with a single
+    pair it does not use the job-id key for the row constructor and ranges over
+    every live lease instead, locking them all until the caller commits.
     """
     return and_(
+        jobs.c.job_id.in_(sorted({job_id for job_id, _ in refs})),
         tuple_(jobs.c.job_id, jobs.c.attempt_no).in_(refs),
         jobs.c.locked_by == instance_id,
         jobs.c.status.in_(sorted(LEASED)),

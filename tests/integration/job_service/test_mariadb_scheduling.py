@@ -292,3 +292,32 @@ async def test_known_admission_rows_are_bounded(
         rows = (await s.execute(select(func.count()).select_from(admission_locks))).scalar_one()
         created = (await s.execute(select(func.count()).select_from(jobs))).scalar_one()
     assert rows == 6 and created == 7
+
+
+@pytest.mark.parametrize("held", [1, 2, 10])
+async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: int) -> None:
+    """The renew UPDATE of ``held`` leases, among 120 live ones, finds its rows by
+    job id: with a single pair, MariaDB's planner used to range over every live
+    lease (``ix_jobs_reaper``) for the row constructor, locking them all."""
+    from job_service.domain.statemachine import TRANSITIONS, Op, leases_guard
+
+    await _bulk_pending(domain, 150, CAPS_A)
+    claimed = [j for _ in range(3) for j in await domain.claim("w1", CAPS_A, 40, 0)]
+    assert len(claimed) == 120
+    ids = [j.job_id for j in claimed]
+    async with domain.sessions() as s, s.begin():
+        await s.execute(jobs.update().where(jobs.c.job_id.in_(ids)).values(status="running"))
+        await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
+    stmt = (
+        jobs.update()
+        .where(
+            jobs.c.status.in_(sorted(TRANSITIONS[Op.RENEW].from_states)),
+            leases_guard(domain.clock, "w1", [(j, 1) for j in ids[:held]]),
+        )
+        .values(lock_until=domain.clock.plus(60), updated_at=domain.clock.now())
+    )
+    async with domain._engine.connect() as conn:
+        sql = str(stmt.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
+        plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
+    assert [row["key"] for row in plan] == ["uq_ai_runtime_jobs_job_id"], plan
+    assert int(plan[0]["rows"]) <= held, plan
