@@ -102,6 +102,7 @@ class Job(Base):
         Index("ix_jobs_poll", "status", "priority", "created_at", "seq"),
         Index("ix_jobs_reaper", "status", "lock_until"),
         Index("ix_jobs_user", "user_id", "created_at"),
+        Index("ix_jobs_status_seq", "status", "seq"),
         Index("ix_jobs_locked_by", "locked_by", "status"),
     )
 

@@ -30,6 +30,7 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -504,6 +505,31 @@ def cost_usd(
     return total.quantize(Decimal("0.00000001"))
 
 
+def _encode_list_token(created_at: datetime | None, seq: int) -> str:
+    """A job list's opaque page token: ``s:<seq>``, or ``t:<created_at>|<seq>`` for
+    lists in (created_at, seq) order (URL-safe base64)."""
+    raw = f"s:{seq}" if created_at is None else f"t:{created_at.isoformat()}|{seq}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _decode_list_token(token: str) -> tuple[datetime | None, int]:
+    """``(created_at or None, seq)`` of a job list's page token.
+
+    Raises:
+        AppError: INVALID_ARGUMENT (``pageToken``) for anything else.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        if raw.startswith("t:"):
+            at, seq = raw[2:].rsplit("|", 1)
+            return datetime.fromisoformat(at), int(seq)
+        return None, int(raw.removeprefix("s:"))
+    except (ValueError, UnicodeDecodeError):
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT, "invalid pageToken", {"field": "pageToken"}
+        ) from None
+
+
 def _check_granted(granted: Any) -> None:
     """Refuse when the user turned AI off (``granted`` false; no row = granted, SPEC §6).
 
@@ -744,23 +770,36 @@ class JobDomain:
             stmt = stmt.where(jobs.c.status == status)
         if job_type is not None:
             stmt = stmt.where(jobs.c.job_type == job_type)
+        # One user's jobs come newest first by (created_at, seq), the order of their
+        # index (ix_jobs_user; InnoDB keys end with the primary key): a page reads
+        # about page_size rows however many jobs the user or the table has. By
+        # seq alone, MariaDB walks the whole table's primary key backwards to
+        # find an old user's rows. Other lists go by seq (the primary key, or
+        # ix_jobs_status_seq with a status).
+        by_time = user_id is not None
         if page_token:
-            try:
-                before = int(
-                    base64.urlsafe_b64decode(page_token.encode()).decode().removeprefix("s:")
+            at, before = _decode_list_token(page_token)
+            if by_time and at is not None:
+                stmt = stmt.where(
+                    or_(
+                        jobs.c.created_at < at,
+                        and_(jobs.c.created_at == at, jobs.c.seq < before),
+                    )
                 )
-            except (ValueError, UnicodeDecodeError):
-                raise AppError(
-                    ErrorCode.INVALID_ARGUMENT, "invalid pageToken", {"field": "pageToken"}
-                ) from None
-            stmt = stmt.where(jobs.c.seq < before)
-        stmt = stmt.order_by(jobs.c.seq.desc()).limit(page_size + 1)
+            else:
+                stmt = stmt.where(jobs.c.seq < before)
+        if by_time:
+            stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.seq.desc())
+        else:
+            stmt = stmt.order_by(jobs.c.seq.desc())
+        stmt = stmt.limit(page_size + 1)
         async with self.sessions() as session:
             rows = [JobRecord.from_row(r) for r in (await session.execute(stmt)).all()]
         token = ""
         if len(rows) > page_size:
             rows = rows[:page_size]
-            token = base64.urlsafe_b64encode(f"s:{rows[-1].seq}".encode()).decode()
+            last = rows[-1]
+            token = _encode_list_token(last.created_at if by_time else None, last.seq)
         return rows, token
 
     # ----------------------------------------------------------------- create

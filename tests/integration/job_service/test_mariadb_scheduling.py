@@ -321,3 +321,63 @@ async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: in
         plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
     assert [row["key"] for row in plan] == ["uq_ai_runtime_jobs_job_id"], plan
     assert int(plan[0]["rows"]) <= held, plan
+
+
+async def _explain_list(domain: JobDomain, **filters: Any) -> tuple[list[Any], str]:
+    """Run list_jobs, then EXPLAIN the SELECT it sent; returns (plan rows, next token)."""
+    from sqlalchemy import event
+
+    sent: list[tuple[str, Any]] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT") and "ai_runtime_jobs" in statement:
+            sent.append((statement, parameters))
+
+    sync = domain._engine.sync_engine
+    event.listen(sync, "before_cursor_execute", seen)
+    try:
+        args: dict[str, Any] = {"user_id": None, "status": None, "job_type": None}
+        args.update(filters)
+        _, token = await domain.list_jobs(page_size=20, page_token="", **args)
+    finally:
+        event.remove(sync, "before_cursor_execute", seen)
+    [(sql, params)] = sent
+    async with domain._engine.connect() as conn:
+        plan = (await conn.exec_driver_sql("EXPLAIN " + sql, params)).mappings().all()
+    return list(plan), token
+
+
+async def test_job_lists_read_a_page_not_the_table(domain: JobDomain) -> None:
+    """A user's list walks ix_jobs_user and a status list ix_jobs_status_seq, in
+    order: no filesort, no walk of the whole primary key, whatever the table holds."""
+    await _bulk_pending(domain, 3000, CAPS_A)  # users u0..u49, 60 jobs each
+    async with domain.sessions() as s, s.begin():
+        await s.execute(jobs.update().where(jobs.c.seq % 100 == 0).values(status="failed"))
+        await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
+    plan, _ = await _explain_list(domain, user_id="u7")
+    assert [(p["key"], "filesort" in (p["Extra"] or "")) for p in plan] == [
+        ("ix_jobs_user", False)
+    ], plan
+    plan, _ = await _explain_list(domain, status="failed")
+    assert [(p["key"], "filesort" in (p["Extra"] or "")) for p in plan] == [
+        ("ix_jobs_status_seq", False)
+    ], plan
+
+
+async def test_a_users_pages_cover_their_jobs_once_in_order(domain: JobDomain) -> None:
+    """Pages of one user's jobs, many sharing one created_at (one INSERT): seq breaks
+    the ties, so every job comes exactly once, newest first."""
+    await _bulk_pending(domain, 500, CAPS_A)  # 10 per user, one created_at
+    await _bulk_pending(domain, 500, CAPS_A)  # 10 more, a later created_at
+    seen: list[Any] = []
+    token = ""
+    while True:
+        page, token = await domain.list_jobs(
+            user_id="u3", status=None, job_type=None, page_size=3, page_token=token
+        )
+        seen.extend(page)
+        if not token:
+            break
+    keys = [(j.created_at, j.seq) for j in seen]
+    assert len(seen) == 20 and len({j.job_id for j in seen}) == 20
+    assert keys == sorted(keys, reverse=True)
