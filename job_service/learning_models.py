@@ -127,8 +127,26 @@ class LearningEvent(Base):
     __tablename__ = "learning_events"
     __table_args__ = (
         UniqueConstraint("user_id", "event_id", name="uq_learning_events_user_event"),
-        Index("ix_learning_events_user_material", "user_id", "material_id"),
-        Index("ix_learning_events_user_kp", "user_id", "knowledge_point_id"),
+        # The snapshot's two aggregates read these alone (covering, one event type):
+        # reading time per block of the scope's materials, quiz results per
+        # knowledge point (snapshots.build_payload).
+        Index(
+            "ix_learning_events_reading",
+            "user_id",
+            "type",
+            "material_id",
+            "block_id",
+            "dwell_seconds",
+            "occurred_at",
+        ),
+        Index(
+            "ix_learning_events_quiz",
+            "user_id",
+            "type",
+            "knowledge_point_id",
+            "correct",
+            "occurred_at",
+        ),
         Index("ix_learning_events_user_occurred", "user_id", "occurred_at"),
     )
 
