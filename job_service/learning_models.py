@@ -28,6 +28,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Double,
     Float,
     ForeignKey,
     Index,
@@ -127,26 +128,6 @@ class LearningEvent(Base):
     __tablename__ = "learning_events"
     __table_args__ = (
         UniqueConstraint("user_id", "event_id", name="uq_learning_events_user_event"),
-        # The snapshot's two aggregates read these alone (covering, one event type):
-        # reading time per block of the scope's materials, quiz results per
-        # knowledge point (snapshots.build_payload).
-        Index(
-            "ix_learning_events_reading",
-            "user_id",
-            "type",
-            "material_id",
-            "block_id",
-            "dwell_seconds",
-            "occurred_at",
-        ),
-        Index(
-            "ix_learning_events_quiz",
-            "user_id",
-            "type",
-            "knowledge_point_id",
-            "correct",
-            "occurred_at",
-        ),
         Index("ix_learning_events_user_occurred", "user_id", "occurred_at"),
     )
 
@@ -161,6 +142,44 @@ class LearningEvent(Base):
     correct: Mapped[bool | None] = mapped_column(Boolean)
     occurred_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+class LearningBlockStat(Base):
+    """``learning_block_stats``: a user's reading of one block, summed over their events.
+
+    Kept by event ingestion (:func:`job_service.domain.learning.record_learning_events`,
+    in its transaction, the user's rows recomputed from ``learning_events`` for the
+    blocks a batch touched) so that a snapshot reads one row per block read in its
+    scope instead of the user's whole reading history.
+    """
+
+    __tablename__ = "learning_block_stats"
+    __table_args__ = (
+        PrimaryKeyConstraint("user_id", "material_id", "block_id", name="pk_learning_block_stats"),
+    )
+
+    user_id: Mapped[str] = mapped_column(UserId, nullable=False)
+    material_id: Mapped[str] = mapped_column(Id, nullable=False)
+    block_id: Mapped[str] = mapped_column(Id, nullable=False)
+    #: Seconds, the SUM of the events' ``dwell_seconds``.
+    dwell_seconds: Mapped[float] = mapped_column(Double, nullable=False)
+    last_read_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+class LearningKnowledgePointStat(Base):
+    """``learning_kp_stats``: a user's quiz attempts on one knowledge point, counted over
+    their events; kept like :class:`LearningBlockStat`."""
+
+    __tablename__ = "learning_kp_stats"
+    __table_args__ = (
+        PrimaryKeyConstraint("user_id", "knowledge_point_id", name="pk_learning_kp_stats"),
+    )
+
+    user_id: Mapped[str] = mapped_column(UserId, nullable=False)
+    knowledge_point_id: Mapped[str] = mapped_column(Id, nullable=False)
+    attempts: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    correct: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    last_attempt_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
 
 
 class AiSnapshot(Base):

@@ -54,6 +54,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiomysql
 import pymysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -71,6 +72,19 @@ from job_service.domain import sqlcache
 FENCE_SQL = "SET @airt_fence = IF(ROW_COUNT() = 1, 1, (SELECT 1 UNION ALL SELECT 2))"
 #: ER_SUBQUERY_NO_1_ROW: what a failed fence raises.
 FENCE_ERROR = 1242
+
+
+class _QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
+    """A cursor that leaves the server's warnings unread.
+
+    aiomysql reads them after a result with warnings (a ``SHOW WARNINGS`` round
+    trip) to raise them as Python warnings. In a batch they are expected
+    outcomes, e.g. a duplicate an ``INSERT IGNORE`` skipped, whose row count
+    already tells the caller.
+    """
+
+    async def _show_warnings(self, conn: Any) -> None:
+        return None
 
 
 def supports_batches(db: DbExec) -> bool:
@@ -351,7 +365,7 @@ class StatementBatch:
         clear_committed(driver)  # this transaction's COMMIT is to be sent unless we send it
         texts = self._render(driver)
         results: list[Outcome] = []
-        cursor = await driver.cursor()
+        cursor = await driver.cursor(_QuietCursor)
         try:
             await cursor.execute(";\n".join(texts))
             results.append(await self._collect(cursor, 0))

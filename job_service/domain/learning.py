@@ -22,10 +22,10 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Table, insert, select
+from sqlalchemy import Table, func, insert, select
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,11 +35,14 @@ from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import as_utc, rfc3339, utcnow
 from job_service.db import DbExec, dialect_name
 from job_service.domain import sqlcache
+from job_service.domain.batch import StatementBatch, supports_batches
 from job_service.domain.markdown_split import split_document
 from job_service.learning_models import (
     KnowledgePoint,
     KnowledgePointBlock,
+    LearningBlockStat,
     LearningEvent,
+    LearningKnowledgePointStat,
     Material,
     MaterialBlock,
 )
@@ -571,8 +574,133 @@ async def record_learning_events(
                 "created_at": now,
             }
         )
-    accepted = await insert_ignore(session, LearningEvent.__table__, rows)  # type: ignore[arg-type]
+    rows.sort(key=lambda r: str(r["event_id"]))  # one lock order for racing batches
+    new = await _insert_each(session, LearningEvent.__table__, rows)  # type: ignore[arg-type]
+    await _add_to_stats(session, user_id, [r for r, added in zip(rows, new, strict=True) if added])
+    accepted = sum(new)
     return accepted, len(parsed) - accepted
+
+
+async def _insert_each(
+    session: AsyncSession, table: Table, rows: list[dict[str, Any]]
+) -> list[bool]:
+    """Insert ``rows`` one statement each, skipping those that hit a unique key;
+    returns, per row, whether it was inserted.
+
+    Exact under concurrency: a racing insert of the same key waits on that key's
+    lock and is then skipped (or inserted, if the other transaction rolled back).
+    On MySQL/MariaDB the statements go as one batch (one round trip).
+    """
+    if not rows:
+        return []
+    dialect = dialect_name(session)
+    key, build = ignore_statement(dialect, table)
+    conn = await session.connection()
+    if supports_batches(conn):
+        batch = StatementBatch(conn)
+        for row in rows:
+            batch.add(key, build, row)
+        return [outcome.rowcount == 1 for outcome in await batch.run()]
+    stmt = sqlcache.statement(key, build)
+    return [(await session.execute(stmt, row)).rowcount == 1 for row in rows]  # type: ignore[attr-defined]
+
+
+async def _add_to_stats(session: AsyncSession, user_id: str, new: Sequence[dict[str, Any]]) -> None:
+    """Add newly stored events to the user's running totals (``learning_block_stats``,
+    ``learning_kp_stats``), in the caller's transaction.
+
+    Reading events with a block add their dwell time to (material, block);
+    quiz attempts on a knowledge point add an attempt (and a correct one). Each
+    total is one upsert that adds to the stored row under its lock, so racing
+    batches of one user never lose each other's events. Keys go in sorted order,
+    so two batches lock common rows in the same order.
+    """
+    reading: dict[tuple[str, str], list[Any]] = {}
+    quiz: dict[str, list[Any]] = {}
+    for ev in new:
+        at = ev["occurred_at"]
+        if ev["type"] == "reading" and ev["block_id"]:
+            total = reading.setdefault((ev["material_id"], ev["block_id"]), [0.0, at])
+            total[0] += float(ev["dwell_seconds"] or 0.0)
+            total[1] = max(total[1], at)
+        elif ev["type"] == "quiz_attempt" and ev["knowledge_point_id"]:
+            count = quiz.setdefault(ev["knowledge_point_id"], [0, 0, at])
+            count[0] += 1
+            count[1] += 1 if ev["correct"] else 0
+            count[2] = max(count[2], at)
+    dialect = dialect_name(session)
+    if reading:
+        stmt = sqlcache.statement(
+            ("add_block_stats", dialect), lambda: _block_stats_upsert(dialect)
+        )
+        await session.execute(
+            stmt,
+            [
+                {
+                    "user_id": user_id,
+                    "material_id": material_id,
+                    "block_id": block_id,
+                    "dwell_seconds": dwell,
+                    "last_read_at": at,
+                }
+                for (material_id, block_id), (dwell, at) in sorted(reading.items())
+            ],
+        )
+    if quiz:
+        stmt = sqlcache.statement(("add_kp_stats", dialect), lambda: _kp_stats_upsert(dialect))
+        await session.execute(
+            stmt,
+            [
+                {
+                    "user_id": user_id,
+                    "knowledge_point_id": kp_id,
+                    "attempts": attempts,
+                    "correct": correct,
+                    "last_attempt_at": at,
+                }
+                for kp_id, (attempts, correct, at) in sorted(quiz.items())
+            ],
+        )
+
+
+def _block_stats_upsert(dialect: str) -> Any:
+    table = cast(Table, LearningBlockStat.__table__)
+    c = table.c
+    if dialect == "sqlite":
+        lite = sqlite_insert(table)
+        return lite.on_conflict_do_update(
+            index_elements=[c.user_id, c.material_id, c.block_id],
+            set_={
+                "dwell_seconds": c.dwell_seconds + lite.excluded.dwell_seconds,
+                "last_read_at": func.max(c.last_read_at, lite.excluded.last_read_at),
+            },
+        )
+    my = mysql_insert(table)
+    return my.on_duplicate_key_update(
+        dwell_seconds=c.dwell_seconds + my.inserted.dwell_seconds,
+        last_read_at=func.greatest(c.last_read_at, my.inserted.last_read_at),
+    )
+
+
+def _kp_stats_upsert(dialect: str) -> Any:
+    table = cast(Table, LearningKnowledgePointStat.__table__)
+    c = table.c
+    if dialect == "sqlite":
+        lite = sqlite_insert(table)
+        return lite.on_conflict_do_update(
+            index_elements=[c.user_id, c.knowledge_point_id],
+            set_={
+                "attempts": c.attempts + lite.excluded.attempts,
+                "correct": c.correct + lite.excluded.correct,
+                "last_attempt_at": func.max(c.last_attempt_at, lite.excluded.last_attempt_at),
+            },
+        )
+    my = mysql_insert(table)
+    return my.on_duplicate_key_update(
+        attempts=c.attempts + my.inserted.attempts,
+        correct=c.correct + my.inserted.correct,
+        last_attempt_at=func.greatest(c.last_attempt_at, my.inserted.last_attempt_at),
+    )
 
 
 async def _user_rows(

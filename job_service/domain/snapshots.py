@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import String, bindparam, case, exists, func, select, update
+from sqlalchemy import String, bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
@@ -83,7 +83,8 @@ from job_service.learning_models import (
     AiSnapshot,
     KnowledgePoint,
     KnowledgePointBlock,
-    LearningEvent,
+    LearningBlockStat,
+    LearningKnowledgePointStat,
     Material,
     MaterialBlock,
 )
@@ -412,23 +413,18 @@ async def build_payload(
         kp_ids,
     ):
         links[str(row[0])].append(str(row[1]))
+    # Quiz results per knowledge point: the user's running totals
+    # (learning_kp_stats), one row per knowledge point attempted, not their history.
     quiz: dict[str, tuple[int, int, datetime | None]] = {}
+    kp_stats = LearningKnowledgePointStat
     for row in await _chunked_in(
         session,
-        lambda ids: (
-            select(
-                LearningEvent.knowledge_point_id,
-                func.count(),
-                func.sum(case((LearningEvent.correct.is_(True), 1), else_=0)),
-                func.max(LearningEvent.occurred_at),
-            )
-            .where(
-                LearningEvent.user_id == user_id,
-                LearningEvent.type == "quiz_attempt",
-                LearningEvent.knowledge_point_id.in_(ids),
-            )
-            .group_by(LearningEvent.knowledge_point_id)
-        ),
+        lambda ids: select(
+            kp_stats.knowledge_point_id,
+            kp_stats.attempts,
+            kp_stats.correct,
+            kp_stats.last_attempt_at,
+        ).where(kp_stats.user_id == user_id, kp_stats.knowledge_point_id.in_(ids)),
         kp_ids,
     ):
         quiz[str(row[0])] = (int(row[1]), int(row[2] or 0), row[3])
@@ -441,24 +437,17 @@ async def build_payload(
 
     kps.sort(key=weakness)
 
-    # Reading, aggregated per block, within the scope's materials.
+    # Reading per block within the scope's materials: the user's running totals
+    # (learning_block_stats), one row per block read, not their history.
+    block_stats = LearningBlockStat
     reading_rows = await _chunked_in(
         session,
-        lambda ids: (
-            select(
-                LearningEvent.block_id,
-                LearningEvent.material_id,
-                func.sum(LearningEvent.dwell_seconds),
-                func.max(LearningEvent.occurred_at),
-            )
-            .where(
-                LearningEvent.user_id == user_id,
-                LearningEvent.type == "reading",
-                LearningEvent.block_id.is_not(None),
-                LearningEvent.material_id.in_(ids),
-            )
-            .group_by(LearningEvent.block_id, LearningEvent.material_id)
-        ),
+        lambda ids: select(
+            block_stats.block_id,
+            block_stats.material_id,
+            block_stats.dwell_seconds,
+            block_stats.last_read_at,
+        ).where(block_stats.user_id == user_id, block_stats.material_id.in_(ids)),
         material_ids,
     )
     reading = sorted(

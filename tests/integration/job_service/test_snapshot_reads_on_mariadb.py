@@ -1,9 +1,6 @@
-"""The snapshot's event aggregates on MariaDB read covering indexes only.
-
-Every create builds a snapshot that sums the user's reading time per block and
-quiz results per knowledge point; those reads grow with the user's history, so
-they must at least come from an index holding every column they need, one event
-type at a time. Skipped without TEST_MYSQL_URL.
+"""The snapshot's reading and quiz figures on MariaDB come from the running totals,
+read by primary key: one row per block or knowledge point in scope, however long
+the user's event history. Skipped without TEST_MYSQL_URL.
 """
 
 from __future__ import annotations
@@ -26,17 +23,17 @@ SEED = [
     " SELECT CONCAT('b', seq), 'm1', 'u1', seq, 'paragraph', 'text', 4 FROM seq_0_to_1",
     "INSERT INTO knowledge_points VALUES ('k1', 'u1', 'm1', 'kp', UTC_TIMESTAMP(6))",
     "INSERT INTO knowledge_point_blocks VALUES ('k1', 'b0', 0)",
-    "INSERT INTO learning_events (user_id, event_id, type, material_id, block_id,"
-    " knowledge_point_id, dwell_seconds, correct, occurred_at, created_at)"
-    " SELECT 'u1', CONCAT('e', seq), IF(seq % 2, 'quiz_attempt', 'reading'), 'm1',"
-    " IF(seq % 2, NULL, CONCAT('b', seq % 2)), IF(seq % 2, 'k1', NULL),"
-    " IF(seq % 2, NULL, 3.5), IF(seq % 2, seq % 3 = 0, NULL), UTC_TIMESTAMP(6),"
-    " UTC_TIMESTAMP(6) FROM seq_1_to_2000",
-    "ANALYZE TABLE learning_events",
+    "INSERT INTO learning_block_stats VALUES ('u1', 'm1', 'b0', 35.5, UTC_TIMESTAMP(6))",
+    "INSERT INTO learning_kp_stats VALUES ('u1', 'k1', 9, 4, UTC_TIMESTAMP(6))",
+    "INSERT INTO learning_block_stats SELECT CONCAT('u', seq), 'm1', 'b0', 1, UTC_TIMESTAMP(6)"
+    " FROM seq_2_to_3000",
+    "INSERT INTO learning_kp_stats SELECT CONCAT('u', seq), 'k1', 1, 1, UTC_TIMESTAMP(6)"
+    " FROM seq_2_to_3000",
+    "ANALYZE TABLE learning_block_stats, learning_kp_stats",
 ]
 
 
-async def test_the_event_aggregates_read_their_covering_index(mysql_url: str) -> None:
+async def test_the_snapshot_reads_the_totals_by_primary_key(mysql_url: str) -> None:
     await create_schema(mysql_url)
     engine = make_job_engine(mysql_url)
     try:
@@ -46,7 +43,7 @@ async def test_the_event_aggregates_read_their_covering_index(mysql_url: str) ->
         sent: list[tuple[str, Any]] = []
 
         def seen(conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
-            if "FROM learning_events" in statement:
+            if "learning_events" in statement or "_stats" in statement:
                 sent.append((statement, parameters))
 
         event.listen(engine.sync_engine, "before_cursor_execute", seen)
@@ -60,16 +57,17 @@ async def test_the_event_aggregates_read_their_covering_index(mysql_url: str) ->
                 params={},
             )
         event.remove(engine.sync_engine, "before_cursor_execute", seen)
-        assert payload  # the aggregates ran
-        assert len(sent) == 2, [s for s, _ in sent]
-        plans = {}
+        assert (
+            payload["stats"]["quizAttempts"] == 9 and payload["stats"]["totalDwellSeconds"] == 35.5
+        )
+        assert len(sent) == 2 and not [s for s, _ in sent if "learning_events" in s], sent
+        plans = []
         async with engine.connect() as conn:
             for sql, params in sent:
                 plan = (await conn.exec_driver_sql("EXPLAIN " + sql, params)).mappings().all()
-                plans[plan[0]["key"]] = plan
-        assert set(plans) == {"ix_learning_events_reading", "ix_learning_events_quiz"}, plans
-        for plan in plans.values():
-            assert len(plan) == 1 and "Using index" in (plan[0]["Extra"] or ""), plan
-            assert "Using index condition" not in plan[0]["Extra"], plan  # no row lookups
+                plans.append(plan)
+        for plan in plans:
+            assert plan[0]["key"] == "PRIMARY", plan
+            assert len(plan) == 1 and int(plan[0]["rows"]) <= 2, plan
     finally:
         await engine.dispose()

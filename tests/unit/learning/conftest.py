@@ -29,6 +29,8 @@ LEARNING_TABLES: list[Table] = [
         lm.KnowledgePoint,
         lm.KnowledgePointBlock,
         lm.LearningEvent,
+        lm.LearningBlockStat,
+        lm.LearningKnowledgePointStat,
         lm.AiSnapshot,
         lm.AiResult,
         lm.AiLearningAnalysis,
