@@ -172,3 +172,50 @@ async def test_the_snapshot_reads_totals_not_events(
     assert not [q for q in sent if "learning_events" in q]
     assert [q for q in sent if "learning_block_stats" in q]
     assert [q for q in sent if "learning_kp_stats" in q]
+
+
+def test_the_migration_builds_the_totals_from_stored_events(sqlite_url: str) -> None:
+    from datetime import datetime
+
+    from alembic import command
+    from sqlalchemy import create_engine, insert
+    from sqlalchemy.engine import make_url
+
+    from job_service.migrate import alembic_config
+
+    cfg = alembic_config(sqlite_url)
+    command.upgrade(cfg, "0004")
+    engine = create_engine(make_url(sqlite_url).set(drivername="sqlite"))
+    t1, t2 = datetime(2026, 11, 3, 9), datetime(2026, 11, 4, 9)
+    rows = [
+        ("a", "reading", "b1", None, 2.5, None, t1),
+        ("b", "reading", "b1", None, 4.0, None, t2),
+        ("c", "reading", None, None, 9.0, None, t2),  # no block: not a block's reading
+        ("d", "quiz_attempt", None, "k1", None, True, t1),
+        ("e", "quiz_attempt", None, "k1", None, False, t2),
+    ]
+    try:
+        with engine.begin() as conn:
+            for event_id, kind, block, kp, dwell, correct, at in rows:
+                conn.execute(
+                    insert(LearningEvent.__table__).values(
+                        user_id="u1",
+                        event_id=event_id,
+                        type=kind,
+                        material_id="m1",
+                        block_id=block,
+                        knowledge_point_id=kp,
+                        dwell_seconds=dwell,
+                        correct=correct,
+                        occurred_at=at,
+                        created_at=at,
+                    )
+                )
+        command.upgrade(cfg, "head")
+        with engine.connect() as conn:
+            blocks = conn.execute(select(LearningBlockStat.__table__)).all()
+            kps = conn.execute(select(LearningKnowledgePointStat.__table__)).all()
+        assert [tuple(r) for r in blocks] == [("u1", "m1", "b1", 6.5, t2)]
+        assert [tuple(r) for r in kps] == [("u1", "k1", 2, 1, t2)]
+    finally:
+        engine.dispose()
