@@ -20,7 +20,7 @@ import asyncio
 import importlib.util
 import os
 from collections.abc import Coroutine
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, cast, get_args
 
 T = TypeVar("T")
 
@@ -49,7 +49,7 @@ def resolve_event_loop(name: str | None = None) -> EventLoopName:
         raise ValueError(f"EVENT_LOOP must be one of {', '.join(EVENT_LOOPS)}, not {chosen!r}")
     if chosen == "uvloop" and not uvloop_available():
         return "asyncio"
-    return "uvloop" if chosen == "uvloop" else "asyncio"
+    return cast(EventLoopName, chosen)
 
 
 def run(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:

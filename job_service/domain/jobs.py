@@ -35,7 +35,6 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -49,6 +48,7 @@ from job_service.domain import breaker as breaker_mod
 from job_service.domain import sqlcache
 from job_service.domain.batch import FenceBroken, StatementBatch, supports_batches
 from job_service.domain.clock import DbClock
+from job_service.domain.learning import adding_upsert
 from job_service.domain.params import check_range, normalize_params
 from job_service.domain.ports import (
     CredentialChecker,
@@ -576,6 +576,17 @@ def _scope_stmt() -> Any:
     )
 
 
+def _scope_params(req: CreateJobInput) -> dict[str, Any]:
+    """:func:`_scope_stmt`'s values for ``req``."""
+    return {
+        "a_user": req.user_id,
+        "a_type": req.job_type,
+        "a_target_type": req.target_type,
+        "a_target": req.target_id,
+        "a_key": req.idempotency_key,
+    }
+
+
 def _get_job_stmt() -> Any:
     """One job row by id (``g_job_id``), every column."""
     return select(jobs).where(jobs.c.job_id == bindparam("g_job_id", type_=String()))
@@ -849,20 +860,11 @@ class JobDomain:
         await self._ensure_admission_row(req.user_id)
 
         async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
-            conn = None if self.clock.is_sqlite else await session.connection()
-            if conn is not None and supports_batches(conn):
-                existing = await self._admission_batched(conn, req)
+            if not self.clock.is_sqlite:
+                existing = await self._admission_batched(await session.connection(), req)
                 if existing is not None:
                     return existing, True
-            else:
-                if not self.clock.is_sqlite:
-                    # One create per user at a time on every replica: the quota
-                    # count below then sees every job committed before it (SPEC §6).
-                    await session.execute(
-                        select(admission_locks.c.user_id)
-                        .where(admission_locks.c.user_id == req.user_id)
-                        .with_for_update()
-                    )
+            else:  # SQLite runs one write transaction at a time: no lock to take
                 if req.idempotency_key is not None:
                     # A racing repeat that lost the pre-check gets the original
                     # here, not a quota refusal.
@@ -951,18 +953,12 @@ class JobDomain:
     async def _by_scope(
         self, req: CreateJobInput, session: DbExec | None = None
     ) -> JobRecord | None:
-        stmt = select(jobs).where(
-            jobs.c.user_id == req.user_id,
-            jobs.c.job_type == req.job_type,
-            jobs.c.target_type == req.target_type,
-            jobs.c.target_id == req.target_id,
-            jobs.c.idempotency_key == req.idempotency_key,
-        )
+        stmt = sqlcache.statement(("admission_scope", self.clock.dialect), _scope_stmt)
         if session is not None:
-            row = (await session.execute(stmt)).first()
+            row = (await session.execute(stmt, _scope_params(req))).first()
         else:
             async with self.sessions() as own:
-                row = (await own.execute(stmt)).first()
+                row = (await own.execute(stmt, _scope_params(req))).first()
         return JobRecord.from_row(row) if row is not None else None
 
     async def _admission(self, session: DbExec, req: CreateJobInput) -> None:
@@ -973,24 +969,18 @@ class JobDomain:
             AppError: AI_NOT_AUTHORIZED, QUOTA_EXCEEDED, PLATFORM_BUDGET_EXCEEDED,
                 PLATFORM_CIRCUIT_OPEN.
         """
-        granted = (
-            await session.execute(
-                select(authorizations.c.granted).where(authorizations.c.user_id == req.user_id)
-            )
-        ).scalar_one_or_none()
-        _check_granted(granted)
+        dialect = self.clock.dialect
+        user = {"a_user": req.user_id}
+        granted = await session.execute(
+            sqlcache.statement(("admission_granted", dialect), _granted_stmt), user
+        )
+        _check_granted(granted.scalar_one_or_none())
         quota = self._quota(req)
         if quota > 0:
-            used = (
-                await session.execute(
-                    select(func.count())
-                    .select_from(jobs)
-                    .where(
-                        jobs.c.user_id == req.user_id, jobs.c.created_at >= self.clock.day_start()
-                    )
-                )
-            ).scalar_one()
-            _check_quota(quota, used)
+            used = await session.execute(
+                sqlcache.statement(("admission_used", dialect), self._used_stmt), user
+            )
+            _check_quota(quota, used.scalar_one())
         if req.api_key_mode == "platform_key":
             await self._platform_guards(session)
 
@@ -1022,17 +1012,7 @@ class JobDomain:
         batch.add(("admission_lock", dialect), _admission_lock_stmt, user)
         scope = None
         if req.idempotency_key is not None:
-            scope = batch.add(
-                ("admission_scope", dialect),
-                _scope_stmt,
-                {
-                    "a_user": req.user_id,
-                    "a_type": req.job_type,
-                    "a_target_type": req.target_type,
-                    "a_target": req.target_id,
-                    "a_key": req.idempotency_key,
-                },
-            )
+            scope = batch.add(("admission_scope", dialect), _scope_stmt, _scope_params(req))
         granted = batch.add(("admission_granted", dialect), _granted_stmt, user)
         quota = self._quota(req)
         used = None
@@ -1164,9 +1144,8 @@ class JobDomain:
             "target_id": target_id,
             "params": params,
         }
-        conn = None if self.clock.is_sqlite else await session.connection()
-        if conn is not None and supports_batches(conn):
-            batch = StatementBatch(conn)
+        if not self.clock.is_sqlite:
+            batch = StatementBatch(await session.connection())
             batch.add(self._insert_job_key, self._insert_job_stmt, values)
             batch.add(*event_sql(self.clock), first_event)
             read = batch.add(
@@ -2670,23 +2649,13 @@ class JobDomain:
 
     def _add_spend_stmt(self) -> Any:
         """Upsert adding ``cost_usd`` and ``calls`` to today's row ``shard``."""
-        values = {"day": self.clock.today(), "updated_at": self.clock.now()}
-        total = platform_spend.c
-        if self.clock.is_sqlite:
-            lite = sqlite_insert(platform_spend).values(**values)
-            return lite.on_conflict_do_update(
-                index_elements=[total.day, total.shard],
-                set_={
-                    "cost_usd": total.cost_usd + lite.excluded.cost_usd,
-                    "calls": total.calls + lite.excluded.calls,
-                    "updated_at": lite.excluded.updated_at,
-                },
-            )
-        my = mysql_insert(platform_spend).values(**values)
-        return my.on_duplicate_key_update(
-            cost_usd=total.cost_usd + my.inserted.cost_usd,
-            calls=total.calls + my.inserted.calls,
-            updated_at=my.inserted.updated_at,
+        return adding_upsert(
+            self.clock.dialect,
+            platform_spend,
+            keys=("day", "shard"),
+            add=("cost_usd", "calls"),
+            replace=("updated_at",),
+            values={"day": self.clock.today(), "updated_at": self.clock.now()},
         )
 
     def _call_rows(

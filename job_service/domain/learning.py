@@ -119,6 +119,44 @@ def _ignore(dialect: str, table: Table) -> Any:
     return mysql_insert(table).prefix_with("IGNORE")
 
 
+def adding_upsert(
+    dialect: str,
+    table: Table,
+    *,
+    keys: Sequence[str],
+    add: Sequence[str] = (),
+    latest: Sequence[str] = (),
+    replace: Sequence[str] = (),
+    values: Mapping[str, Any] | None = None,
+) -> Any:
+    """An INSERT of one row of a running total that, when the row of its ``keys``
+    exists, adds to it under the row lock instead: ``add`` columns are summed,
+    ``latest`` ones keep the greater value, ``replace`` ones take the new value.
+
+    ``ON CONFLICT … DO UPDATE`` on SQLite, ``ON DUPLICATE KEY UPDATE`` on
+    MySQL/MariaDB. Racing upserts of one row each see the other's committed
+    total, so none is lost. ``values`` are fixed SQL values (e.g. the database
+    clock); the rest are bound per call.
+    """
+    c = table.c
+    stmt: Any
+    greatest: Any
+    if dialect == "sqlite":
+        stmt = sqlite_insert(table).values(**(values or {}))
+        new, greatest = stmt.excluded, func.max
+    else:
+        stmt = mysql_insert(table).values(**(values or {}))
+        new, greatest = stmt.inserted, func.greatest
+    changes = {
+        **{name: c[name] + new[name] for name in add},
+        **{name: greatest(c[name], new[name]) for name in latest},
+        **{name: new[name] for name in replace},
+    }
+    if dialect == "sqlite":
+        return stmt.on_conflict_do_update(index_elements=[c[k] for k in keys], set_=changes)
+    return stmt.on_duplicate_key_update(**changes)
+
+
 # ---------------------------------------------------------------- views
 
 
@@ -664,42 +702,22 @@ async def _add_to_stats(session: AsyncSession, user_id: str, new: Sequence[dict[
 
 
 def _block_stats_upsert(dialect: str) -> Any:
-    table = cast(Table, LearningBlockStat.__table__)
-    c = table.c
-    if dialect == "sqlite":
-        lite = sqlite_insert(table)
-        return lite.on_conflict_do_update(
-            index_elements=[c.user_id, c.material_id, c.block_id],
-            set_={
-                "dwell_seconds": c.dwell_seconds + lite.excluded.dwell_seconds,
-                "last_read_at": func.max(c.last_read_at, lite.excluded.last_read_at),
-            },
-        )
-    my = mysql_insert(table)
-    return my.on_duplicate_key_update(
-        dwell_seconds=c.dwell_seconds + my.inserted.dwell_seconds,
-        last_read_at=func.greatest(c.last_read_at, my.inserted.last_read_at),
+    return adding_upsert(
+        dialect,
+        cast(Table, LearningBlockStat.__table__),
+        keys=("user_id", "material_id", "block_id"),
+        add=("dwell_seconds",),
+        latest=("last_read_at",),
     )
 
 
 def _kp_stats_upsert(dialect: str) -> Any:
-    table = cast(Table, LearningKnowledgePointStat.__table__)
-    c = table.c
-    if dialect == "sqlite":
-        lite = sqlite_insert(table)
-        return lite.on_conflict_do_update(
-            index_elements=[c.user_id, c.knowledge_point_id],
-            set_={
-                "attempts": c.attempts + lite.excluded.attempts,
-                "correct": c.correct + lite.excluded.correct,
-                "last_attempt_at": func.max(c.last_attempt_at, lite.excluded.last_attempt_at),
-            },
-        )
-    my = mysql_insert(table)
-    return my.on_duplicate_key_update(
-        attempts=c.attempts + my.inserted.attempts,
-        correct=c.correct + my.inserted.correct,
-        last_attempt_at=func.greatest(c.last_attempt_at, my.inserted.last_attempt_at),
+    return adding_upsert(
+        dialect,
+        cast(Table, LearningKnowledgePointStat.__table__),
+        keys=("user_id", "knowledge_point_id"),
+        add=("attempts", "correct"),
+        latest=("last_attempt_at",),
     )
 
 
