@@ -9,7 +9,7 @@ deadlocks) and turns every :class:`AppError` into rich gRPC status.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 from google.protobuf import json_format, struct_pb2
@@ -122,15 +122,25 @@ class LearningRpcsMixin:
     """``CreateMaterial, GetMaterial, CreateKnowledgePoint, RecordLearningEvents,
     GetJobResult, ListResultItems`` of ``JobService``.
 
-    The servicer class provides ``self.sessions`` (an ``async_sessionmaker``)
-    and ``self.settings``.
+    The servicer class provides ``self.sessions`` (an ``async_sessionmaker``),
+    ``self.settings`` and ``self.domain`` (the :class:`JobDomain`, whose
+    :meth:`~JobDomain.tx` runs the write transactions).
     """
 
     sessions: async_sessionmaker[AsyncSession]
     settings: Any
+    domain: Any
 
     async def _tx(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """Run ``fn`` in one transaction, retried on transient database errors."""
+        """Run the write ``fn`` in one transaction through :meth:`JobDomain.tx`:
+        retried on transient database errors and, on SQLite, begun with
+        ``BEGIN IMMEDIATE`` behind the process's write queue (a deferred write
+        transaction would fail its lock upgrade under concurrent writers)."""
+        return cast("T", await self.domain.tx(fn))
+
+    async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run the read-only ``fn`` in one deferred transaction, retried on
+        transient database errors (readers never queue behind writers)."""
 
         async def once() -> T:
             async with self.sessions() as session, session.begin():
@@ -157,7 +167,7 @@ class LearningRpcsMixin:
     ) -> rr.GetMaterialResponse:
         """Read one of the user's materials (``GET /v1/materials/{id}``); foreign → NOT_FOUND."""
         try:
-            view = await self._tx(
+            view = await self._read(
                 lambda s: learning.get_material(s, request.user_id, request.material_id)
             )
         except AppError as err:
@@ -233,7 +243,7 @@ class LearningRpcsMixin:
             return job, items
 
         try:
-            job, items = await self._tx(read)
+            job, items = await self._read(read)
         except AppError as err:
             await abort(context, err)
         return rr.GetJobResultResponse(
@@ -254,7 +264,7 @@ class LearningRpcsMixin:
                     "kind must be one of analyses, weak_points, recommendations, questions, flashcards",
                     field="kind",
                 )
-            items, token = await self._tx(
+            items, token = await self._read(
                 lambda s: results.list_user_items(
                     s,
                     user_id=request.user_id,

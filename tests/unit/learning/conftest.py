@@ -15,7 +15,8 @@ from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 import job_service.learning_models as lm
-from airuntime_common.db import make_engine, make_sessionmaker
+from airuntime_common.db import make_sessionmaker
+from job_service.db import make_job_engine
 from job_service.db_base import Base
 from job_service.domain import learning
 
@@ -62,7 +63,7 @@ async def engine(
     request: pytest.FixtureRequest, backend: str, sqlite_url: str
 ) -> AsyncIterator[AsyncEngine]:
     url = sqlite_url if backend == "sqlite" else request.getfixturevalue("mysql_url")
-    eng = make_engine(url, pool_size=5)
+    eng = make_job_engine(url)  # the job database's engine, as job_service builds it
     await create_learning_tables(eng)
     try:
         yield eng

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import json_format
-from sqlalchemy import Column, MetaData, String, Table, insert
+from sqlalchemy import Column, MetaData, String, Table, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+import job_service.learning_models as lm
 from airuntime_common import metadata
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import GrpcServer
 from job_service.domain import results, snapshots
+from job_service.domain.clock import DbClock
+from job_service.domain.jobs import JobDomain
 from job_service.servicer_learning import LearningRpcsMixin
 from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -24,6 +28,7 @@ from zhixi.airuntime.job.v1 import service_pb2_grpc
 
 from .conftest import DOCS
 
+N, PER = 90, 20
 TOKEN = "learning-test-token-0123456789"
 MD = metadata.outgoing(TOKEN)
 
@@ -44,15 +49,27 @@ class Servicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer):  # type:
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
         self.settings = None
+        # the real transaction runner: its SQLite write queue is what the writes rely on
+        self.domain = JobDomain(
+            sessions,
+            DbClock(sessions.kw["bind"].dialect.name),
+            settings=None,  # type: ignore[arg-type]
+            learning=None,  # type: ignore[arg-type]
+            credentials=None,  # type: ignore[arg-type]
+        )
+
+
+@pytest.fixture
+def servicer(sessions: async_sessionmaker[AsyncSession]) -> Servicer:
+    return Servicer(sessions)
 
 
 @pytest.fixture
 async def stub(
-    engine: AsyncEngine, sessions: async_sessionmaker[AsyncSession]
+    engine: AsyncEngine, servicer: Servicer
 ) -> AsyncIterator[service_pb2_grpc.JobServiceStub]:
     async with engine.begin() as conn:
         await conn.run_sync(JOBS.metadata.create_all)
-    servicer = Servicer(sessions)
     server = GrpcServer(
         token=TOKEN,
         address="127.0.0.1:0",
@@ -295,3 +312,66 @@ async def test_job_results_and_result_items(
     }
     err = await refused(stub.ListResultItems, rr.ListResultItemsRequest(user_id="u1"))
     assert err.code == ErrorCode.INVALID_ARGUMENT
+
+
+@pytest.mark.mysql
+async def test_concurrent_event_batches_all_land(
+    stub: service_pb2_grpc.JobServiceStub,
+    servicer: Servicer,
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """30 batches of one user's reading events at once, a third of them repeating
+    another batch's events: every call succeeds (SQLite's one writer included: the
+    writes queue instead of failing their lock upgrade) and the running totals hold
+    exactly the distinct events."""
+    material = (
+        await call(
+            stub.CreateMaterial,
+            rr.CreateMaterialRequest(
+                user_id="u1", title="Photo", content=(DOCS / "chinese.md").read_text()
+            ),
+        )
+    ).material
+    block = material.blocks[1].block_id
+
+    def batch(i: int) -> rr.RecordLearningEventsRequest:
+        base = i if i % 3 else i - 1  # every third batch repeats the previous one's ids
+        events = [
+            msg.LearningEvent(
+                event_id=f"b{base}-e{j}",
+                type=msg.LEARNING_EVENT_TYPE_READING,
+                block_id=block,
+                dwell_seconds=5,
+            )
+            for j in range(PER)
+        ]
+        return rr.RecordLearningEventsRequest(user_id="u1", events=events)
+
+    async def job_writes(n: int) -> None:
+        """The job operations' own writes (claims, heartbeats, reports) meanwhile."""
+        for k in range(n):
+            await servicer.domain.tx(
+                lambda s, k=k: s.execute(insert(JOBS).values(job_id=f"j{k}", user_id="u9"))
+            )
+
+    *answers, _ = await asyncio.gather(
+        *(call(stub.RecordLearningEvents, batch(i)) for i in range(1, N + 1)), job_writes(200)
+    )
+    distinct = {e.event_id for i in range(1, N + 1) for e in batch(i).events}
+    assert sum(a.accepted for a in answers) == len(distinct) == PER * N * 2 // 3
+    assert sum(a.duplicates for a in answers) == PER * N // 3
+    async with sessions() as session:
+        stat = (
+            await session.execute(
+                select(lm.LearningBlockStat.dwell_seconds).where(
+                    lm.LearningBlockStat.user_id == "u1", lm.LearningBlockStat.block_id == block
+                )
+            )
+        ).scalar_one()
+        events = await session.scalar(
+            select(func.count())
+            .select_from(lm.LearningEvent)
+            .where(lm.LearningEvent.user_id == "u1")
+        )
+    assert events == len(distinct)
+    assert stat == 5 * len(distinct)
