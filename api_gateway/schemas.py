@@ -8,10 +8,10 @@ protobuf fields are bounded accordingly.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 INT32_MAX = 2**31 - 1
 #: Counters (tokens, ms) stay within the integers JSON tools handle exactly.
@@ -59,8 +59,22 @@ def _rfc3339_text(value: Any) -> Any:
     return value
 
 
-#: An RFC 3339 timestamp in a body (strict models parse it from its JSON text).
-Rfc3339 = Annotated[datetime, BeforeValidator(_rfc3339_text), Field(strict=False)]
+def _utc_instant(value: datetime) -> datetime:
+    """The instant in UTC; one that UTC cannot hold (``9999-12-31T23:59:59-01:00``,
+    ``0001-01-01T00:00:00+01:00``) is refused, as is one without an offset."""
+    if value.tzinfo is None:
+        raise ValueError("must carry a UTC offset (RFC 3339), e.g. 2026-11-30T08:00:00Z")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is outside 0001-01-01T00:00:00Z..9999-12-31T23:59:59.999999Z") from None
+
+
+#: An RFC 3339 timestamp in a body (strict models parse it from its JSON text),
+#: normalised to UTC.
+Rfc3339 = Annotated[
+    datetime, BeforeValidator(_rfc3339_text), AfterValidator(_utc_instant), Field(strict=False)
+]
 
 
 # ---------------------------------------------------------------- public requests
@@ -89,15 +103,16 @@ class LearningEventIn(Body):
     materialId: str | None = Field(default=None, min_length=1, max_length=128)
     blockId: str | None = Field(default=None, min_length=1, max_length=128)
     knowledgePointId: str | None = Field(default=None, min_length=1, max_length=128)
-    dwellSeconds: float | None = Field(default=None, ge=0, le=86400 * 7)
+    dwellSeconds: float | None = Field(default=None, ge=0, le=86400)  # one day, as job_service
     correct: bool | None = None
     occurredAt: Rfc3339 | None = None
 
 
 class LearningEventsCreate(Body):
-    """``POST /v1/learning-events``: up to 1000 events a call."""
+    """``POST /v1/learning-events``: up to 500 events a call (job_service's
+    :data:`~job_service.domain.learning.MAX_EVENT_BATCH`)."""
 
-    events: list[LearningEventIn] = Field(min_length=1, max_length=1000)
+    events: list[LearningEventIn] = Field(min_length=1, max_length=500)
 
 
 class JobCreate(Body):

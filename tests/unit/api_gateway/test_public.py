@@ -320,6 +320,46 @@ async def test_learning_events(client: httpx.AsyncClient, backends: Backends) ->
     assert bad.json()["details"]["fields"][0]["field"].startswith("events.0.type")
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"occurredAt": "9999-12-31T23:59:59.999999-01:00"}, "occurredAt"),  # past year 9999 in UTC
+        ({"occurredAt": "0001-01-01T00:00:00+01:00"}, "occurredAt"),  # before year 1 in UTC
+        ({"occurredAt": "2026-11-30T10:00:00"}, "occurredAt"),  # no offset
+        ({"occurredAt": 1764496800}, "occurredAt"),  # a number is not RFC 3339
+        ({"dwellSeconds": 86400.5}, "dwellSeconds"),  # over job_service's one day
+    ],
+)
+async def test_bad_learning_event_is_400_and_sends_nothing(
+    client: httpx.AsyncClient, backends: Backends, change: dict[str, object], field: str
+) -> None:
+    event = {"eventId": "e1", "type": "reading", "blockId": "b1", **change}
+    resp = await client.post("/v1/learning-events", json={"events": [event]}, headers=USER)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_ARGUMENT"
+    assert resp.json()["details"]["fields"][0]["field"] == f"events.0.{field}"
+    assert not backends.job.calls
+
+
+async def test_learning_event_times_are_sent_in_utc(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    edge = {"eventId": "e1", "type": "reading", "occurredAt": "9999-12-31T22:59:59.5-01:00"}
+    resp = await client.post("/v1/learning-events", json={"events": [edge]}, headers=USER)
+    assert resp.status_code == 202, resp.text
+    sent = backends.job.last("RecordLearningEvents").request.events[0].occurred_at
+    assert sent.ToJsonString() == "9999-12-31T23:59:59.500Z"
+
+
+async def test_more_events_than_job_service_takes_is_400(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    events = [{"eventId": f"e{i}", "type": "reading", "blockId": "b1"} for i in range(501)]
+    resp = await client.post("/v1/learning-events", json={"events": events}, headers=USER)
+    assert resp.status_code == 400
+    assert not backends.job.calls
+
+
 async def test_model_credential_routes_never_return_the_key(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:
