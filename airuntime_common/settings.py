@@ -8,7 +8,9 @@ variable: :func:`require`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from airuntime_common.aio import DEFAULT_EVENT_LOOP, EventLoopName
@@ -18,8 +20,38 @@ DEFAULT_JOB_DB = f"sqlite+aiosqlite:///{VAR_DIR}/job_service.db"
 DEFAULT_CREDENTIAL_DB = f"sqlite+aiosqlite:///{VAR_DIR}/credential_service.db"
 
 
+S = TypeVar("S", bound=BaseSettings)
+
+
 class MissingSetting(SystemExit):
     """Raised at start when a required variable is unset; exits with a clear message."""
+
+
+class InvalidSetting(SystemExit):
+    """Raised at start when a variable's value is refused; exits with one line per
+    variable (its name and the rule it broke, never its value: it may be a secret)."""
+
+
+def load(cls: type[S], prog: str) -> S:
+    """Read ``cls`` from the environment.
+
+    Args:
+        cls: a settings class (e.g. ``JobServiceSettings``).
+        prog: the process name the message starts with (e.g. ``"job_service"``).
+
+    Raises:
+        InvalidSetting: some variable failed validation, e.g. ``EVENT_LOOP=tokio``
+            exits with ``job_service: refusing to start: EVENT_LOOP: Input should be
+            'uvloop' or 'asyncio' (SPEC §7)`` instead of a traceback.
+    """
+    try:
+        return cls()
+    except ValidationError as exc:
+        lines = [
+            f"{prog}: refusing to start: {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (SPEC §7)"
+            for err in exc.errors(include_url=False, include_input=False)
+        ]
+        raise InvalidSetting("\n".join(lines)) from None
 
 
 class CommonSettings(BaseSettings):

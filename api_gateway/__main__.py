@@ -6,13 +6,14 @@ import uvicorn
 
 from airuntime_common.aio import resolve_event_loop
 from airuntime_common.logs import setup_logging
+from airuntime_common.settings import load
 from api_gateway.app import create_app
 from api_gateway.settings import GatewaySettings
 
 
 def main() -> None:
     """Read settings from the environment, refuse to start without secrets, serve."""
-    settings = GatewaySettings()
+    settings = load(GatewaySettings, "api_gateway")
     settings.check()
     setup_logging("api_gateway", settings.LOG_LEVEL)
     uvicorn.run(

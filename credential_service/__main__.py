@@ -14,7 +14,7 @@ import sys
 
 from airuntime_common import aio
 from airuntime_common.logs import setup_logging
-from airuntime_common.settings import MissingSetting
+from airuntime_common.settings import MissingSetting, load
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from credential_service.settings import CredentialSettings
 
-    settings = CredentialSettings()
+    settings = load(CredentialSettings, "credential_service")
     setup_logging("credential_service", settings.LOG_LEVEL)
     try:
         if args.command == "migrate":

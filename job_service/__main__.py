@@ -8,6 +8,7 @@ import sys
 from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
+from airuntime_common.settings import load
 from job_service.migrate import upgrade_head
 from job_service.settings import JobServiceSettings
 
@@ -22,9 +23,10 @@ async def _serve(settings: JobServiceSettings) -> None:
     await app.stop(grace=5.0)
 
 
-def main(argv: list[str]) -> int:
-    """Entry point; ``argv`` without the program name."""
-    settings = JobServiceSettings()
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; ``argv`` without the program name (default: ``sys.argv[1:]``)."""
+    argv = sys.argv[1:] if argv is None else argv
+    settings = load(JobServiceSettings, "job_service")
     setup_logging("job_service", settings.LOG_LEVEL)
     command = argv[0] if argv else "serve"
     if command == "migrate":

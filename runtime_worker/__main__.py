@@ -7,6 +7,7 @@ import asyncio
 from airuntime_common import aio
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
+from airuntime_common.settings import load
 from runtime_worker.app import run
 from runtime_worker.settings import WorkerSettings
 
@@ -19,7 +20,7 @@ async def _main(settings: WorkerSettings) -> None:
 
 def main() -> None:
     """Entry point."""
-    settings = WorkerSettings()
+    settings = load(WorkerSettings, "runtime_worker")
     setup_logging("runtime_worker", settings.LOG_LEVEL)
     settings.check()
     aio.run(_main(settings), loop=settings.EVENT_LOOP)

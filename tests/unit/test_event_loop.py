@@ -12,7 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from pydantic import ValidationError
 
 from airuntime_common import aio
-from airuntime_common.settings import CommonSettings
+from airuntime_common.settings import CommonSettings, InvalidSetting, load
 
 
 async def _loop_type() -> type[asyncio.AbstractEventLoop]:
@@ -93,3 +93,32 @@ def test_grpc_aio_serves_and_calls_on_either_loop(loop: str) -> None:
     served, missing_code = aio.run(main(), loop=loop)
     assert served == 20
     assert missing_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+@pytest.mark.parametrize(
+    "module", ["job_service", "credential_service", "api_gateway", "runtime_worker"]
+)
+def test_a_bad_setting_stops_a_service_with_one_line_per_variable(
+    module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each service's entry point reads its settings through ``settings.load``: a
+    refused value names the variable and the rule, shows no traceback and no value."""
+    import importlib
+
+    entry = importlib.import_module(f"{module}.__main__")
+    monkeypatch.setenv("EVENT_LOOP", "tokio")
+    monkeypatch.setenv("LOG_LEVEL", "INFO")
+    monkeypatch.setattr("sys.argv", [module])
+    with pytest.raises(InvalidSetting) as exc:
+        entry.main()
+    assert str(exc.value.code) == (
+        f"{module}: refusing to start: EVENT_LOOP: Input should be 'uvloop' or 'asyncio' (SPEC §7)"
+    )
+
+
+def test_load_never_echoes_a_refused_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EVENT_LOOP", "sk-secret-looking-value")
+    with pytest.raises(InvalidSetting) as exc:
+        load(CommonSettings, "svc")
+    assert "sk-secret" not in str(exc.value.code)
+    assert str(exc.value.code).startswith("svc: refusing to start: EVENT_LOOP: ")
