@@ -148,9 +148,9 @@ class LearningBlockStat(Base):
     """``learning_block_stats``: a user's reading of one block, summed over their events.
 
     Kept by event ingestion (:func:`job_service.domain.learning.record_learning_events`,
-    in its transaction, the user's rows recomputed from ``learning_events`` for the
-    blocks a batch touched) so that a snapshot reads one row per block read in its
-    scope instead of the user's whole reading history.
+    in its transaction: the batch's new events are added to the rows with upserts that
+    add under the row lock, so racing batches lose nothing) so that a snapshot reads one
+    row per block read in its scope instead of the user's whole reading history.
     """
 
     __tablename__ = "learning_block_stats"
