@@ -49,6 +49,9 @@ class JobServiceSettings(CommonSettings):
     JOB_SERVICE_MIGRATE_ON_START: bool = True
     #: Minimum age (seconds) under which a worker still counts as alive for health.
     WORKER_ALIVE_MIN_SECONDS: float = Field(default=30, ge=0)
+    #: Seconds after its last call that a runtime instance's ``ai_runtime_workers`` row
+    #: is deleted by the reaper (unless it still holds a lease); one week by default.
+    WORKER_RETENTION_SECONDS: float = Field(default=7 * 86400, ge=60)
     #: How often the queue-depth and breaker gauges are re-read from the database.
     METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0)
 

@@ -9,6 +9,9 @@ meanwhile is untouched), then in the same transaction → ``cancelled`` (cancel
 requested), → ``pending`` (``retryCount+1``, backoff) or → ``failed`` (retries
 used up). Two event rows; ``expired`` is never left as the resting state.
 Several replicas may run reapers at once: the guards make that safe.
+
+Every :data:`PURGE_EVERY_SECONDS` it also deletes the ``ai_runtime_workers`` rows of
+instances gone for ``WORKER_RETENTION_SECONDS`` that hold no lease.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, literal, or_, select
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 
 ACTOR = "reaper"
 BATCH = 200
+#: Seconds between two purges of departed workers' rows (monotonic clock).
+PURGE_EVERY_SECONDS = 600.0
 
 
 class Reaper:
@@ -172,14 +178,33 @@ class Reaper:
         )
         return True
 
+    async def purge_workers(self) -> int:
+        """Delete departed instances' registry rows (see
+        :meth:`~job_service.domain.scheduler.WorkerRegistry.purge`); returns how many."""
+        retention = self.domain.settings.WORKER_RETENTION_SECONDS
+        purged = await self.domain.tx(
+            lambda session: self.domain.registry.purge(session, retention)
+        )
+        if purged:
+            log.info("purged departed workers", extra={"fields": {"workers": purged}})
+        return purged
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Sweep every ``REAPER_INTERVAL_SECONDS`` until ``stop`` is set."""
+        """Sweep every ``REAPER_INTERVAL_SECONDS`` and purge departed workers every
+        :data:`PURGE_EVERY_SECONDS` until ``stop`` is set."""
         interval = self.domain.settings.REAPER_INTERVAL_SECONDS
+        purged_at = float("-inf")
         while not stop.is_set():
             try:
                 await self.sweep()
             except Exception:
                 log.exception("reaper sweep failed")
+            if time.monotonic() - purged_at >= PURGE_EVERY_SECONDS:
+                purged_at = time.monotonic()
+                try:
+                    await self.purge_workers()
+                except Exception:
+                    log.exception("worker purge failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=interval)
 

@@ -24,11 +24,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, exists, func, select
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from job_service.db import DbExec
 from job_service.domain.clock import DbClock
 from job_service.domain.statemachine import LEASED
 from job_service.models import jobs, workers
@@ -177,6 +178,29 @@ class WorkerRegistry:
         else:
             mstmt = mysql_insert(workers).values(**values)
             await session.execute(mstmt.on_duplicate_key_update(**update_cols))
+
+    async def purge(self, session: DbExec, retention_seconds: float) -> int:
+        """Delete the rows of instances not seen for ``retention_seconds`` (database
+        clock) that hold no lease, and forget them here; returns how many rows went.
+
+        Runtime instance ids are per process (a restarted pod is a new instance), so
+        without this the table and :meth:`list_workers` grow with every restart. A
+        row whose instance still holds a ``locked``/``running`` job stays until the
+        reaper has expired that lease, so ``GET /admin/ai/workers`` never loses sight
+        of a lease holder.
+        """
+        holds_lease = exists().where(
+            jobs.c.locked_by == workers.c.instance_id, jobs.c.status.in_(sorted(LEASED))
+        )
+        result = await session.execute(
+            delete(workers).where(
+                workers.c.last_seen_at < self.clock.plus(-retention_seconds), ~holds_lease
+            )
+        )
+        horizon = time.monotonic() - retention_seconds
+        for instance_id in [i for i, (at, _, _) in self._last_touch.items() if at < horizon]:
+            del self._last_touch[instance_id]
+        return int(getattr(result, "rowcount", 0) or 0)
 
     async def list_workers(self, session: AsyncSession, alive_seconds: float) -> list[WorkerView]:
         """Every known instance, newest first, with live lease counts and alive/stale status."""

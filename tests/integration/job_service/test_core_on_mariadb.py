@@ -10,6 +10,7 @@ import pytest
 from tests.unit.job_service.test_claim_with_start import *  # noqa: F403
 from tests.unit.job_service.test_lifecycle import *  # noqa: F403
 from tests.unit.job_service.test_reaper import (  # noqa: F401
+    test_departed_workers_are_purged_unless_they_hold_a_lease,
     test_expiry_with_cancel_requested_ends_cancelled,
     test_job_timeout_from_started_at,
     test_l2_l3_paused_worker_loses_to_the_next,

@@ -14,7 +14,7 @@ from airuntime_common.errors import AppError
 from job_service.domain.jobs import JobDomain
 from job_service.domain.reaper import Reaper
 from job_service.domain.statemachine import Lease
-from job_service.models import jobs
+from job_service.models import jobs, workers
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, business_rows, new_job
 
 CAPS = ["learning_state_analysis"]
@@ -208,3 +208,33 @@ async def test_reaper_task_runs_on_interval(make_domain: Callable[..., Any]) -> 
     async with domain.sessions() as s:
         status = (await s.execute(select(jobs.c.status))).scalars().all()
     assert "expired" not in status
+
+
+async def test_departed_workers_are_purged_unless_they_hold_a_lease(
+    make_domain: Callable[..., Any],
+) -> None:
+    """``ai_runtime_workers`` does not grow with every restarted instance: rows unseen
+    for ``WORKER_RETENTION_SECONDS`` go, except an instance still holding a lease."""
+    domain: JobDomain = await make_domain(WORKER_RETENTION_SECONDS=3600)
+    reaper = Reaper(domain)
+    job = await new_job(domain)
+    await domain.claim("holder", CAPS, 1, 0)  # leases the job
+    for instance in ("holder", "gone", "fresh"):
+        await domain.seen(instance, CAPS)
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(workers)
+            .where(workers.c.instance_id.in_(["holder", "gone"]))
+            .values(last_seen_at=domain.clock.plus(-7200))
+        )
+    assert await reaper.purge_workers() == 1
+    async with domain.sessions() as s:
+        left = set((await s.execute(select(workers.c.instance_id))).scalars())
+    assert left == {"holder", "fresh"}
+    await _age_lease(domain, job.job_id)
+    assert await reaper.sweep() == 1  # the lease lapses, the job goes back to pending
+    assert await reaper.purge_workers() == 1
+    async with domain.sessions() as s:
+        left = set((await s.execute(select(workers.c.instance_id))).scalars())
+    assert left == {"fresh"}
+    assert await reaper.purge_workers() == 0
