@@ -1507,8 +1507,11 @@ class JobDomain:
         return sqlcache.statement(("claim_pick", self.clock.dialect), build)
 
     def _lock_values(self, instance_id: str, lease_s: float) -> dict[str, Any]:
+        """pending → locked: a new attempt, its lease, and no ``startedAt`` yet (a retried
+        job's old one would let the reaper time the new attempt out before it starts)."""
         return {
             "attempt_no": NEXT_ATTEMPT,
+            "started_at": None,
             "locked_by": instance_id,
             "locked_at": self.clock.now(),
             "lock_until": self.clock.plus(lease_s),

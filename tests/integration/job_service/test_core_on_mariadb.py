@@ -16,6 +16,7 @@ from tests.unit.job_service.test_reaper import (  # noqa: F401
     test_l2_l3_paused_worker_loses_to_the_next,
     test_l5_hard_kill_batch_returns_to_pending,
     test_l7_worker_clock_skew_does_not_matter,
+    test_retry_is_timed_from_its_own_start_not_the_last_attempts,
 )
 from tests.unit.job_service.test_retry_cancel import (  # noqa: F401
     test_c1_cancel_running_job,

@@ -153,6 +153,43 @@ async def test_job_timeout_from_started_at(make_domain: Callable[..., Any]) -> N
     assert final.status == "failed" and final.error_code == "JOB_TIMEOUT"
 
 
+@pytest.mark.parametrize("relock", ["claim", "lock"])
+async def test_retry_is_timed_from_its_own_start_not_the_last_attempts(
+    make_domain: Callable[..., Any], relock: str
+) -> None:
+    """A lock opens a new attempt with no ``startedAt``: the reaper's JOB_TIMEOUT
+    (``startedAt + timeoutSeconds < now``) cannot fire on attempt 2 from attempt 1's
+    start while attempt 2 sits locked before its start call (SPEC §2.3)."""
+    domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=30, MAX_RETRY_COUNT=2)
+    job = await new_job(domain, timeout_seconds=10)
+    await domain.claim("w1", CAPS, 1, 0)
+    await domain.start(Lease(job.job_id, "w1", 1))
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(jobs)
+            .where(jobs.c.job_id == job.job_id)
+            .values(started_at=domain.clock.plus(-11))
+        )
+    reaper = Reaper(domain)
+    assert await reaper.sweep() == 1  # attempt 1 timed out: retried
+    async with domain.sessions() as s, s.begin():  # its backoff has passed
+        await s.execute(
+            update(jobs)
+            .where(jobs.c.job_id == job.job_id)
+            .values(available_at=domain.clock.plus(-1))
+        )
+    if relock == "claim":
+        [locked] = await domain.claim("w2", CAPS, 1, 0)
+    else:
+        locked = await domain.lock(job.job_id, "w2")
+    assert locked.status == "locked" and locked.attempt_no == 2
+    assert locked.started_at is None
+    assert await reaper.sweep() == 0  # attempt 2 has not started: only its lease counts
+    started = await domain.start(Lease(job.job_id, "w2", 2))
+    assert started.started_at is not None
+    assert (await domain.get(job.job_id)).status == "running"
+
+
 async def test_expiry_with_cancel_requested_ends_cancelled(domain: JobDomain) -> None:
     job = await new_job(domain)
     await domain.claim("w", CAPS, 1, 0)
