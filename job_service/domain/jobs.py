@@ -2001,12 +2001,22 @@ class JobDomain:
             if job.status == SUCCEEDED:
                 stored = (
                     await session.execute(
-                        select(results.c.output_hash).where(results.c.job_id == job.job_id)
+                        select(
+                            results.c.result_id, results.c.idempotency_key, results.c.output_hash
+                        ).where(results.c.job_id == job.job_id)
                     )
-                ).scalars()
+                ).all()
+                # A racing identical submit won: this locking read waited for its
+                # commit and then saw the job succeeded, but on MySQL/MariaDB the
+                # prior-result subquery read the snapshot taken before that wait
+                # (READ COMMITTED: one read view per statement). This newer
+                # statement sees the winner's row: still a replay (SPEC §2.5).
+                for result_id, idempotency_key, _ in stored:
+                    if idempotency_key == key:
+                        return SubmitOutcome(job.job_id, job.status, result_id, output_hash, True)
                 # Same output from another attempt is not "another result": the
                 # lease check below answers it (SPEC §2.5 order).
-                if output_hash not in set(stored):
+                if output_hash not in {r[2] for r in stored}:
                     raise AppError(
                         ErrorCode.RESULT_ALREADY_EXISTS,
                         "the job already has a different result",

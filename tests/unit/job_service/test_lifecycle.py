@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from sqlalchemy import select, update
 
@@ -101,6 +103,29 @@ async def test_result_replay_conflict_and_lease_order(domain: JobDomain) -> None
         )
     assert err.value.code == "LOCK_NOT_HELD"
     assert await business_rows(domain, job.job_id) == 1
+
+
+async def test_racing_identical_results_are_all_answered_as_one(domain: JobDomain) -> None:
+    """The same result sent 3 times at once (a worker retrying while its first send is
+    still in flight): one is accepted, the others are replays, none is LOCK_NOT_HELD
+    (SPEC §2.5: the exact replay is checked first). On MariaDB the losers' locking
+    read waits for the winner's commit, after which the replay must still be seen."""
+    for _ in range(8):
+        job = await new_job(domain)
+        await domain.claim("w1", CAPS, 1, 0)
+        lease = Lease(job.job_id, "w1", 1)
+        answers = await asyncio.gather(
+            *(
+                domain.submit_result(
+                    lease, prompt_version=None, output_schema_version="v1", output=ANALYSIS_OUTPUT
+                )
+                for _ in range(3)
+            )
+        )
+        assert sorted(a.replayed for a in answers) == [False, True, True]
+        assert len({a.result_id for a in answers}) == 1
+        assert {a.status for a in answers} == {"succeeded"}
+        assert await business_rows(domain, job.job_id) == 1
 
 
 async def test_invalid_schema_fails_job_and_rolls_back_rows(domain: JobDomain) -> None:
