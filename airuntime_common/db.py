@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,6 +33,28 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MYSQL_TRANSIENT_ERRORS = frozenset({1213, 1205})
+
+
+class DatabaseUnavailable(SystemExit):
+    """A service's database could not be opened at start; exits with one line."""
+
+
+@contextlib.asynccontextmanager
+async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
+    """Wrap a service's start: a database error inside (an unknown database, refused
+    credentials, no server) stops the process with ``<prog>: refusing to start: the
+    database of <variable> cannot be opened: <driver's message>`` instead of a
+    traceback. The URL itself is not shown (it may hold a password).
+
+    Raises:
+        DatabaseUnavailable: for any :class:`DBAPIError` raised inside.
+    """
+    try:
+        yield
+    except DBAPIError as exc:
+        raise DatabaseUnavailable(
+            f"{prog}: refusing to start: the database of {variable} cannot be opened: {exc.orig}"
+        ) from None
 
 
 def is_mysql(url: str) -> bool:

@@ -8,19 +8,63 @@ variable: :func:`require`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AfterValidator, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from airuntime_common.aio import DEFAULT_EVENT_LOOP, EventLoopName
 
 VAR_DIR = Path("var")
 DEFAULT_JOB_DB = f"sqlite+aiosqlite:///{VAR_DIR}/job_service.db"
 DEFAULT_CREDENTIAL_DB = f"sqlite+aiosqlite:///{VAR_DIR}/credential_service.db"
+#: Upper bound of the duration settings (seconds): a day. A longer lease, backoff or
+#: interval is a typo, and past the datetime range (``1e308``) it would fail every
+#: create or lock instead of the start.
+DAY = 86_400
+#: Upper bound of the count and quota settings (fits every integer column and bind).
+COUNT_MAX = 1_000_000_000
 
 
 S = TypeVar("S", bound=BaseSettings)
+
+#: The database drivers the services run on (SPEC §7: SQLite embedded, MySQL/MariaDB).
+DATABASE_DRIVERS = ("sqlite+aiosqlite", "mysql+aiomysql", "mariadb+aiomysql")
+
+
+def _database_url(value: str) -> str:
+    """A SQLAlchemy async URL on one of :data:`DATABASE_DRIVERS`, else ValueError."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        url = make_url(value)
+    except ArgumentError:
+        raise ValueError(
+            "must be a database URL like sqlite+aiosqlite:///var/job_service.db "
+            "or mysql+aiomysql://user:password@host:3306/name"
+        ) from None
+    if url.drivername not in DATABASE_DRIVERS:
+        raise ValueError(f"the driver must be one of {', '.join(DATABASE_DRIVERS)}")
+    if not url.database:
+        raise ValueError("names no database")
+    return value
+
+
+def _listen_address(value: str) -> str:
+    """``host:port`` (``[::]:50051``, ``127.0.0.1:0``) with a port in 0..65535, else ValueError."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError("must be host:port with a port in 0..65535, e.g. [::]:50051")
+    return value
+
+
+#: A gRPC server's listen address (``*_LISTEN``), checked at start: gRPC itself would
+#: take ``:99999`` modulo 65536 and serve on another port.
+ListenAddress = Annotated[str, AfterValidator(_listen_address)]
+
+#: A ``DATABASE_URL``-like setting, checked at start (never echoed: it may hold a password).
+DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
 
 
 class MissingSetting(SystemExit):
@@ -52,6 +96,8 @@ def load(cls: type[S], prog: str) -> S:
             for err in exc.errors(include_url=False, include_input=False)
         ]
         raise InvalidSetting("\n".join(lines)) from None
+    except SettingsError as exc:  # e.g. a JSON-valued variable that is not JSON
+        raise InvalidSetting(f"{prog}: refusing to start: {exc} (SPEC §7)") from None
 
 
 class CommonSettings(BaseSettings):

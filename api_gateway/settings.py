@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from airuntime_common.settings import CommonSettings, require
 
 
@@ -24,7 +26,7 @@ class GatewaySettings(CommonSettings):
     JWT_SECRET: str = ""
     JWT_ISSUER: str = ""
     GATEWAY_HOST: str = "0.0.0.0"
-    GATEWAY_PORT: int = 3000
+    GATEWAY_PORT: int = Field(default=3000, ge=0, le=65535)
     CORS_ORIGINS: str = ""
     MAX_BODY_BYTES: int = 2 * 1024 * 1024
     MAX_JSON_DEPTH: int = 64

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from airuntime_common.db import make_engine, make_sessionmaker
+from airuntime_common.db import make_engine, make_sessionmaker, opening_database
 from airuntime_common.grpc_server import GrpcServer, install_stop_signals
 from credential_service import SERVICE_NAME, migrate
 from credential_service.domain import CredentialStore
@@ -140,7 +140,8 @@ async def serve(
 
 async def run_forever(settings: CredentialSettings) -> None:
     """Serve until SIGTERM/SIGINT, then stop gracefully."""
-    handle = await serve(settings)
+    async with opening_database("credential_service", "CREDENTIAL_DATABASE_URL"):
+        handle = await serve(settings)
     stop = asyncio.Event()
     install_stop_signals(stop)
     try:

@@ -8,9 +8,16 @@ naming the variable, when the token or the master keys are missing or malformed.
 
 from __future__ import annotations
 
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 
-from airuntime_common.settings import DEFAULT_CREDENTIAL_DB, CommonSettings, MissingSetting, require
+from airuntime_common.settings import (
+    DEFAULT_CREDENTIAL_DB,
+    CommonSettings,
+    DatabaseUrl,
+    ListenAddress,
+    MissingSetting,
+    require,
+)
 
 #: The literal platform key used only when ``ALLOW_PLATFORM_KEY_STANDIN=1`` and no
 #: ``DEEPSEEK_API_KEY`` is configured (dev launcher, demo, tests; SPEC §5).
@@ -35,13 +42,13 @@ class CredentialSettings(CommonSettings):
         ROTATE_BATCH_SIZE: default batch of ``rotate-keys`` and of ``RotateKeys(batch_size=0)``.
     """
 
-    CREDENTIAL_DATABASE_URL: str = DEFAULT_CREDENTIAL_DB
+    CREDENTIAL_DATABASE_URL: DatabaseUrl = DEFAULT_CREDENTIAL_DB
     CREDENTIAL_ENCRYPTION_KEYS: SecretStr = SecretStr("")
     DEEPSEEK_API_KEY: SecretStr | None = None
     DEEPSEEK_BASE_URL: str = "https://api.deepseek.com"
     ALLOW_PLATFORM_KEY_STANDIN: bool = False
-    CREDENTIAL_SERVICE_LISTEN: str = "[::]:50052"
-    CREDENTIAL_SERVICE_METRICS_PORT: int = 9102
+    CREDENTIAL_SERVICE_LISTEN: ListenAddress = "[::]:50052"
+    CREDENTIAL_SERVICE_METRICS_PORT: int = Field(default=9102, ge=0, le=65535)
     VERIFY_LEASE_TIMEOUT_SECONDS: float = 5.0
     ROTATE_BATCH_SIZE: int = 100
 

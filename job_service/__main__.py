@@ -6,6 +6,7 @@ import asyncio
 import sys
 
 from airuntime_common import aio
+from airuntime_common.db import opening_database
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from airuntime_common.settings import load
@@ -18,7 +19,8 @@ async def _serve(settings: JobServiceSettings) -> None:
 
     stop = asyncio.Event()
     install_stop_signals(stop)
-    app = await serve(settings)
+    async with opening_database("job_service", "DATABASE_URL"):
+        app = await serve(settings)
     await stop.wait()
     await app.stop(grace=5.0)
 

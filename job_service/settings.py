@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
-from airuntime_common.settings import DEFAULT_JOB_DB, CommonSettings
+from airuntime_common.settings import (
+    COUNT_MAX,
+    DAY,
+    DEFAULT_JOB_DB,
+    CommonSettings,
+    DatabaseUrl,
+    ListenAddress,
+)
 
 #: USD per million tokens: cache-hit input, cache-miss input, output (DeepSeek's list prices).
 PRICE_KEYS = frozenset({"cacheHitInput", "cacheMissInput", "output"})
@@ -25,35 +32,38 @@ class JobServiceSettings(CommonSettings):
     is required: :func:`job_service.app.serve` refuses to start without it.
     """
 
-    DATABASE_URL: str = DEFAULT_JOB_DB
-    JOB_SERVICE_LISTEN: str = "[::]:50051"
+    DATABASE_URL: DatabaseUrl = DEFAULT_JOB_DB
+    JOB_SERVICE_LISTEN: ListenAddress = "[::]:50051"
     JOB_SERVICE_METRICS_PORT: int = Field(default=9101, ge=0, le=65535)
-    LOCK_LEASE_SECONDS: float = Field(default=60, gt=0)
-    REAPER_INTERVAL_SECONDS: float = Field(default=5, gt=0)
-    POLL_INTERVAL_MS: int = Field(default=1000, ge=1)
-    RETRY_BACKOFF_BASE_SECONDS: float = Field(default=5, ge=0)
-    RETRY_BACKOFF_MAX_SECONDS: float = Field(default=300, ge=0)
+    LOCK_LEASE_SECONDS: float = Field(default=60, gt=0, le=DAY)
+    REAPER_INTERVAL_SECONDS: float = Field(default=5, gt=0, le=DAY)
+    POLL_INTERVAL_MS: int = Field(default=1000, ge=1, le=DAY * 1000)
+    RETRY_BACKOFF_BASE_SECONDS: float = Field(default=5, ge=0, le=DAY)
+    RETRY_BACKOFF_MAX_SECONDS: float = Field(default=300, ge=0, le=DAY)
     MAX_RETRY_COUNT: int = Field(default=3, ge=0, le=10)
-    JOB_TIMEOUT_SECONDS: int = Field(default=120, ge=1)
-    DEFAULT_PRIORITY: int = 0
-    BREAKER_FAILURE_THRESHOLD: int = Field(default=5, ge=1)
-    BREAKER_COOLDOWN_SECONDS: float = Field(default=60, ge=0)
-    BREAKER_HALF_OPEN_PROBES: int = Field(default=1, ge=1)
-    PLATFORM_DAILY_BUDGET_USD: float = Field(default=50, ge=0)
-    USER_DAILY_JOB_QUOTA: int = Field(default=200, ge=0)
-    PLAN_DAILY_JOB_QUOTAS: dict[str, int] = Field(default_factory=dict)
+    #: At most an hour, the longest ``timeoutSeconds`` a create may ask for.
+    JOB_TIMEOUT_SECONDS: int = Field(default=120, ge=1, le=3600)
+    DEFAULT_PRIORITY: int = Field(default=0, ge=0, le=1000)
+    BREAKER_FAILURE_THRESHOLD: int = Field(default=5, ge=1, le=COUNT_MAX)
+    BREAKER_COOLDOWN_SECONDS: float = Field(default=60, ge=0, le=DAY)
+    BREAKER_HALF_OPEN_PROBES: int = Field(default=1, ge=1, le=COUNT_MAX)
+    PLATFORM_DAILY_BUDGET_USD: float = Field(default=50, ge=0, le=1e9)
+    USER_DAILY_JOB_QUOTA: int = Field(default=200, ge=0, le=COUNT_MAX)
+    PLAN_DAILY_JOB_QUOTAS: dict[str, Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(
+        default_factory=dict
+    )
     MODEL_PRICES: dict[str, dict[str, float]] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_PRICES)
     )
     #: Run ``alembic upgrade head`` before serving (tests may turn it off).
     JOB_SERVICE_MIGRATE_ON_START: bool = True
     #: Minimum age (seconds) under which a worker still counts as alive for health.
-    WORKER_ALIVE_MIN_SECONDS: float = Field(default=30, ge=0)
+    WORKER_ALIVE_MIN_SECONDS: float = Field(default=30, ge=0, le=DAY)
     #: Seconds after its last call that a runtime instance's ``ai_runtime_workers`` row
     #: is deleted by the reaper (unless it still holds a lease); one week by default.
-    WORKER_RETENTION_SECONDS: float = Field(default=7 * 86400, ge=60)
+    WORKER_RETENTION_SECONDS: float = Field(default=7 * DAY, ge=60, le=365 * DAY)
     #: How often the queue-depth and breaker gauges are re-read from the database.
-    METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0)
+    METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0, le=DAY)
 
     @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
     @classmethod

@@ -14,7 +14,7 @@ import socket
 from pydantic import Field
 
 from airuntime_common.enums import JOB_TYPES
-from airuntime_common.settings import CommonSettings, MissingSetting
+from airuntime_common.settings import DAY, CommonSettings, ListenAddress, MissingSetting
 
 
 def default_instance_id() -> str:
@@ -53,20 +53,20 @@ class WorkerSettings(CommonSettings):
         WORKER_METRICS_PORT: Prometheus port, 0 = off.
     """
 
-    POLL_INTERVAL_MS: int = Field(default=1000, ge=1)
+    POLL_INTERVAL_MS: int = Field(default=1000, ge=1, le=DAY * 1000)
     WORKER_CONCURRENCY: int = Field(default=8, ge=1, le=500)
-    HEARTBEAT_INTERVAL_SECONDS: float = Field(default=20.0, gt=0)
-    LOCK_LEASE_SECONDS: float = Field(default=60.0, gt=0)
-    RUNTIME_WORKER_LISTEN: str = "[::]:50053"
+    HEARTBEAT_INTERVAL_SECONDS: float = Field(default=20.0, gt=0, le=DAY)
+    LOCK_LEASE_SECONDS: float = Field(default=60.0, gt=0, le=DAY)
+    RUNTIME_WORKER_LISTEN: ListenAddress = "[::]:50053"
     RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
     WORKER_CAPABILITIES: str = ",".join(JOB_TYPES)
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
-    SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0)
-    MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0)
-    RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0)
-    RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0)
+    SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
+    MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
+    RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0, le=DAY)
+    RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0, le=DAY)
     MODEL_PRICES: str | None = None
     WORKER_METRICS_PORT: int = Field(default=9103, ge=0, le=65535)
 
