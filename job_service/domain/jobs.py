@@ -301,7 +301,8 @@ class ModelCallInput:
     provider_request_id: str | None = None
 
     def check(self) -> None:
-        """Raises AppError(INVALID_ARGUMENT) for a bad outcome or a negative count."""
+        """Raises AppError(INVALID_ARGUMENT) for a bad outcome, a negative count or
+        more cache-hit tokens than prompt tokens."""
         if self.outcome not in ("succeeded", "failed"):
             raise AppError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -316,6 +317,14 @@ class ModelCallInput:
         ):
             if value < 0:
                 raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
+        if self.cache_hit_tokens > self.prompt_tokens:
+            # cache hits are a part of the prompt's tokens (DeepSeek's usage): more is
+            # a broken count, and its cost would be a guess
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "cacheHitTokens must be ≤ promptTokens",
+                {"field": "cacheHitTokens"},
+            )
 
 
 @dataclass(frozen=True)
@@ -2592,7 +2601,8 @@ class JobDomain:
         """Store one model call with its cost (SPEC §5); returns the log id.
 
         Raises:
-            AppError: INVALID_ARGUMENT (bad outcome, negative counts), JOB_NOT_FOUND.
+            AppError: INVALID_ARGUMENT (bad outcome, negative counts, more cache hits
+                than prompt tokens), JOB_NOT_FOUND.
         """
         call = ModelCallInput(
             model_provider,

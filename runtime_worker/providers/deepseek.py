@@ -80,10 +80,12 @@ def parse_envelope(raw: bytes) -> tuple[str, str | None, Usage, str | None]:
     if cache_hit is None:  # OpenAI's spelling, for other compatible providers
         details = usage_raw.get("prompt_tokens_details")
         cache_hit = details.get("cached_tokens") if isinstance(details, dict) else 0
+    prompt_tokens = _int(usage_raw.get("prompt_tokens"))
     usage = Usage(
-        prompt_tokens=_int(usage_raw.get("prompt_tokens")),
+        prompt_tokens=prompt_tokens,
         completion_tokens=_int(usage_raw.get("completion_tokens")),
-        cache_hit_tokens=_int(cache_hit),
+        # the hits are a part of the prompt: job_service refuses a log claiming more
+        cache_hit_tokens=min(_int(cache_hit), prompt_tokens),
     )
     rid = data.get("id")
     return content, finish if isinstance(finish, str) else None, usage, (str(rid) if rid else None)

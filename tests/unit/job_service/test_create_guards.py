@@ -178,6 +178,43 @@ async def test_platform_budget(make_domain: Callable[..., Any]) -> None:
     assert float(invs[0].cost_usd) == pytest.approx(0.02)
 
 
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"cache_hit_tokens": 21}, "cacheHitTokens"),  # more hits than prompt tokens
+        ({"prompt_tokens": -1}, "promptTokens"),
+        ({"outcome": "maybe"}, "outcome"),
+    ],
+)
+async def test_inconsistent_call_logs_are_refused_and_change_nothing(
+    domain: JobDomain, change: dict[str, Any], field: str
+) -> None:
+    job = await new_job(domain)
+    await domain.claim("w", ["learning_state_analysis"], 1, 0)
+    call: dict[str, Any] = {
+        "job_id": job.job_id,
+        "attempt_no": 1,
+        "model_provider": "deepseek",
+        "model_name": "deepseek-chat",
+        "api_key_mode": "platform_key",
+        "credential_id": None,
+        "prompt_tokens": 20,
+        "completion_tokens": 0,
+        "cache_hit_tokens": 20,
+        "latency_ms": 5,
+        "outcome": "succeeded",
+        "error_code": None,
+        "provider_request_id": "r",
+    }
+    with pytest.raises(AppError) as err:
+        await domain.record_invocation(**{**call, **change})
+    assert err.value.code == "INVALID_ARGUMENT"
+    assert err.value.details == {"field": field}
+    assert (await domain.history(job.job_id))[1] == []
+    await domain.record_invocation(**call)  # the consistent one, at the bounds, is taken
+    assert len((await domain.history(job.job_id))[1]) == 1
+
+
 def test_cost_formula() -> None:
     prices = {"m": {"cacheHitInput": 0.028, "cacheMissInput": 0.28, "output": 0.42}}
     cost = cost_usd(

@@ -13,7 +13,7 @@ import pytest
 
 from airuntime_common.errors import ErrorCode, is_retryable
 from runtime_worker.providers.base import ModelError, ModelRequest, ModelResponse
-from runtime_worker.providers.deepseek import DeepSeekProvider
+from runtime_worker.providers.deepseek import DeepSeekProvider, parse_envelope
 from tests.unit.runtime_worker.rw_helpers import RawHttpServer, envelope, write_response
 
 DEEPSEEK_402 = b'{"error":{"message":"Insufficient Balance","type":"unknown_error","param":null,"code":"invalid_request_error"}}'
@@ -241,3 +241,18 @@ async def test_error_body_key_is_redacted(raw_http: Any) -> None:
     err = await expect_error(server)
     assert err.code == ErrorCode.INVALID_CREDENTIAL
     assert "sk-testkey12345678" not in err.message
+
+
+def test_cache_hits_are_capped_at_the_prompt_tokens() -> None:
+    """A provider claiming more cache hits than prompt tokens does not get the
+    attempt's result refused (job_service refuses such a call log): the hits are
+    read as at most the prompt."""
+    raw = json.dumps(
+        {
+            "id": "r",
+            "choices": [{"message": {"content": "{}"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 2, "prompt_cache_hit_tokens": 99},
+        }
+    ).encode()
+    _, _, usage, _ = parse_envelope(raw)
+    assert (usage.prompt_tokens, usage.cache_hit_tokens) == (10, 10)
