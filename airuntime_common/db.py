@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlalchemy import bindparam as sa_bindparam
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
@@ -55,6 +56,121 @@ async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
         raise DatabaseUnavailable(
             f"{prog}: refusing to start: the database of {variable} cannot be opened: {exc.orig}"
         ) from None
+
+
+def binary_collation(dialect: Any) -> str:
+    """The MySQL/MariaDB collation of every identifier and text column: binary and
+    NO PAD, so ``'u1'``, ``'U1'``, ``'ü1'`` and ``'u1 '`` are four different user ids
+    (and ``😀`` and ``😁`` two different event ids), as on SQLite. The servers' default
+    ``utf8mb4_general_ci`` folds case, accents and trailing spaces, which would let
+    one user's id match another's rows and one instance's id pass another's fencing.
+
+    Args:
+        dialect: a connected MySQL/MariaDB dialect (``is_mariadb`` is known then).
+
+    Returns:
+        ``utf8mb4_nopad_bin`` on MariaDB, ``utf8mb4_0900_bin`` on MySQL 8.
+    """
+    return "utf8mb4_nopad_bin" if getattr(dialect, "is_mariadb", False) else "utf8mb4_0900_bin"
+
+
+def collate_binary_on_create(metadata: Any) -> None:
+    """Tables that ``metadata.create_all`` makes on MySQL/MariaDB get
+    :func:`binary_collation` as their default (migrations do the same with
+    :func:`convert_to_binary_collation`); other dialects are untouched."""
+
+    @event.listens_for(metadata, "before_create")
+    def _binary(target: Any, connection: Any, **kw: Any) -> None:
+        name = connection.dialect.name
+        if name not in ("mysql", "mariadb"):
+            return
+        collation = binary_collation(connection.dialect)
+        for table in kw.get("tables") or target.tables.values():
+            table.dialect_kwargs[f"{name}_charset"] = "utf8mb4"
+            table.dialect_kwargs[f"{name}_collate"] = collation
+
+
+#: Column types whose collation :func:`convert_to_binary_collation` changes (the JSON
+#: columns are LONGTEXT with ``utf8mb4_bin`` already and are never compared).
+_TEXT_TYPES = ("char", "varchar", "tinytext", "text", "mediumtext")
+
+
+def convert_to_binary_collation(conn: Any) -> list[str]:
+    """Migration step: give every table of the connected MySQL/MariaDB schema the
+    :func:`binary_collation` as its default, and every utf8mb4 text column of
+    :data:`_TEXT_TYPES` that collation (its type, nullability and default kept; other
+    character sets, such as the credentials' ``ascii_bin`` base64, are left alone).
+    Idempotent: a column already converted is not selected again, so a run cut
+    short (MySQL DDL is not transactional) is finished by the next. No-op on other
+    dialects. Returns the statements run.
+    """
+    from sqlalchemy import text
+
+    if conn.dialect.name not in ("mysql", "mariadb"):
+        return []
+    collation = binary_collation(conn.dialect)
+    tables = [
+        str(r[0])
+        for r in conn.execute(
+            text(
+                "SELECT TABLE_NAME FROM information_schema.TABLES"
+                " WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE'"
+                " ORDER BY TABLE_NAME"
+            )
+        )
+    ]
+    columns: dict[str, list[str]] = {}
+    for table, column, column_type, nullable, default in conn.execute(
+        text(
+            "SELECT TABLE_NAME, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT"
+            " FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
+            " AND CHARACTER_SET_NAME = 'utf8mb4' AND COLLATION_NAME <> :collation"
+            " AND DATA_TYPE IN :types ORDER BY TABLE_NAME, ORDINAL_POSITION"
+        ).bindparams(sa_bindparam("types", expanding=True)),
+        {"collation": collation, "types": list(_TEXT_TYPES)},
+    ):
+        spec = f"MODIFY `{column}` {column_type} CHARACTER SET utf8mb4 COLLATE {collation}"
+        spec += " NULL" if nullable == "YES" else " NOT NULL"
+        if default is not None and str(default).upper() != "NULL":
+            spec += f" DEFAULT {default}"
+        columns.setdefault(str(table), []).append(spec)
+    # The server refuses to change a column a foreign key uses (1833, even with the
+    # checks off): the foreign keys are dropped first and made again after, as they were.
+    keys: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, table, ref_table, on_update, on_delete, column, ref_column in conn.execute(
+        text(
+            "SELECT r.CONSTRAINT_NAME, r.TABLE_NAME, r.REFERENCED_TABLE_NAME, r.UPDATE_RULE,"
+            " r.DELETE_RULE, k.COLUMN_NAME, k.REFERENCED_COLUMN_NAME"
+            " FROM information_schema.REFERENTIAL_CONSTRAINTS r"
+            " JOIN information_schema.KEY_COLUMN_USAGE k"
+            " ON k.CONSTRAINT_SCHEMA = r.CONSTRAINT_SCHEMA AND k.TABLE_NAME = r.TABLE_NAME"
+            " AND k.CONSTRAINT_NAME = r.CONSTRAINT_NAME"
+            " WHERE r.CONSTRAINT_SCHEMA = DATABASE()"
+            " ORDER BY r.TABLE_NAME, r.CONSTRAINT_NAME, k.ORDINAL_POSITION"
+        )
+    ):
+        key = keys.setdefault(
+            (str(table), str(name)),
+            {"ref": ref_table, "update": on_update, "delete": on_delete, "cols": [], "refs": []},
+        )
+        key["cols"].append(f"`{column}`")
+        key["refs"].append(f"`{ref_column}`")
+    statements = []
+    if columns:
+        statements += [f"ALTER TABLE `{table}` DROP FOREIGN KEY `{name}`" for table, name in keys]
+    for table in tables:
+        parts = [f"DEFAULT CHARACTER SET utf8mb4 COLLATE {collation}", *columns.get(table, [])]
+        statements.append(f"ALTER TABLE `{table}` " + ", ".join(parts))
+    if columns:
+        statements += [
+            f"ALTER TABLE `{table}` ADD CONSTRAINT `{name}` FOREIGN KEY ({', '.join(k['cols'])})"
+            f" REFERENCES `{k['ref']}` ({', '.join(k['refs'])})"
+            f" ON DELETE {k['delete']} ON UPDATE {k['update']}"
+            for (table, name), k in keys.items()
+        ]
+    for statement in statements:
+        conn.execute(text(statement))
+    return statements
 
 
 def is_mysql(url: str) -> bool:

@@ -16,6 +16,8 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from airuntime_common.db import collate_binary_on_create
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -65,6 +67,11 @@ class CredentialBase(DeclarativeBase):
     """Declarative base of credential_service's tables (its own metadata and migrations)."""
 
     metadata = MetaData(naming_convention=NAMING)
+
+
+#: Binary, no-pad collation on MySQL/MariaDB when created from the models (user ids
+#: are compared exactly; migration 0002 does the same to migrated schemas).
+collate_binary_on_create(CredentialBase.metadata)
 
 
 class ModelCredential(CredentialBase):
