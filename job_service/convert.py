@@ -7,6 +7,7 @@ from typing import Any
 from google.protobuf import json_format, struct_pb2
 
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
+from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.timeutil import to_timestamp
 from job_service.domain.jobs import EventRecord, InvocationRecord, JobRecord
 from job_service.domain.scheduler import WorkerView
@@ -26,9 +27,21 @@ def to_struct(value: dict[str, Any] | None) -> struct_pb2.Struct:
     return out
 
 
-def from_struct(value: struct_pb2.Struct) -> dict[str, Any]:
-    """``google.protobuf.Struct`` → a JSON object (numbers come back as floats)."""
-    return json_format.MessageToDict(value)
+def from_struct(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
+    """``google.protobuf.Struct`` → a JSON object (numbers come back as floats).
+
+    Raises:
+        AppError: INVALID_ARGUMENT naming ``field`` when the struct holds a number JSON
+            cannot carry (NaN, ±Infinity: a Struct can, a JSON document cannot).
+    """
+    try:
+        return json_format.MessageToDict(value)
+    except ValueError:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{field} holds a number JSON cannot carry (NaN or Infinity)",
+            {"field": field},
+        ) from None
 
 
 def _set_time(message: Any, name: str, value: Any) -> None:

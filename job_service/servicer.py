@@ -311,7 +311,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             job_type=JOB_TYPE.to_str(request.job_type),
             target_type=TARGET_TYPE.to_str(request.target_type),
             target_id=request.target_id,
-            params=from_struct(request.params),
+            params=from_struct(request.params, "params"),
             api_key_mode=API_KEY_MODE.optional(request.api_key_mode) or "platform_key",
             idempotency_key=request.idempotency_key
             if request.HasField("idempotency_key")
@@ -565,7 +565,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             lease,
             prompt_version=request.prompt_version or None,
             output_schema_version=request.output_schema_version or "v1",
-            output=from_struct(request.output),
+            output=from_struct(request.output, "output"),
             calls=calls,
         )
         return rr.SubmitResultResponse(

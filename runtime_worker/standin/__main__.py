@@ -85,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"invalid --faults: {exc}", file=sys.stderr)
         return 2
     try:
-        aio.run(_run(args, faults))
+        loop = aio.resolve_event_loop()
+    except ValueError as exc:  # EVENT_LOOP=tokio: one line, as the services say it
+        print(f"standin: refusing to start: {exc}", file=sys.stderr)
+        return 2
+    try:
+        aio.run(_run(args, faults), loop=loop)
     except OSError as exc:  # e.g. the port is taken
         print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

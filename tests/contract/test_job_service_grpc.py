@@ -474,6 +474,35 @@ async def test_invalid_schema_result_over_grpc(server: Server) -> None:
     )
 
 
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), float("-inf")])
+async def test_a_number_json_cannot_carry_is_invalid_argument_and_changes_nothing(
+    server: Server, number: float
+) -> None:
+    """A Struct can hold NaN and ±Infinity, a JSON document cannot: a result or params
+    holding one is refused at the boundary (it used to be a 500), anywhere in it."""
+    job_id = await job_in_state(server, "running")
+    output = {**ANALYSIS_OUTPUT, "extra": {"deep": [1, number]}}
+    await expect(
+        "INVALID_ARGUMENT",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        server.stub.SubmitResult(
+            rr.SubmitResultRequest(
+                job_id=job_id, attempt_no=1, output_schema_version="v1", output=_struct(output)
+            ),
+            metadata=server.md("w1"),
+        ),
+    )
+    view = await server.stub.GetJob(rr.GetJobRequest(job_id=job_id), metadata=server.md())
+    assert view.job.status == ST.Value("JOB_STATUS_RUNNING")
+    params = struct_pb2.Struct()
+    params.update({"count": number})
+    await expect(
+        "INVALID_ARGUMENT",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        create(server, job_type=common.JOB_TYPE_FLASHCARD_GENERATION, params=params),
+    )
+
+
 async def test_authorization_rpcs(server: Server) -> None:
     job_id = await job_in_state(server, "pending")
     got = await server.stub.GetAiAuthorization(

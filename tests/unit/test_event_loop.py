@@ -122,3 +122,15 @@ def test_load_never_echoes_a_refused_value(monkeypatch: pytest.MonkeyPatch) -> N
         load(CommonSettings, "svc")
     assert "sk-secret" not in str(exc.value.code)
     assert str(exc.value.code).startswith("svc: refusing to start: EVENT_LOOP: ")
+
+
+def test_the_stand_in_refuses_a_bad_loop_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from runtime_worker.standin.__main__ import main as standin_main
+
+    monkeypatch.setenv("EVENT_LOOP", "tokio")
+    assert standin_main(["--port", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "standin: refusing to start: EVENT_LOOP must be one of uvloop, asyncio, not 'tokio'\n"
+    )
