@@ -168,9 +168,13 @@ def test_migrate_command_is_idempotent(
     assert main(["migrate"]) == 0
     assert "latest revision" in capsys.readouterr().out
     db = sqlite3.connect(tmp_path / "m.db")
-    assert db.execute("select version_num from credential_alembic_version").fetchall() == [
-        ("0001_ai_model_credentials",)
-    ]
+    from alembic.script import ScriptDirectory
+
+    from credential_service.migrate import alembic_config
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head == "0002_binary_collation"
+    assert db.execute("select version_num from credential_alembic_version").fetchall() == [(head,)]
     cols = {r[1] for r in db.execute("pragma table_info(ai_model_credentials)")}
     assert cols == {
         "credential_id", "user_id", "provider", "key_id", "nonce", "ciphertext",
