@@ -5,65 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import Response
-from pydantic import BaseModel, Field, ValidationError
 
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
+from airuntime_common.params import normalize_params
 from api_gateway.backends import Caller
 from api_gateway.convert import dict_to_struct, job_json, pb_enum
-from api_gateway.errors import validation_details
-from api_gateway.schemas import JobCreate, QuestionType
+from api_gateway.schemas import JobCreate
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 IDEMPOTENCY_KEY_MAX = 200
-
-
-_DEFAULT_QUESTION_TYPES: tuple[QuestionType, ...] = ("single_choice",)
-
-
-class QuizParams(BaseModel):
-    """``quiz_generation`` params: count 1..20, difficulty, question types (defaults per SPEC §3.1)."""
-
-    count: int = Field(default=5, ge=1, le=20)
-    difficulty: str = Field(default="medium", pattern="^(easy|medium|hard)$")
-    questionTypes: list[QuestionType] = Field(
-        default_factory=lambda: list(_DEFAULT_QUESTION_TYPES), min_length=1, max_length=4
-    )
-
-
-class FlashcardParams(BaseModel):
-    """``flashcard_generation`` params: count 1..50 (default 5)."""
-
-    count: int = Field(default=5, ge=1, le=50)
-
-
-_PARAM_MODELS: dict[str, type[BaseModel]] = {
-    "quiz_generation": QuizParams,
-    "flashcard_generation": FlashcardParams,
-}
-
-
-def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, Any]:
-    """Validate a job's params and fill the defaults.
-
-    Returns:
-        The params for generation jobs with defaults applied; other types' params as given.
-
-    Raises:
-        AppError: 400 ``INVALID_ARGUMENT`` with the offending ``params.*`` fields.
-    """
-    model = _PARAM_MODELS.get(job_type)
-    if model is None:
-        return dict(params or {})
-    try:
-        parsed = model.model_validate(params or {})
-    except ValidationError as exc:
-        details = validation_details(
-            [{**e, "loc": ("body", "params", *e.get("loc", ()))} for e in exc.errors()]
-        )
-        raise AppError(ErrorCode.INVALID_ARGUMENT, "invalid params", details) from None
-    extra = {k: v for k, v in (params or {}).items() if k not in model.model_fields}
-    return {**extra, **parsed.model_dump()}
 
 
 def check_idempotency_key(key: str | None) -> str | None:

@@ -152,6 +152,37 @@ async def test_user_target_with_another_id_is_404(
             },
             "params.count",
         ),
+        (
+            {
+                "jobType": "flashcard_generation",
+                "targetType": "material",
+                "targetId": "m1",
+                "params": {"count": True},  # not read as 1
+            },
+            "params.count",
+        ),
+        (
+            {
+                "jobType": "quiz_generation",
+                "targetType": "material",
+                "targetId": "m1",
+                "params": {"count": "7"},  # not read as 7
+            },
+            "params.count",
+        ),
+        (
+            {
+                "jobType": "quiz_generation",
+                "targetType": "material",
+                "targetId": "m1",
+                "params": {"count": 5, "colour": "blue"},  # not passed through
+            },
+            "params.colour",
+        ),
+        (
+            {"jobType": "learning_state_analysis", "targetType": "user", "params": {"count": 5}},
+            "params.count",  # the analysis types take no params
+        ),
         ({"jobType": "flashcard_generation", "targetType": "material"}, "targetId"),
         ({"targetType": "user"}, "jobType"),
         (

@@ -38,7 +38,7 @@ def test_params_defaults_and_ranges() -> None:
         with pytest.raises(AppError) as err:
             normalize_params(job_type, bad)
         assert err.value.code == ErrorCode.INVALID_ARGUMENT
-        assert err.value.details and err.value.details["errors"][0]["field"].startswith("params")
+        assert err.value.details and err.value.details["fields"][0]["field"].startswith("params")
 
 
 async def test_admin_override_ranges(domain: JobDomain) -> None:

@@ -26,7 +26,7 @@ def test_bad_params_are_invalid_argument(job_type: str, params: dict[str, Any]) 
     with pytest.raises(AppError) as err:
         normalize_params(job_type, params)
     assert err.value.code == "INVALID_ARGUMENT"
-    assert err.value.details and err.value.details["errors"][0]["field"].startswith("params.")
+    assert err.value.details and err.value.details["fields"][0]["field"].startswith("params.")
 
 
 def test_defaults_and_integral_numbers_from_struct() -> None:
