@@ -120,6 +120,12 @@ MAX_CLAIMED_SNAPSHOTS = 20_000
 #: How many users' admission lock rows a process remembers as existing (LRU).
 ADMISSION_ROWS_KNOWN = 10_000
 MAX_ERROR_MESSAGE = 4000
+#: Most tokens one model call may log per count (prompt, completion, cache hits):
+#: ten million, far above any context window, so a broken count (2^53) cannot be
+#: priced into billions of dollars and exhaust the platform budget (SPEC §5, §6).
+MAX_CALL_TOKENS = 10_000_000
+#: Longest latency (ms) one model call may log: a day.
+MAX_CALL_LATENCY_MS = 86_400_000
 
 
 @dataclass
@@ -301,8 +307,9 @@ class ModelCallInput:
     provider_request_id: str | None = None
 
     def check(self) -> None:
-        """Raises AppError(INVALID_ARGUMENT) for a bad outcome, a negative count or
-        more cache-hit tokens than prompt tokens."""
+        """Raises AppError(INVALID_ARGUMENT) for a bad outcome, a negative count, a count
+        over :data:`MAX_CALL_TOKENS` (latency over :data:`MAX_CALL_LATENCY_MS`) or more
+        cache-hit tokens than prompt tokens."""
         if self.outcome not in ("succeeded", "failed"):
             raise AppError(
                 ErrorCode.INVALID_ARGUMENT,
@@ -317,6 +324,11 @@ class ModelCallInput:
         ):
             if value < 0:
                 raise AppError(ErrorCode.INVALID_ARGUMENT, f"{name} must be ≥ 0", {"field": name})
+            limit = MAX_CALL_LATENCY_MS if name == "latencyMs" else MAX_CALL_TOKENS
+            if value > limit:
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT, f"{name} must be ≤ {limit}", {"field": name}
+                )
         if self.cache_hit_tokens > self.prompt_tokens:
             # cache hits are a part of the prompt's tokens (DeepSeek's usage): more is
             # a broken count, and its cost would be a guess

@@ -799,6 +799,7 @@ async def test_both_transports_bound_the_same_fields(stack: RuntimeStack, rt: RT
         w1.invocation_log(**{**log, "errorCode": "E" * 65}),
         w1.invocation_log(**{**log, "providerRequestId": "r" * 129}),
         w1.invocation_log(**{**log, "promptTokens": 2**53 + 1}),
+        w1.invocation_log(**{**log, "completionTokens": 10_000_001}),  # job_service's cap
         w1.invocation_log(**{**log, "latencyMs": -1}),
     ]
     for call in refusals:
@@ -814,7 +815,7 @@ async def test_both_transports_bound_the_same_fields(stack: RuntimeStack, rt: RT
             "credentialId": "c" * 64,
             "errorCode": "E" * 64,
             "providerRequestId": "r" * 128,
-            "promptTokens": 2**53,
+            "promptTokens": 10_000_000,
         }
     )
     [stored] = await stack.invocations(job_id)

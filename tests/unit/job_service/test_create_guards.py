@@ -183,6 +183,9 @@ async def test_platform_budget(make_domain: Callable[..., Any]) -> None:
     [
         ({"cache_hit_tokens": 21}, "cacheHitTokens"),  # more hits than prompt tokens
         ({"prompt_tokens": -1}, "promptTokens"),
+        ({"completion_tokens": 2**53}, "completionTokens"),  # would price at billions
+        ({"prompt_tokens": 10_000_001, "cache_hit_tokens": 0}, "promptTokens"),
+        ({"latency_ms": 86_400_001}, "latencyMs"),
         ({"outcome": "maybe"}, "outcome"),
     ],
 )
