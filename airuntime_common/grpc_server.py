@@ -172,6 +172,11 @@ def load_service_descriptors(service_names: Iterable[str]) -> None:
                 importlib.import_module(f"{package}.service_pb2")
 
 
+class CannotListen(SystemExit):
+    """A gRPC server's address cannot be bound (taken, or no such host); exits with
+    one line instead of a traceback."""
+
+
 class GrpcServer:
     """A grpc.aio server with auth, health and reflection.
 
@@ -181,6 +186,9 @@ class GrpcServer:
         service_names: full names of the services registered, for reflection and health.
         register: callback adding the servicers to the server.
         tls_cert_file, tls_key_file: optional PEM files for TLS.
+
+    Raises:
+        CannotListen: ``address`` cannot be bound (a port in use, an unknown host).
     """
 
     def __init__(
@@ -210,10 +218,13 @@ class GrpcServer:
             [*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
         creds = server_credentials(tls_cert_file, tls_key_file)
-        if creds is None:
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, creds)
+        try:
+            if creds is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, creds)
+        except RuntimeError as exc:  # grpc: "Failed to bind to address …"
+            raise CannotListen(f"refusing to start: cannot listen on {address}: {exc}") from None
 
     async def start(self) -> None:
         """Start serving and mark every service SERVING."""

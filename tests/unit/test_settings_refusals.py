@@ -103,3 +103,19 @@ async def test_a_database_that_cannot_be_opened_is_one_line() -> None:
         "job_service: refusing to start: the database of DATABASE_URL cannot be opened: "
         "(1049, \"Unknown database 'x'\")"
     )
+
+
+@pytest.mark.parametrize("address", ["no-such-host.invalid:1", "taken"])
+async def test_an_address_that_cannot_be_bound_is_one_line(address: str) -> None:
+    import socket
+
+    from airuntime_common.grpc_server import CannotListen, GrpcServer
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        if address == "taken":
+            address = f"127.0.0.1:{held.getsockname()[1]}"
+        with pytest.raises(CannotListen) as exc:
+            GrpcServer(token="t" * 32, address=address, service_names=[], register=lambda s: None)
+    assert str(exc.value.code).startswith(f"refusing to start: cannot listen on {address}: ")
