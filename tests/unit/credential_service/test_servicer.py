@@ -67,6 +67,30 @@ async def test_put_replaces_with_new_credential_id(env: Env) -> None:
     assert rows.fetchone()[0] == 1
 
 
+async def test_user_ids_are_taken_exactly_never_trimmed(env: Env) -> None:
+    """``" vic1"``, ``"vic1 "`` or ``"vic1\t"`` is another user than ``vic1``, as in
+    job_service: none reads, replaces, deletes or checks ``vic1``'s key."""
+    mine = await put(env, user="vic1")
+    for other in (" vic1", "vic1 ", "vic1\t", "vic1\n"):
+        err = await refused(
+            env.stub.GetCredential(rr.GetCredentialRequest(user_id=other), metadata=env.md())
+        )
+        assert err.code == ErrorCode.NOT_FOUND
+        err = await refused(
+            env.stub.DeleteCredential(rr.DeleteCredentialRequest(user_id=other), metadata=env.md())
+        )
+        assert err.code == ErrorCode.NOT_FOUND
+        check = await env.stub.CheckCredential(
+            rr.CheckCredentialRequest(user_id=other, api_key_mode=USER_KEY_MODE),
+            metadata=env.md(),
+        )
+        assert not check.usable and check.credential_id != mine.credential_id
+    theirs = await put(env, user=" vic1", key="sk-attacker-key-00000000000000000zzz5")
+    assert theirs.user_id == " vic1" and theirs.credential_id != mine.credential_id
+    got = await env.stub.GetCredential(rr.GetCredentialRequest(user_id="vic1"), metadata=env.md())
+    assert got.credential == mine
+
+
 @pytest.mark.parametrize(
     ("user", "provider", "key", "field"),
     [
