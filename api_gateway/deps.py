@@ -142,7 +142,8 @@ async def runtime_caller(
     """Dependency: a runtime instance on the shim; returns a :class:`Caller` bound to it.
 
     Raises:
-        AppError: 401 without the service token; 400 without ``X-Runtime-Instance-Id``.
+        AppError: 401 without the service token; 400 without ``X-Runtime-Instance-Id``
+            or with one that is not 1..128 printable ASCII characters.
     """
     _check_service_token(request, key)
     instance_id = (request.headers.get("x-runtime-instance-id") or "").strip()
@@ -152,6 +153,11 @@ async def runtime_caller(
         )
     if len(instance_id) > 128:
         raise invalid_argument("X-Runtime-Instance-Id is too long", field="X-Runtime-Instance-Id")
+    if not (instance_id.isascii() and instance_id.isprintable()):
+        # it travels on as gRPC metadata, which takes printable ASCII only
+        raise invalid_argument(
+            "X-Runtime-Instance-Id must be printable ASCII", field="X-Runtime-Instance-Id"
+        )
     return Caller(get_backends(request), request_id(request), instance_id)
 
 

@@ -282,3 +282,26 @@ async def test_attempt_no_must_be_positive(
     assert resp.status_code == 400
     assert resp.json()["details"]["fields"][0]["field"] == "attemptNo"
     assert not backends.job.calls and not backends.credential.calls
+
+
+@pytest.mark.parametrize(
+    "instance", ["ínst-a".encode(), "ínst-a".encode("latin-1"), b"inst\x01a", b"x" * 129]
+)
+async def test_an_instance_id_grpc_cannot_carry_is_400(
+    client: httpx.AsyncClient, backends: Backends, instance: bytes
+) -> None:
+    """The header travels on as gRPC metadata (printable ASCII only): anything else
+    is refused here, not a 500 from the channel."""
+    headers = [
+        ("x-internal-api-key", SERVICE_TOKEN),
+        ("x-runtime-instance-id", instance),
+    ]
+    resp = await client.post(
+        "/internal/runtime/jobs/job-1/heartbeat",
+        json={"attemptNo": 1},
+        headers=httpx.Headers(headers),
+    )
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["code"] == "INVALID_ARGUMENT"
+    assert resp.json()["details"]["field"] == "X-Runtime-Instance-Id"
+    assert not backends.job.calls
