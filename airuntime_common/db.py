@@ -99,7 +99,8 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
     """Migration step: give every table of the connected MySQL/MariaDB schema the
     :func:`binary_collation` as its default, and every utf8mb4 text column of
     :data:`_TEXT_TYPES` that collation (its type, nullability and default kept; other
-    character sets, such as the credentials' ``ascii_bin`` base64, are left alone).
+    character sets, such as the credentials' ``ascii_bin`` base64, are left alone),
+    and the database itself, where the user may alter it, for tables made later.
     Idempotent: a column already converted is not selected again, so a run cut
     short (MySQL DDL is not transactional) is finished by the next. No-op on other
     dialects. Returns the statements run.
@@ -170,6 +171,11 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
         ]
     for statement in statements:
         conn.execute(text(statement))
+    try:  # tables a later migration creates then take the collation too
+        conn.execute(text(f"ALTER DATABASE CHARACTER SET utf8mb4 COLLATE {collation}"))
+        statements.append("ALTER DATABASE …")
+    except DBAPIError:  # no ALTER privilege on the database itself: the tables count
+        log.warning("cannot set the database's default collation; its tables are converted")
     return statements
 
 

@@ -133,6 +133,14 @@ def test_migrations_convert_a_case_folding_schema_keeping_rows_and_keys(mysql_ur
             ).all()
         assert [tuple(r) for r in rows] == [("VIC", 1), ("vic", 0)]
         command.upgrade(cfg, "head")  # nothing left to convert: a no-op
+        with engine.connect() as conn:
+            default = conn.execute(
+                text(
+                    "SELECT DEFAULT_COLLATION_NAME FROM information_schema.SCHEMATA"
+                    " WHERE SCHEMA_NAME = DATABASE()"
+                )
+            ).scalar()
+        assert default == "utf8mb4_nopad_bin"  # for the tables later migrations make
 
         with engine.begin() as conn:
             conn.execute(text("DROP TABLE alembic_version"))
