@@ -19,8 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import bindparam as sa_bindparam
-from sqlalchemy import event
+from sqlalchemy import bindparam, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
 from sqlalchemy.ext.asyncio import (
@@ -105,8 +104,6 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
     short (MySQL DDL is not transactional) is finished by the next. No-op on other
     dialects. Returns the statements run.
     """
-    from sqlalchemy import text
-
     if conn.dialect.name not in ("mysql", "mariadb"):
         return []
     collation = binary_collation(conn.dialect)
@@ -127,7 +124,7 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
             " FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE()"
             " AND CHARACTER_SET_NAME = 'utf8mb4' AND COLLATION_NAME <> :collation"
             " AND DATA_TYPE IN :types ORDER BY TABLE_NAME, ORDINAL_POSITION"
-        ).bindparams(sa_bindparam("types", expanding=True)),
+        ).bindparams(bindparam("types", expanding=True)),
         {"collation": collation, "types": list(_TEXT_TYPES)},
     ):
         spec = f"MODIFY `{column}` {column_type} CHARACTER SET utf8mb4 COLLATE {collation}"
@@ -137,6 +134,34 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
         columns.setdefault(str(table), []).append(spec)
     # The server refuses to change a column a foreign key uses (1833, even with the
     # checks off): the foreign keys are dropped first and made again after, as they were.
+    keys = _foreign_keys(conn) if columns else {}
+    statements = [f"ALTER TABLE `{table}` DROP FOREIGN KEY `{name}`" for table, name in keys]
+    statements += [
+        f"ALTER TABLE `{table}` "
+        + ", ".join([f"DEFAULT CHARACTER SET utf8mb4 COLLATE {collation}", *columns.get(table, [])])
+        for table in tables
+    ]
+    statements += [
+        f"ALTER TABLE `{table}` ADD CONSTRAINT `{name}` FOREIGN KEY ({', '.join(k['cols'])})"
+        f" REFERENCES `{k['ref']}` ({', '.join(k['refs'])})"
+        f" ON DELETE {k['delete']} ON UPDATE {k['update']}"
+        for (table, name), k in keys.items()
+    ]
+    for statement in statements:
+        conn.execute(text(statement))
+    database = f"ALTER DATABASE CHARACTER SET utf8mb4 COLLATE {collation}"
+    try:  # tables a later migration creates then take the collation too
+        conn.execute(text(database))
+    except DBAPIError:  # no ALTER privilege on the database itself: the tables count
+        log.warning("cannot set the database's default collation; its tables are converted")
+    else:
+        statements.append(database)
+    return statements
+
+
+def _foreign_keys(conn: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    """The connected schema's foreign keys: ``(table, name)`` → referenced table,
+    update/delete rules and the quoted columns on both sides, in key order."""
     keys: dict[tuple[str, str], dict[str, Any]] = {}
     for name, table, ref_table, on_update, on_delete, column, ref_column in conn.execute(
         text(
@@ -156,27 +181,7 @@ def convert_to_binary_collation(conn: Any) -> list[str]:
         )
         key["cols"].append(f"`{column}`")
         key["refs"].append(f"`{ref_column}`")
-    statements = []
-    if columns:
-        statements += [f"ALTER TABLE `{table}` DROP FOREIGN KEY `{name}`" for table, name in keys]
-    for table in tables:
-        parts = [f"DEFAULT CHARACTER SET utf8mb4 COLLATE {collation}", *columns.get(table, [])]
-        statements.append(f"ALTER TABLE `{table}` " + ", ".join(parts))
-    if columns:
-        statements += [
-            f"ALTER TABLE `{table}` ADD CONSTRAINT `{name}` FOREIGN KEY ({', '.join(k['cols'])})"
-            f" REFERENCES `{k['ref']}` ({', '.join(k['refs'])})"
-            f" ON DELETE {k['delete']} ON UPDATE {k['update']}"
-            for (table, name), k in keys.items()
-        ]
-    for statement in statements:
-        conn.execute(text(statement))
-    try:  # tables a later migration creates then take the collation too
-        conn.execute(text(f"ALTER DATABASE CHARACTER SET utf8mb4 COLLATE {collation}"))
-        statements.append("ALTER DATABASE …")
-    except DBAPIError:  # no ALTER privilege on the database itself: the tables count
-        log.warning("cannot set the database's default collation; its tables are converted")
-    return statements
+    return keys
 
 
 def is_mysql(url: str) -> bool:

@@ -61,6 +61,13 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+#: The params model of each job type that takes params (any other: :class:`NoParams`).
+_MODELS: dict[str, type[BaseModel]] = {
+    "quiz_generation": QuizParams,
+    "flashcard_generation": FlashcardParams,
+}
+
+
 def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate ``params`` for ``job_type`` and fill the defaults.
 
@@ -72,14 +79,9 @@ def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, 
             ``{"field": "params.count", "message", "type"}`` per offending field (the
             shape of every other body field's refusal).
     """
-    raw = dict(params or {})
-    models: dict[str, type[BaseModel]] = {
-        "quiz_generation": QuizParams,
-        "flashcard_generation": FlashcardParams,
-    }
-    model = models.get(job_type, NoParams)
+    model = _MODELS.get(job_type, NoParams)
     try:
-        return model.model_validate(raw).model_dump()
+        return model.model_validate(dict(params or {})).model_dump()
     except ValidationError as exc:
         fields = [
             {

@@ -115,7 +115,6 @@ class RotationResult:
 def _validate_user_id(user_id: str) -> str:
     """The id exactly as given (never trimmed: ``" vic1"`` is not ``vic1``, as in
     job_service); empty or longer than :data:`MAX_USER_ID_CHARS` is INVALID_ARGUMENT."""
-    user_id = user_id or ""
     if not user_id:
         raise invalid_argument("user_id is required", field="userId")
     if len(user_id) > MAX_USER_ID_CHARS:
@@ -284,8 +283,7 @@ class CredentialStore:
         Raises:
             AppError: ``NOT_FOUND`` for an unknown credential id (e.g. already replaced).
         """
-        credential_id = credential_id or ""  # exact, as stored
-        if not credential_id:
+        if not credential_id:  # taken exactly, as stored
             raise invalid_argument("credential_id is required", field="credentialId")
         text = redact_text((reason or "").strip())[:MAX_REASON_CHARS] or "rejected by the provider"
 
