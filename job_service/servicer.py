@@ -37,7 +37,14 @@ from job_service.convert import (
     worker_to_proto,
 )
 from job_service.domain.breaker import BreakerView
-from job_service.domain.jobs import CreateJobInput, JobDomain, LeaseHolderView, ModelCallInput
+from job_service.domain.jobs import (
+    ClaimNext,
+    CreateJobInput,
+    JobDomain,
+    JobRecord,
+    LeaseHolderView,
+    ModelCallInput,
+)
 from job_service.domain.ports import SnapshotView
 from job_service.domain.statemachine import Lease
 from job_service.settings import JobServiceSettings
@@ -453,6 +460,15 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             instance, caps, request.limit, request.wait_ms
         )
         out = rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+        self._claimed_snapshots(found, views, out.snapshots)
+        return out
+
+    def _claimed_snapshots(
+        self, found: list[JobRecord], views: dict[str, SnapshotView], into: Any
+    ) -> None:
+        """Fill a claim answer's snapshot map (job id → GetSnapshotResponse) from
+        ``views``, within :data:`CLAIM_SNAPSHOTS_MAX_BYTES`; a job left out reads
+        its snapshot with GetSnapshot."""
         room = CLAIM_SNAPSHOTS_MAX_BYTES
         for job in found:
             view = views.get(job.job_id)
@@ -469,8 +485,7 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
             if size > room:  # this job's snapshot is read with GetSnapshot
                 continue
             room -= size
-            out.snapshots[job.job_id].CopyFrom(snapshot)
-        return out
+            into[job.job_id].CopyFrom(snapshot)
 
     @rpc
     async def LockJob(self, request: rr.LockJobRequest, context: Ctx) -> rr.LockJobResponse:
@@ -561,20 +576,36 @@ class JobServiceServicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer)
         _text(request.prompt_version, "promptVersion", MAX_PROMPT_VERSION)
         _text(request.output_schema_version, "outputSchemaVersion", MAX_OUTPUT_SCHEMA_VERSION)
         calls = _calls(request.invocations)
+        claim_next = None
+        if request.HasField("claim_next"):
+            nxt = request.claim_next
+            caps = _caps(nxt.capabilities)
+            _text(nxt.status_address, "claimNext.statusAddress", MAX_STATUS_ADDRESS)
+            claim_next = ClaimNext(caps, nxt.limit)
         outcome = await self.domain.submit_result(
             lease,
             prompt_version=request.prompt_version or None,
             output_schema_version=request.output_schema_version or "v1",
             output=from_struct(request.output, "output"),
             calls=calls,
+            claim_next=claim_next,
         )
-        return rr.SubmitResultResponse(
+        if claim_next is not None:
+            await self.domain.seen(
+                lease.instance_id,
+                claim_next.capabilities,
+                request.claim_next.status_address or None,
+            )
+        out = rr.SubmitResultResponse(
             job_id=outcome.job_id,
             status=_enum(JOB_STATUS.to_proto(outcome.status)),
             result_id=outcome.result_id,
             output_hash=outcome.output_hash,
             replayed=outcome.replayed,
+            claimed_jobs=[job_to_proto(j) for j in outcome.claimed],
         )
+        self._claimed_snapshots(outcome.claimed, outcome.snapshots, out.snapshots)
+        return out
 
     @rpc
     async def FailJob(self, request: rr.FailJobRequest, context: Ctx) -> rr.FailJobResponse:

@@ -52,6 +52,10 @@ def _retryable(exc: grpc.aio.AioRpcError, err: AppError) -> bool:
     return exc.code() in RETRY_STATUS or err.code in RETRY_CODES
 
 
+class _Retryable(AppError):
+    """An unretried call's error that a retrying call would have retried."""
+
+
 class RuntimeClient:
     """The worker's view of job_service and credential_service.
 
@@ -113,7 +117,11 @@ class RuntimeClient:
                 return await method(request, metadata=md, timeout=deadline_s or self._rpc_timeout)
             except grpc.aio.AioRpcError as exc:
                 err = from_rpc_error(exc)
-                if not retry or not _retryable(exc, err) or time.monotonic() >= give_up_at:
+                if not _retryable(exc, err):
+                    raise err from None
+                if not retry:
+                    raise _Retryable(err.code, err.message, err.details) from None
+                if time.monotonic() >= give_up_at:
                     raise err from None
                 log.warning(
                     "retrying %s after %s",
@@ -211,27 +219,38 @@ class RuntimeClient:
         output_schema_version: str,
         output: dict[str, Any],
         invocations: Sequence[Any] = (),
+        claim_next: rr.ClaimNext | None = None,
     ) -> Any:
         """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response.
 
         ``invocations`` (``ModelCall`` messages) are logged with the result; a retry
         that turns out a replay does not log them twice.
+
+        With ``claim_next`` the result's transaction also claims the next jobs
+        (``response.claimed_jobs``, ``response.snapshots``). That first call is
+        not retried with the claim: a retry goes without it (a replay claims
+        nothing), so a lost answer never claims twice.
         """
         struct = Struct()
         struct.update(output)
-        return await self._call(
-            self._jobs.SubmitResult,
-            rr.SubmitResultRequest(
-                job_id=job_id,
-                attempt_no=attempt_no,
-                prompt_version=prompt_version,
-                output_schema_version=output_schema_version,
-                output=struct,
-                invocations=list(invocations),
-            ),
-            name="SubmitResult",
-            retry=True,
+        request = rr.SubmitResultRequest(
+            job_id=job_id,
+            attempt_no=attempt_no,
+            prompt_version=prompt_version,
+            output_schema_version=output_schema_version,
+            output=struct,
+            invocations=list(invocations),
         )
+        if claim_next is not None:
+            request.claim_next.CopyFrom(claim_next)
+            try:
+                return await self._call(
+                    self._jobs.SubmitResult, request, name="SubmitResult", retry=False
+                )
+            except _Retryable:
+                request.ClearField("claim_next")
+                log.warning("retrying SubmitResult without its claim")
+        return await self._call(self._jobs.SubmitResult, request, name="SubmitResult", retry=True)
 
     async def fail_job(
         self,

@@ -45,6 +45,8 @@ class WorkerSettings(CommonSettings):
             quarter of ``WORKER_CONCURRENCY``, how long the claim loop waits for more
             slots to free before claiming (ms; 0 = claim for every freed slot). An
             idle worker always claims at once.
+        CLAIM_WITH_RESULT: a result also claims the job for the slot it frees, in
+            its own call and transaction (SubmitResult ``claim_next``).
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
@@ -63,6 +65,7 @@ class WorkerSettings(CommonSettings):
     WORKER_CAPABILITIES: str = ",".join(JOB_TYPES)
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
+    CLAIM_WITH_RESULT: bool = True
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
     RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0, le=DAY)

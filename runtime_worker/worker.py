@@ -426,7 +426,19 @@ class Worker:
         self._count(f"failed:{code}")
         log.info("attempt failed: %s", code, extra={"fields": {"errorCode": code}})
 
+    def _claim_next(self) -> rr.ClaimNext | None:
+        """What a result claims for the slot it frees (``CLAIM_WITH_RESULT``); None
+        while draining."""
+        if not self.settings.CLAIM_WITH_RESULT or self.draining:
+            return None
+        return rr.ClaimNext(
+            capabilities=cast(Any, [JOB_TYPE.to_proto(c) for c in self.capabilities]),
+            limit=1,
+            status_address=self._status_address(),
+        )
+
     async def _submit(self, run: JobRun, prompt_version: str, output: dict[str, Any]) -> None:
+        began = time.monotonic()
         try:
             answer = await self.client.submit_result(
                 run.job_id,
@@ -435,6 +447,7 @@ class Worker:
                 output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
                 output=output,
                 invocations=self._model_calls(run),
+                claim_next=self._claim_next(),
             )
             run.invocations.clear()  # logged with the result (or by the replayed original)
         except AppError as exc:
@@ -455,6 +468,8 @@ class Worker:
             "attempt succeeded",
             extra={"fields": {"resultId": answer.result_id, "replayed": answer.replayed}},
         )
+        for job in answer.claimed_jobs:  # this slot's next jobs, claimed with the result
+            self._launch(job, answer.snapshots.get(job.job_id), began)
 
     def _call_code(self, run: JobRun, inv: Invocation) -> str | None:
         code = inv.error_code

@@ -348,6 +348,24 @@ class SubmitOutcome:
     result_id: str
     output_hash: str
     replayed: bool
+    #: with ``claim_next``: the jobs claimed in the result's transaction (running,
+    #: leased to the caller) and their snapshots by job id
+    claimed: list[JobRecord] = field(default_factory=list)
+    snapshots: dict[str, SnapshotView] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimNext:
+    """A claim riding on a result (SubmitResult ``claim_next``): ClaimJobs with
+    snapshots, no long poll, in the result's transaction.
+
+    Attributes:
+        capabilities: job types the caller runs (closed enum, SPEC §2.6).
+        limit: jobs wanted, ≥ 1 (at most 50 are claimed, as by ClaimJobs).
+    """
+
+    capabilities: list[str]
+    limit: int
 
 
 @dataclass(frozen=True)
@@ -1331,77 +1349,12 @@ class JobDomain:
         self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int, *, start: bool
     ) -> tuple[list[JobRecord], dict[str, SnapshotView]]:
         n = self.check_poll_args(capabilities, limit, wait_ms)
-        lease_s = self.settings.LOCK_LEASE_SECONDS
-        actor = runtime_actor(instance_id)
-
         caps = sorted(set(capabilities))
-        pick = {"caps": caps, "n": n}
-
-        async def body(session: DbExec) -> _Claimed:
-            picked = await _read_rows(
-                session, ("claim_pick", self.clock.dialect), self._claim_pick_stmt(), pick
-            )
-            if not picked:
-                return [], {}
-            ids = [row[0] for row in picked]
-            snapshot_ids = {row[0]: row[1] for row in picked if row[1]} if start else {}
-            if supports_batches(session):
-                return await self._lock_claimed(
-                    session, ids, snapshot_ids, instance_id, actor, lease_s, start=start
-                )
-            status = RUNNING if start else LOCKED
-            await apply_many(
-                session,
-                self.clock,
-                Op.LOCK,
-                job_ids=ids,
-                where=lock_guard(self.clock),
-                values=self._lock_values(instance_id, lease_s),
-            )
-            if start:
-                await apply_many(
-                    session,
-                    self.clock,
-                    Op.START,
-                    job_ids=ids,
-                    values={"started_at": self.clock.now()},
-                    holder=instance_id,
-                )
-            rows = (
-                await session.execute(
-                    sqlcache.statement(
-                        ("claim_read", self.clock.dialect, status),
-                        lambda: _claim_read_stmt(status),
-                    ),
-                    {"ids": ids, "instance_id": instance_id},
-                )
-            ).all()
-            out = [JobRecord.from_row(r) for r in rows]
-            if out:
-                steps = [(PENDING, LOCKED)] + ([(LOCKED, RUNNING)] if start else [])
-                await session.execute(
-                    EVENTS_INSERT,
-                    [
-                        {
-                            "job_id": j.job_id,
-                            "from_status": from_status,
-                            "to_status": to_status,
-                            "error_code": None,
-                            "actor": actor,
-                            "attempt_no": j.attempt_no,
-                            "at": j.locked_at if to_status == LOCKED else j.started_at,
-                        }
-                        for j in out
-                        for (from_status, to_status) in steps
-                    ],
-                )
-            views = await self._load_snapshots(
-                session, {snapshot_ids[j.job_id] for j in out if j.job_id in snapshot_ids}
-            )
-            return out, _by_job(out, snapshot_ids, views)
 
         async def once() -> _Claimed:
-            return await self.lean_tx(body)
+            return await self.lean_tx(
+                lambda session: self._claim_in(session, instance_id, caps, n, start=start)
+            )
 
         result: _Claimed = ([], {})
 
@@ -1417,6 +1370,93 @@ class JobDomain:
         if not start:
             self._remember_claimed(claimed)
         return claimed, snapshots
+
+    def _claim_pick(self, caps: list[str], n: int) -> tuple[Any, Callable[[], Any], dict[str, Any]]:
+        """The claim's pick (``FOR UPDATE SKIP LOCKED``) as ``(cache key, build, params)``."""
+        return (("claim_pick", self.clock.dialect), self._claim_pick_stmt, {"caps": caps, "n": n})
+
+    async def _claim_in(
+        self,
+        session: DbExec,
+        instance_id: str,
+        caps: list[str],
+        n: int,
+        *,
+        start: bool,
+        picked: Sequence[Sequence[Any]] | None = None,
+    ) -> _Claimed:
+        """A claim's statements inside the caller's transaction (no COMMIT).
+
+        Args:
+            caps: the capabilities, sorted and without repeats.
+            n: how many jobs at most (checked by :meth:`check_poll_args`).
+            start: also start each job and read its snapshot (ClaimJobs with snapshots).
+            picked: the pick's rows when the caller already ran it (in a batch);
+                None runs it here.
+        """
+        lease_s = self.settings.LOCK_LEASE_SECONDS
+        actor = runtime_actor(instance_id)
+        if picked is None:
+            key, build, params = self._claim_pick(caps, n)
+            picked = await _read_rows(session, key, build(), params)
+        if not picked:
+            return [], {}
+        ids = [row[0] for row in picked]
+        snapshot_ids = {row[0]: row[1] for row in picked if row[1]} if start else {}
+        if supports_batches(session):
+            return await self._lock_claimed(
+                session, ids, snapshot_ids, instance_id, actor, lease_s, start=start
+            )
+        status = RUNNING if start else LOCKED
+        await apply_many(
+            session,
+            self.clock,
+            Op.LOCK,
+            job_ids=ids,
+            where=lock_guard(self.clock),
+            values=self._lock_values(instance_id, lease_s),
+        )
+        if start:
+            await apply_many(
+                session,
+                self.clock,
+                Op.START,
+                job_ids=ids,
+                values={"started_at": self.clock.now()},
+                holder=instance_id,
+            )
+        rows = (
+            await session.execute(
+                sqlcache.statement(
+                    ("claim_read", self.clock.dialect, status),
+                    lambda: _claim_read_stmt(status),
+                ),
+                {"ids": ids, "instance_id": instance_id},
+            )
+        ).all()
+        out = [JobRecord.from_row(r) for r in rows]
+        if out:
+            steps = [(PENDING, LOCKED)] + ([(LOCKED, RUNNING)] if start else [])
+            await session.execute(
+                EVENTS_INSERT,
+                [
+                    {
+                        "job_id": j.job_id,
+                        "from_status": from_status,
+                        "to_status": to_status,
+                        "error_code": None,
+                        "actor": actor,
+                        "attempt_no": j.attempt_no,
+                        "at": j.locked_at if to_status == LOCKED else j.started_at,
+                    }
+                    for j in out
+                    for (from_status, to_status) in steps
+                ],
+            )
+        views = await self._load_snapshots(
+            session, {snapshot_ids[j.job_id] for j in out if j.job_id in snapshot_ids}
+        )
+        return out, _by_job(out, snapshot_ids, views)
 
     async def _lock_claimed(
         self,
@@ -1974,6 +2014,7 @@ class JobDomain:
         output_schema_version: str,
         output: Any,
         calls: Sequence[ModelCallInput] = (),
+        claim_next: ClaimNext | None = None,
     ) -> SubmitOutcome:
         """Accept an attempt's output (SPEC §2.3 result, §2.5 idempotency, §5 validation).
 
@@ -1985,12 +2026,31 @@ class JobDomain:
         when the result is accepted or fails validation; a replay or a refusal
         logs none (the caller then uses :meth:`record_invocation`).
 
+        With ``claim_next``, a result accepted now also claims, in the same
+        transaction, up to ``claim_next.limit`` jobs for the caller as
+        :meth:`claim_started` would (no long poll): the slot the attempt frees is
+        filled without a ClaimJobs call and its COMMIT. A replay or an
+        INVALID_SCHEMA ending claims nothing. Sent again after a lost answer, the
+        call replays without claiming; jobs the lost answer claimed go back to
+        pending when their lease expires (as a lost ClaimJobs answer's do).
+
         Raises:
             AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA;
-                INVALID_ARGUMENT for a bad call (nothing changed).
+                INVALID_ARGUMENT for a bad call or ``claim_next`` (nothing changed).
         """
         for call in calls:
             call.check()
+        next_caps: list[str] = []
+        next_n = 0
+        if claim_next is not None:
+            if claim_next.limit < 1:  # slots to fill: no "0 = the default" here
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    "claimNext.limit must be ≥ 1",
+                    {"field": "claimNext.limit"},
+                )
+            next_n = self.check_poll_args(claim_next.capabilities, claim_next.limit, 0)
+            next_caps = sorted(set(claim_next.capabilities))
         output_hash = content_hash(output)
         key = f"{lease.job_id}:{lease.attempt_no}:{output_hash}"
         actor = runtime_actor(lease.instance_id)
@@ -2169,12 +2229,27 @@ class JobDomain:
                 batch.fence("succeed")
                 if succeed.event is not None:
                     batch.add(*event_sql(self.clock), succeed.event)
-                batch.commit()
+                pick = batch.add(*self._claim_pick(next_caps, next_n)) if next_n else None
+                if pick is None:
+                    batch.commit()
+                # else the claim's COMMIT is sent alone (a claim run again would
+                # lock other jobs: see job_service.domain.batch)
                 try:
-                    await batch.run()
+                    out = await batch.run()
                 except FenceBroken:
                     raise self._lease_lost(job, lease) from None
-                return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+                done = SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+                if pick is not None:
+                    done.claimed[:], views = await self._claim_in(
+                        session,
+                        lease.instance_id,
+                        next_caps,
+                        next_n,
+                        start=True,
+                        picked=out[pick].rows,
+                    )
+                    done.snapshots.update(views)
+                return done
             await self._insert_calls(session, job, lease.attempt_no, calls)
             await session.execute(
                 sqlcache.statement(self._insert_result_key, self._insert_result_stmt),
@@ -2183,9 +2258,17 @@ class JobDomain:
             ok = await run_transition(session, self.clock, succeed)
             if not ok:
                 raise self._lease_lost(job, lease)
-            return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+            done = SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+            if next_n:
+                done.claimed[:], views = await self._claim_in(
+                    session, lease.instance_id, next_caps, next_n, start=True
+                )
+                done.snapshots.update(views)
+            return done
 
         outcome = await self.lean_tx(body)
+        for claimed in outcome.claimed:
+            self._observe_pickup(claimed)
         if invalid or not outcome.replayed:
             status = outcome.status if invalid else SUCCEEDED
             job, db_now = seen

@@ -377,7 +377,11 @@ class GrpcTransport:
                 output=struct,
             ),
         )
-        return to_json(resp)
+        out = to_json(resp)
+        # claimedJobs/snapshots answer SubmitResult's claim_next (gRPC only), not asked here
+        assert not resp.claimed_jobs and not resp.snapshots
+        del out["claimedJobs"], out["snapshots"]
+        return out
 
     async def fail(
         self,

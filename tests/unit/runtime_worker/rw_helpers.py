@@ -423,12 +423,20 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         await self.b.require_lease(request.job_id, request.attempt_no, context)
         self.b.results.append(request)
         self.b.log_calls("SubmitResult", request)
-        return rr.SubmitResultResponse(
+        out = rr.SubmitResultResponse(
             job_id=request.job_id,
             status=JOB_STATUS.to_proto("succeeded"),  # type: ignore[arg-type]
             result_id="r1",
             output_hash="h",
         )
+        if request.HasField("claim_next"):  # claimed and started, as ClaimJobs with snapshots
+            n = request.claim_next.limit
+            out.claimed_jobs.extend(self.b.queue[:n])
+            del self.b.queue[:n]
+            for job in out.claimed_jobs:
+                job.status = JOB_STATUS.to_proto("running")
+                out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
+        return out
 
     async def FailJob(self, request: Any, context: Any) -> Any:
         await self.b.enter("FailJob", request, context)

@@ -146,6 +146,7 @@ async def test_claims_wait_briefly_to_batch_freed_slots(
         ScriptedProvider(held),
         WORKER_CONCURRENCY=8,
         CLAIM_BATCH_WINDOW_MS=window_ms,
+        CLAIM_WITH_RESULT=False,  # the claim loop's batching alone
     )
     await b.wait_for(lambda: len(app.worker.runs) == 8)
     for i in range(4):
@@ -163,6 +164,91 @@ async def test_claims_wait_briefly_to_batch_freed_slots(
     assert b.fails == []
     for event in gates:
         event.set()
+
+
+@pytest.mark.parametrize("with_result", [True, False])
+async def test_a_result_claims_the_next_job_for_its_slot(
+    backend: Backend, apps: list[WorkerApp], with_result: bool
+) -> None:
+    """CLAIM_WITH_RESULT: each SubmitResult carries ``claim_next`` (this slot, limit 1),
+    and the job it claims runs without a ClaimJobs call; off, the claim loop claims."""
+    b = backend[0]
+    for i in range(4):
+        b.add_job(make_job(f"job-{i}"))
+    gate = asyncio.Event()
+    calls: list[str] = []
+
+    async def first_waits(r: ModelRequest) -> ModelResponse:
+        calls.append(r.model)
+        if len(calls) == 1:
+            await gate.wait()  # the claim loop's first answer is in before any result
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+    app = await start_app(
+        backend,
+        apps,
+        ScriptedProvider(first_waits),
+        WORKER_CONCURRENCY=1,
+        CLAIM_WITH_RESULT=with_result,
+    )
+    await b.wait_for(lambda: len(calls) == 1)
+    claims_before = b.names().count("ClaimJobs")
+    gate.set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 4)
+    assert [r.job_id for r in b.results] == [f"job-{i}" for i in range(4)]
+    assert b.fails == []
+    if with_result:
+        assert all(r.claim_next.limit == 1 for r in b.results)
+        assert {tuple(r.claim_next.capabilities) for r in b.results} == {
+            tuple(JOB_TYPE.to_proto(c) for c in app.worker.capabilities)
+        }
+        # jobs 1..3 came with the results of 0..2 (with their snapshots): between the
+        # first result and the last, no ClaimJobs and no GetSnapshot
+        names = b.names()
+        first = names.index("SubmitResult")
+        last = len(names) - 1 - names[::-1].index("SubmitResult")
+        assert "ClaimJobs" not in names[first:last]
+        assert "GetSnapshot" not in names[first:last]
+    else:
+        assert not any(r.HasField("claim_next") for r in b.results)
+        assert b.names().count("ClaimJobs") >= claims_before + 3
+
+
+async def test_a_result_whose_answer_was_lost_is_sent_again_without_its_claim(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """A retried SubmitResult must not claim twice: the retry drops ``claim_next``."""
+    b = backend[0]
+    b.add_job(make_job("job-a"))
+    b.unavailable["SubmitResult"] = 1
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+    sent = [r for n, r in b.calls if n == "SubmitResult"]
+    assert [r.HasField("claim_next") for r in sent] == [True, False]
+    assert len(b.results) == 1 and b.fails == []
+
+
+async def test_a_draining_worker_claims_nothing_with_its_results(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    b.add_job(make_job("job-d"))
+    b.add_job(make_job("job-e"))
+    gate = asyncio.Event()
+
+    async def held(_r: ModelRequest) -> ModelResponse:
+        await gate.wait()
+        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+    app = await start_app(backend, apps, ScriptedProvider(held), WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: len(app.worker.runs) == 1)
+    stop = asyncio.create_task(app.stop(5.0))
+    await b.wait_for(lambda: app.worker.draining)
+    gate.set()
+    await stop
+    assert len(b.results) == 1
+    assert not b.results[0].HasField("claim_next")
+    assert [j.job_id for j in b.queue] == ["job-e"]  # left for other workers
 
 
 async def test_cancel_mid_call_fails_cancelled(backend: Backend, apps: list[WorkerApp]) -> None:

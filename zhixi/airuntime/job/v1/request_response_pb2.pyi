@@ -448,34 +448,57 @@ class GetSnapshotResponse(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., schema_version: _Optional[str] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., payload: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., content_hash: _Optional[str] = ...) -> None: ...
 
 class SubmitResultRequest(_message.Message):
-    __slots__ = ("job_id", "attempt_no", "prompt_version", "output_schema_version", "output", "invocations")
+    __slots__ = ("job_id", "attempt_no", "prompt_version", "output_schema_version", "output", "invocations", "claim_next")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
     PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_FIELD_NUMBER: _ClassVar[int]
     INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_NEXT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     attempt_no: int
     prompt_version: str
     output_schema_version: str
     output: _struct_pb2.Struct
     invocations: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.ModelCall]
-    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.ModelCall, _Mapping]]] = ...) -> None: ...
+    claim_next: ClaimNext
+    def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., output: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.ModelCall, _Mapping]]] = ..., claim_next: _Optional[_Union[ClaimNext, _Mapping]] = ...) -> None: ...
+
+class ClaimNext(_message.Message):
+    __slots__ = ("capabilities", "limit", "status_address")
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    capabilities: _containers.RepeatedScalarFieldContainer[_message_pb2.JobType]
+    limit: int
+    status_address: str
+    def __init__(self, capabilities: _Optional[_Iterable[_Union[_message_pb2.JobType, str]]] = ..., limit: _Optional[int] = ..., status_address: _Optional[str] = ...) -> None: ...
 
 class SubmitResultResponse(_message.Message):
-    __slots__ = ("job_id", "status", "result_id", "output_hash", "replayed")
+    __slots__ = ("job_id", "status", "result_id", "output_hash", "replayed", "claimed_jobs", "snapshots")
+    class SnapshotsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: GetSnapshotResponse
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     RESULT_ID_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_HASH_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_JOBS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     status: _message_pb2.JobStatus
     result_id: str
     output_hash: str
     replayed: bool
-    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., result_id: _Optional[str] = ..., output_hash: _Optional[str] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    claimed_jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
+    snapshots: _containers.MessageMap[str, GetSnapshotResponse]
+    def __init__(self, job_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., result_id: _Optional[str] = ..., output_hash: _Optional[str] = ..., replayed: _Optional[bool] = ..., claimed_jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ..., snapshots: _Optional[_Mapping[str, GetSnapshotResponse]] = ...) -> None: ...
 
 class FailJobRequest(_message.Message):
     __slots__ = ("job_id", "attempt_no", "error_code", "error_message", "retry_after_seconds", "invocations")
