@@ -85,6 +85,14 @@ class Capture:
     job_id: str
     statements: list[str]
     fresh_ids: set[str] = field(default_factory=set)
+    #: Steady state with claim-with-result (SubmitResult ``claim_next``): the job
+    #: was claimed by the previous job's result, and its own result claims
+    #: ``next_job_id``, so ``statements`` (one job's) end with the next job's
+    #: claim and ``prologue`` is the plain claim that starts each slot.
+    next_job_id: str | None = None
+    prologue: list[str] = field(default_factory=list)
+    #: tokens replayed as another fixed value (other jobs' snapshots → the template's)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     def kinds(self) -> dict[str, int]:
         """Statement counts by verb and table (every statement of a batch counted)."""
@@ -149,35 +157,80 @@ class GeneralLog:
             return out
 
 
+def _transactions(statements: list[str]) -> list[list[str]]:
+    """``statements`` cut into transactions (each ends with COMMIT/ROLLBACK)."""
+    out: list[list[str]] = [[]]
+    for text in statements:
+        out[-1].append(text)
+        if _ends_transaction(text):
+            out.append([])
+    return [tx for tx in out if tx]
+
+
+def _head_transaction(statements: list[str]) -> tuple[list[str], list[str]]:
+    """The first transaction of ``statements`` (with a pool's reset ROLLBACK right
+    after it), and the rest."""
+    txs = _transactions(statements)
+    head = txs[0]
+    rest = txs[1:]
+    if rest and rest[0] == ["ROLLBACK"]:
+        head = head + rest.pop(0)
+    return head, [s for tx in rest for s in tx]
+
+
 async def capture_one_job(system: System) -> Capture:
-    """Run one job (worker with 1 slot) with the general log on; keep its statements."""
+    """Run three jobs (worker with 1 slot) with the general log on; keep the middle
+    one's statements, the steady state: with claim-with-result on, it was
+    claimed by the first one's result and its own result claims the third."""
     name = system.worker_names()[0]
     await system.launcher.stop_service(name)
-    job_id = await system.create_job("floor-user")
+    ids = [await system.create_job(f"floor-user-{k}") for k in "abc"]
     database = system.db_url.database or ""
     conn = admin_connect(system.db_url.render_as_string(hide_password=False))
     try:
         with GeneralLog(conn) as glog:
             await system.launcher.restart_service(name)
-            await system.wait_terminal(1, 30)
+            await system.wait_terminal(3, 30)
             await asyncio.sleep(0.3)
             rows = glog.rows(_db_threads(conn, database))
     finally:
         conn.close()
     queries = [(tid, text) for tid, cmd, text in rows if cmd == "Query"]
-    snapshot_id = system.sql("SELECT snapshot_id FROM ai_runtime_jobs WHERE job_id=%s", (job_id,))[
-        0
-    ][0]
-    statements = job_statements(queries, job_id, snapshot_id)
+    snaps = {
+        str(r[0]): str(r[1])
+        for r in system.sql(
+            "SELECT job_id, snapshot_id FROM ai_runtime_jobs WHERE job_id IN (%s,%s,%s)",
+            tuple(ids),
+        )
+    }
+    first, job_id, following = ids
+    statements = job_statements(queries, job_id, None)
+    claim_tx, rest = _head_transaction(statements)
+    prologue: list[str] = []
+    next_job_id = None
+    aliases: dict[str, str] = {}
+    if any(first in s for s in claim_tx):  # claimed by the first job's result
+        prologue, _ = _head_transaction(job_statements(queries, first, None))
+        statements, next_job_id = rest, following
+        aliases = {snaps[first]: snaps[job_id], snaps[following]: snaps[job_id]}
     fresh: set[str] = set()
     seen: set[str] = set()
-    for text in statements:
+    for text in prologue + statements:
         for token in HEX_ID.findall(text):
             if token not in seen:
                 seen.add(token)
-                if token != job_id and text.lstrip().upper().startswith("INSERT"):
+                if token not in (job_id, next_job_id) and text.lstrip().upper().startswith(
+                    "INSERT"
+                ):
                     fresh.add(token)
-    return Capture(job_id=job_id, statements=statements, fresh_ids=fresh)
+    return Capture(
+        job_id=job_id,
+        statements=statements,
+        fresh_ids=fresh - set(aliases),
+        next_job_id=next_job_id,
+        prologue=prologue,
+        aliases=aliases,
+    )
 
 
 def job_statements(
@@ -253,10 +306,53 @@ def clone_pending(url: URL, template_job_id: str, n: int) -> None:
         conn.close()
 
 
+def _pick_at(text: str) -> int | None:
+    """Which statement of a round trip is a claim's pick (``SKIP LOCKED``), if any."""
+    return next(
+        (k for k, part in enumerate(split_statements(text)) if "SKIP LOCKED" in part.upper()),
+        None,
+    )
+
+
+@dataclass
+class _Script:
+    """Round trips ready to render: text split around the hex ids, and where each
+    round trip's pick is."""
+
+    templates: list[list[str]]
+    tokens: list[list[str]]
+    ends: list[bool]
+    picks: list[int | None]
+
+    @classmethod
+    def of(cls, sent: list[str]) -> _Script:
+        return cls(
+            [HEX_ID.split(s) for s in sent],
+            [HEX_ID.findall(s) for s in sent],
+            [_ends_transaction(s) for s in sent],
+            [_pick_at(s) for s in sent],
+        )
+
+    def render(self, i: int, mapping: dict[str, str]) -> str:
+        parts = self.templates[i]
+        out = [parts[0]]
+        for tok, tail in zip(self.tokens[i], parts[1:], strict=True):
+            out.append(mapping.get(tok, tok))
+            out.append(tail)
+        return "".join(out)
+
+
 async def replay(
     url: URL, capture: Capture, n: int, concurrency: int, *, one_per_round_trip: bool = False
 ) -> dict[str, Any]:
     """Replay the captured statements for ``n`` jobs with ``concurrency`` connections.
+
+    Each job's statements run as captured, the ids of the job (and of the next
+    job, which a claim-with-result capture claims in the job's result
+    transaction) taken from the replayed picks. With a ``prologue`` each
+    connection first claims one job with it, then runs the job's statements
+    until a pick finds no job; a job's last pick finding none skips the
+    next job's lock and keeps the COMMIT.
 
     Args:
         one_per_round_trip: send every statement of a batch on its own (the
@@ -268,31 +364,77 @@ async def replay(
         (1205) runs its whole transaction again, as the services do, and only
         other failures count as errors.
     """
-    sent = (
-        [p for s in capture.statements for p in split_statements(s)]
-        if one_per_round_trip
-        else capture.statements
+
+    def as_sent(statements: list[str]) -> list[str]:
+        if one_per_round_trip:
+            return [p for s in statements for p in split_statements(s)]
+        return statements
+
+    job_script = _Script.of(as_sent(capture.statements))
+    prologue = _Script.of(as_sent(capture.prologue)) if capture.prologue else None
+    first_job = (
+        next(
+            (t for s in capture.prologue for t in HEX_ID.findall(s) if t not in capture.aliases),
+            None,
+        )
+        if capture.prologue
+        else None
     )
-    claim_idx = next((i for i, s in enumerate(sent) if "SKIP LOCKED" in s.upper()), None)
-    templates = [HEX_ID.split(s) for s in sent]
-    tokens = [HEX_ID.findall(s) for s in sent]
-    ends = [_ends_transaction(s) for s in sent]
     done = 0
     errors = 0
     retried = 0
     first_error: str | None = None
     remaining = [n]
 
-    def render(i: int, mapping: dict[str, str]) -> str:
-        parts = templates[i]
-        out = [parts[0]]
-        for tok, tail in zip(tokens[i], parts[1:], strict=True):
-            out.append(mapping.get(tok, tok))
-            out.append(tail)
-        return "".join(out)
+    async def run(
+        conn: Any, script: _Script, mapping: dict[str, str], pick_as: str | None
+    ) -> str | bool | None:
+        """Run ``script``; the first pick's job id becomes ``mapping[pick_as]``.
+
+        Returns the picked id; None when a pick found no job; False when the
+        script has no pick.
+        """
+        nonlocal errors, first_error, retried
+        picked: str | bool | None = False
+        i = tx_start = tries = 0
+        while i < len(script.templates):
+            if picked is None and pick_as in script.tokens[i]:
+                i += 1  # no next job: its lock is not sent
+                continue
+            sql = script.render(i, mapping)
+            try:
+                async with conn.cursor() as cur:
+                    await cur.execute(sql)
+                    k = 0
+                    while True:
+                        if k == script.picks[i] and picked is False:
+                            row = await cur.fetchone()
+                            picked = str(row[0]) if row else None
+                            if picked is not None and pick_as is not None:
+                                mapping[pick_as] = picked
+                        await cur.fetchall()
+                        k += 1
+                        if not await cur.nextset():
+                            break
+            except pymysql.err.MySQLError as exc:
+                await conn.rollback()
+                if exc.args[:1] in ((1213,), (1205,)) and tries < 5:
+                    # a deadlock: the whole transaction again, as the services do
+                    retried += 1
+                    tries += 1
+                    i = tx_start
+                    picked = False
+                    continue
+                errors += 1
+                if first_error is None:
+                    first_error = f"{exc!r} in {sql[:200]}"
+            if script.ends[i]:
+                tx_start, tries = i + 1, 0
+            i += 1
+        return picked
 
     async def slot() -> None:
-        nonlocal done, errors, first_error, retried
+        nonlocal done
         conn = await aiomysql.connect(
             host=url.host or "127.0.0.1",
             port=url.port or 3306,
@@ -305,38 +447,21 @@ async def replay(
         try:
             async with conn.cursor() as cur:
                 await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            while remaining[0] > 0:
-                remaining[0] -= 1
+            if prologue is None:  # each job claimed by its own claim
+                while remaining[0] > 0:
+                    remaining[0] -= 1
+                    mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
+                    if await run(conn, job_script, mapping, capture.job_id) is None:
+                        break
+                    done += 1
+                return
+            mapping = dict(capture.aliases)
+            current = await run(conn, prologue, mapping, first_job)
+            while isinstance(current, str):
                 mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
-                i = tx_start = tries = 0
-                while i < len(templates):
-                    sql = render(i, mapping)
-                    try:
-                        async with conn.cursor() as cur:
-                            await cur.execute(sql)
-                            if i == claim_idx:
-                                row = await cur.fetchone()
-                                if row is None:
-                                    break
-                                mapping[capture.job_id] = str(row[0])
-                            else:
-                                await cur.fetchall()
-                            while await cur.nextset():  # the rest of a batch
-                                await cur.fetchall()
-                    except pymysql.err.MySQLError as exc:
-                        await conn.rollback()
-                        if exc.args[:1] in ((1213,), (1205,)) and tries < 5:
-                            # a deadlock: the whole transaction again, as the services do
-                            retried += 1
-                            tries += 1
-                            i = tx_start
-                            continue
-                        errors += 1
-                        if first_error is None:
-                            first_error = f"{exc!r} in {sql[:200]}"
-                    if ends[i]:
-                        tx_start, tries = i + 1, 0
-                    i += 1
+                mapping.update(capture.aliases)
+                mapping[capture.job_id] = current
+                current = await run(conn, job_script, mapping, capture.next_job_id)
                 done += 1
         finally:
             conn.close()
@@ -349,7 +474,7 @@ async def replay(
         "seconds": round(elapsed, 3),
         "jobs_per_s": round(done / elapsed, 1),
         "statements_per_s": round(done * capture.statement_count() / elapsed, 1),
-        "round_trips_per_s": round(done * len(templates) / elapsed, 1),
+        "round_trips_per_s": round(done * len(job_script.templates) / elapsed, 1),
         "errors": errors,
         "deadlocks_retried": retried,
         "first_error": first_error,

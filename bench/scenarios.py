@@ -156,6 +156,7 @@ async def floor(p: Params) -> dict[str, Any]:
         unbatched = await floor_mod.replay(url, capture, p.jobs, top, one_per_round_trip=True)
     return {
         "params": {"jobs": p.jobs, "concurrency": list(p.slots)},
+        "claimed_with_result": capture.next_job_id is not None,
         "statements_per_job": capture.statement_count(),
         "round_trips_per_job": len(capture.statements),
         "statements_by_kind": capture.kinds(),

@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.floor import HEX_ID, Capture, job_statements, split_statements
+from bench.floor import (
+    HEX_ID,
+    Capture,
+    _head_transaction,
+    _pick_at,
+    job_statements,
+    split_statements,
+)
 from bench.harness import pct, summary_ms
 from bench.report import table
 
@@ -187,3 +194,36 @@ def test_grown_call_log_and_the_days_total_agree(mysql_url: str) -> None:
     )
     assert (logged, today) == (2500, 2500)
     assert (Decimal(cost), calls) == (Decimal("0.25"), 2500)
+
+
+def test_a_result_that_claims_splits_into_the_claim_and_the_rest() -> None:
+    """Claim-with-result: a job's window starts with the previous job's result
+    transaction (which claimed it); the head transaction and its pool reset split off."""
+    pick = "SELECT job_id FROM ai_runtime_jobs WHERE status='pending' FOR UPDATE SKIP LOCKED"
+    result = f"INSERT INTO ai_runtime_results VALUES ('{SNAP}');\n{pick}"
+    statements = [result, f"UPDATE ai_runtime_jobs SET status='locked' WHERE job_id='{JOB}'"]
+    statements += ["COMMIT", "ROLLBACK", f"SELECT 1 FROM ai_runtime_jobs WHERE job_id='{JOB}'"]
+    statements += ["ROLLBACK"]
+    head, rest = _head_transaction(statements)
+    assert head == statements[:4]
+    assert rest == statements[4:]
+    assert _pick_at(result) == 1 and _pick_at(pick) == 0 and _pick_at(statements[1]) is None
+
+
+@pytest.mark.e2e
+def test_bench_floor_tiny_run_replays_the_steady_state(mysql_url: str, tmp_path: Path) -> None:
+    """The floor captures a job claimed by the previous job's result (the worker's
+    default) and replays every job without errors."""
+    assert os.environ.get("TEST_MYSQL_URL")
+    rc = main(["--scenario", "floor", "--jobs", "12", "--slots", "3", "--out", str(tmp_path)])
+    doc = json.loads(next(tmp_path.glob("*.json")).read_text())
+    floor = doc["results"]["floor"]
+    assert rc == 0, floor
+    assert floor["claimed_with_result"] is True
+    run = floor["runs"]["3"]
+    assert (run["jobs"], run["errors"]) == (12, 0), run
+    assert floor["one_statement_per_round_trip"]["jobs"] == 12
+    # two COMMITs per job: the lease check's read-only one, and the result's, which
+    # commits the next job's claim too (no claim transaction of its own)
+    assert floor["statements_by_kind"]["COMMIT"] == 2
+    assert not any("SKIP LOCKED" in s for s in floor["statements"][:1])
