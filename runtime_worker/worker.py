@@ -427,9 +427,15 @@ class Worker:
         log.info("attempt failed: %s", code, extra={"fields": {"errorCode": code}})
 
     def _claim_next(self) -> rr.ClaimNext | None:
-        """What a result claims for the slot it frees (``CLAIM_WITH_RESULT``); None
-        while draining."""
+        """What a result claims for the slot it frees (``CLAIM_WITH_RESULT``).
+
+        None while draining, and while other slots are free: the claim loop is then
+        gathering freed slots into one ClaimJobs (``CLAIM_BATCH_WINDOW_MS``), which
+        this slot joins; a claim per result would take that batch apart.
+        """
         if not self.settings.CLAIM_WITH_RESULT or self.draining:
+            return None
+        if len(self.runs) < self.settings.WORKER_CONCURRENCY:
             return None
         return rr.ClaimNext(
             capabilities=cast(Any, [JOB_TYPE.to_proto(c) for c in self.capabilities]),

@@ -1384,8 +1384,9 @@ class JobDomain:
         *,
         start: bool,
         picked: Sequence[Sequence[Any]] | None = None,
+        commit: bool = False,
     ) -> _Claimed:
-        """A claim's statements inside the caller's transaction (no COMMIT).
+        """A claim's statements inside the caller's transaction.
 
         Args:
             caps: the capabilities, sorted and without repeats.
@@ -1393,6 +1394,9 @@ class JobDomain:
             start: also start each job and read its snapshot (ClaimJobs with snapshots).
             picked: the pick's rows when the caller already ran it (in a batch);
                 None runs it here.
+            commit: end the writes' batch with the COMMIT (MySQL/MariaDB), for a
+                caller whose transaction converges when run again; else the
+                caller's block commits.
         """
         lease_s = self.settings.LOCK_LEASE_SECONDS
         actor = runtime_actor(instance_id)
@@ -1405,7 +1409,7 @@ class JobDomain:
         snapshot_ids = {row[0]: row[1] for row in picked if row[1]} if start else {}
         if supports_batches(session):
             return await self._lock_claimed(
-                session, ids, snapshot_ids, instance_id, actor, lease_s, start=start
+                session, ids, snapshot_ids, instance_id, actor, lease_s, start=start, commit=commit
             )
         status = RUNNING if start else LOCKED
         await apply_many(
@@ -1468,15 +1472,17 @@ class JobDomain:
         lease_s: float,
         *,
         start: bool,
+        commit: bool = False,
     ) -> tuple[list[JobRecord], dict[str, SnapshotView]]:
         """Claim's writes after its pick, in one round trip (MySQL/MariaDB).
 
         The lock UPDATE, the event rows (read from the rows it locked: their new
         ``attemptNo`` and ``lockedAt``) and the read of those rows go as one
         batch; the COMMIT follows on its own. Run again after a COMMIT whose
-        answer was lost, a claim would lock other jobs, so a claim is no batch
-        that may end in COMMIT (:mod:`job_service.domain.batch`). A job the
-        UPDATE's guard skipped is neither read nor logged.
+        answer was lost, ClaimJobs would lock other jobs, so its batch does not
+        end in COMMIT (:mod:`job_service.domain.batch`); a result's claim
+        (``commit``) does, since run again it replays and claims nothing. A job
+        the UPDATE's guard skipped is neither read nor logged.
 
         With ``start``, the start UPDATE (guarded by the lease just granted) and
         its events follow the lock's in the same batch, and so do the reads of
@@ -1525,6 +1531,8 @@ class JobDomain:
                 views[sid] = snap.view
             else:
                 reads[sid] = (batch.add(snap.key, snap.build, snap.params), snap)
+        if commit and reader is not None:
+            batch.commit()
         out = await batch.run()
         claimed = [JobRecord.from_values(JOB_COLUMNS, row) for row in out[read].rows]
         for sid, (index, snap) in reads.items():
@@ -2232,8 +2240,7 @@ class JobDomain:
                 pick = batch.add(*self._claim_pick(next_caps, next_n)) if next_n else None
                 if pick is None:
                     batch.commit()
-                # else the claim's COMMIT is sent alone (a claim run again would
-                # lock other jobs: see job_service.domain.batch)
+                # else the COMMIT ends the claim's batch, or goes alone if none waits
                 try:
                     out = await batch.run()
                 except FenceBroken:
@@ -2247,6 +2254,7 @@ class JobDomain:
                         next_n,
                         start=True,
                         picked=out[pick].rows,
+                        commit=True,  # run again, this transaction replays: no claim
                     )
                     done.snapshots.update(views)
                 return done

@@ -214,6 +214,18 @@ async def test_a_result_claims_the_next_job_for_its_slot(
         assert b.names().count("ClaimJobs") >= claims_before + 3
 
 
+async def test_a_result_leaves_the_claim_to_the_loop_while_other_slots_are_free(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """With another slot free the claim loop is gathering slots into one ClaimJobs:
+    a result then claims nothing itself (no claim per result taking the batch apart)."""
+    b = backend[0]
+    b.add_job(make_job("job-x"))
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=2)
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+    assert not b.results[0].HasField("claim_next")
+
+
 async def test_a_result_whose_answer_was_lost_is_sent_again_without_its_claim(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
