@@ -30,6 +30,7 @@ from airuntime_common.enums import JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
+from runtime_worker import metrics as worker_metrics
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
 from zhixi.airuntime.job.v1 import message_pb2 as job_msg
@@ -113,10 +114,16 @@ class RuntimeClient:
         give_up_at = time.monotonic() + budget
         delay = 0.1
         while True:
+            started = time.perf_counter()
             try:
-                return await method(request, metadata=md, timeout=deadline_s or self._rpc_timeout)
+                answer = await method(request, metadata=md, timeout=deadline_s or self._rpc_timeout)
+                worker_metrics.RPC_SECONDS.labels(name, "OK").observe(time.perf_counter() - started)
+                return answer
             except grpc.aio.AioRpcError as exc:
                 err = from_rpc_error(exc)
+                worker_metrics.RPC_SECONDS.labels(name, err.code).observe(
+                    time.perf_counter() - started
+                )
                 if not _retryable(exc, err):
                     raise err from None
                 if not retry:

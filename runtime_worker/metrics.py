@@ -3,8 +3,9 @@
 Exposes the worker's live numbers through a custom collector, so nothing is
 double-booked: ``airt_worker_in_flight``, ``airt_worker_draining`` and
 ``airt_worker_attempts_total{outcome}`` (same keys as GetStatus counters); plus
-the model-call histogram ``airt_model_call_latency_seconds`` and the token
-counter ``airt_model_tokens_total``.
+the model-call histogram ``airt_model_call_latency_seconds``, the token
+counter ``airt_model_tokens_total`` and ``airt_worker_rpc_seconds{rpc,code}``, the
+wall time of each internal gRPC call (each try of a retried one).
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ MODEL_LATENCY = Histogram(
     "Wall time of one model call, by model, key mode and outcome",
     ["model_name", "api_key_mode", "outcome"],
     buckets=(0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+    registry=None,
+)
+#: This worker's calls to job_service and credential_service, retries included.
+RPC_SECONDS = Histogram(
+    "airt_worker_rpc_seconds",
+    "Wall time of one internal gRPC call made by the worker, by method and SPEC §4 code",
+    ["rpc", "code"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 25),
     registry=None,
 )
 MODEL_TOKENS = Counter(
@@ -89,5 +98,6 @@ def serve(port: int, worker: Worker) -> CollectorRegistry:
     registry.register(WorkerCollector(worker))
     registry.register(MODEL_LATENCY)
     registry.register(MODEL_TOKENS)
+    registry.register(RPC_SECONDS)
     start_http_server(port, registry=registry)
     return registry

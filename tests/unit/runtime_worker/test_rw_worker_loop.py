@@ -17,6 +17,7 @@ from airuntime_common import metadata
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE
 from airuntime_common.errors import ErrorCode
 from airuntime_common.settings import MissingSetting
+from runtime_worker import metrics as worker_metrics
 from runtime_worker.app import WorkerApp, run
 from runtime_worker.providers.base import ModelRequest, ModelResponse, Usage
 from runtime_worker.snapshot import struct_to_dict
@@ -233,11 +234,24 @@ async def test_a_result_whose_answer_was_lost_is_sent_again_without_its_claim(
     b = backend[0]
     b.add_job(make_job("job-a"))
     b.unavailable["SubmitResult"] = 1
+    before = {code: rpc_count("SubmitResult", code) for code in ("OK", "UNAVAILABLE")}
     app = await start_app(backend, apps, WORKER_CONCURRENCY=1)
     await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
     sent = [r for n, r in b.calls if n == "SubmitResult"]
     assert [r.HasField("claim_next") for r in sent] == [True, False]
     assert len(b.results) == 1 and b.fails == []
+    # each try is timed under the code it ended with (airt_worker_rpc_seconds)
+    assert rpc_count("SubmitResult", "UNAVAILABLE") == before["UNAVAILABLE"] + 1
+    assert rpc_count("SubmitResult", "OK") == before["OK"] + 1
+
+
+def rpc_count(rpc: str, code: str) -> float:
+    """Calls counted by ``airt_worker_rpc_seconds`` for ``rpc`` ending with ``code``."""
+    for metric in worker_metrics.RPC_SECONDS.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count") and sample.labels == {"rpc": rpc, "code": code}:
+                return float(sample.value)
+    return 0.0
 
 
 async def test_a_draining_worker_claims_nothing_with_its_results(
