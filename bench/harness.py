@@ -277,3 +277,38 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
         except OSError:
             continue
     return out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a child's metrics endpoint)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def scrape_histograms(port: int, name: str, label: str) -> dict[str, tuple[float, float]]:
+    """``label`` value → (count, sum in seconds) of histogram ``name`` at
+    ``http://127.0.0.1:port/metrics``, over every other label; {} when unreachable."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            key = sample.labels.get(label, "")
+            slot = out.setdefault(key, [0.0, 0.0])
+            if sample.name == f"{name}_count":
+                slot[0] += sample.value
+            elif sample.name == f"{name}_sum":
+                slot[1] += sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}

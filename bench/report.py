@@ -42,6 +42,28 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     "excl. MariaDB",
                 )
             )
+        worker_rpcs = (run.get("rpc_per_job") or {}).get("runtime_worker") or {}
+        model = (run.get("rpc_per_job") or {}).get("model_call") or {}
+        if worker_rpcs:
+            # the worker's view of each job: its calls (count per job × mean wall ms)
+            parts = [
+                f"{m} {v['calls_per_job']:.2g}×{v['mean_ms']:.1f}"
+                for m, v in worker_rpcs.items()
+                if v["calls_per_job"] >= 0.05
+            ]
+            total = sum(v["calls_per_job"] * v["mean_ms"] for v in worker_rpcs.values())
+            calls = sum(v["calls_per_job"] * v["mean_ms"] for v in model.values())
+            if calls:
+                parts.append(f"model {calls:.1f}")
+            out.append(
+                (
+                    f"  worker's calls per job @{slots}",
+                    _f(round(total + calls, 2)),
+                    "ms",
+                    ", ".join(parts),
+                    "calls × mean ms",
+                )
+            )
         floor_run = fl.get("runs", {}).get(slots)
         if floor_run and jps:
             ratio = jps / floor_run["jobs_per_s"]

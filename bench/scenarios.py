@@ -23,10 +23,12 @@ from bench.harness import (
     System,
     admin_connect,
     cpu_snapshot,
+    free_port,
     fresh_database,
     global_status,
     mariadb_pid,
     rss_peak_mb,
+    scrape_histograms,
     summary_ms,
 )
 from launcher.core import LauncherError
@@ -90,11 +92,65 @@ def _worker_pid(system: System) -> int:
     return system.launcher.pids()[system.worker_names()[0]]
 
 
+#: Where each service's RPC timings are scraped from: (env var, histogram, label).
+RPC_HISTOGRAMS = {
+    "runtime_worker": ("WORKER_METRICS_PORT", "airt_worker_rpc_seconds", "rpc"),
+    "model_call": ("WORKER_METRICS_PORT", "airt_model_call_latency_seconds", "outcome"),
+    "job_service": ("JOB_SERVICE_METRICS_PORT", "airt_grpc_server_handling_seconds", "method"),
+    "credential_service": (
+        "CREDENTIAL_SERVICE_METRICS_PORT",
+        "airt_grpc_server_handling_seconds",
+        "method",
+    ),
+}
+
+
+def metrics_ports() -> dict[str, str]:
+    """Free ports for the services' ``/metrics`` (the bench reads the RPC timings there)."""
+    return {env: str(free_port()) for env in {var for var, _, _ in RPC_HISTOGRAMS.values()}}
+
+
+def _scrape_rpcs(system: System) -> dict[str, dict[str, tuple[float, float]]]:
+    env = system.launcher.env
+    return {
+        service: scrape_histograms(int(env.get(var) or 0), name, label)
+        for service, (var, name, label) in RPC_HISTOGRAMS.items()
+        if int(env.get(var) or 0)
+    }
+
+
+def rpc_profile(
+    before: dict[str, dict[str, tuple[float, float]]],
+    after: dict[str, dict[str, tuple[float, float]]],
+    jobs: int,
+) -> dict[str, dict[str, dict[str, float]]]:
+    """Per service and method: calls per job and mean ms per call over the run (the
+    worker's figures are wall time as its client saw it, the services' the time
+    in their handlers)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for service, methods in after.items():
+        rows: dict[str, dict[str, float]] = {}
+        for method, (count, total) in methods.items():
+            count0, total0 = before.get(service, {}).get(method, (0.0, 0.0))
+            calls = count - count0
+            if calls <= 0:
+                continue
+            rows[method] = {
+                "calls_per_job": round(calls / max(1, jobs), 3),
+                "mean_ms": round((total - total0) * 1000 / calls, 3),
+            }
+        out[service] = dict(sorted(rows.items(), key=lambda kv: -kv[1]["calls_per_job"]))
+    return out
+
+
 async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]:
     """Stop the worker, create ``n`` jobs, restart it, wait; figures from the rows."""
     name = system.worker_names()[0]
     await system.launcher.stop_service(name)
     create_rate = await system.create_jobs(n)
+    rpcs0 = _scrape_rpcs(system)
+    for restarted in ("runtime_worker", "model_call"):  # restarted below: counts from zero
+        rpcs0.pop(restarted, None)
     t0 = time.perf_counter()
     try:
         await system.launcher.restart_service(name)
@@ -108,6 +164,7 @@ async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]
     done = await system.wait_terminal(n, limit_s)
     cpu1 = cpu_snapshot(pids)
     wall = time.perf_counter() - t0
+    rpcs = rpc_profile(rpcs0, _scrape_rpcs(system), done)
     cpu_ms = {k: round((cpu1[k] - cpu0[k]) * 1000 / max(1, done), 2) for k in cpu1 if k in cpu0}
     (span_us, ok, lost) = system.sql(
         "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(locked_at), MAX(finished_at)),"
@@ -124,6 +181,7 @@ async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]
         "wall_incl_worker_start_s": round(wall, 2),
         "create_jobs_per_s": round(create_rate, 1),
         "cpu_ms_per_job": cpu_ms,
+        "rpc_per_job": rpcs,
     }
 
 
@@ -135,7 +193,8 @@ async def throughput(p: Params) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     for slots in p.slots:
         with fresh_database(p.base_url) as url:
-            async with System(url, extra_env={"WORKER_CONCURRENCY": str(slots)}) as system:
+            env = {"WORKER_CONCURRENCY": str(slots), **metrics_ports()}
+            async with System(url, extra_env=env) as system:
                 runs[str(slots)] = await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
     return {"params": {"jobs": p.jobs, "slots": list(p.slots), "workers": 1}, "runs": runs}
 
