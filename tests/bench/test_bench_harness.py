@@ -227,3 +227,39 @@ def test_bench_floor_tiny_run_replays_the_steady_state(mysql_url: str, tmp_path:
     # commits the next job's claim too (no claim transaction of its own)
     assert floor["statements_by_kind"]["COMMIT"] == 2
     assert not any("SKIP LOCKED" in s for s in floor["statements"][:1])
+
+
+def test_rpc_profile_is_the_runs_calls_per_job_and_mean_time() -> None:
+    from bench.scenarios import rpc_profile
+
+    before = {"job_service": {"JobService/SubmitResult": (10.0, 0.5)}}
+    after = {
+        "job_service": {
+            "JobService/SubmitResult": (110.0, 0.9),
+            "JobService/ClaimJobs": (2.0, 0.02),
+        },
+        "runtime_worker": {"SubmitResult": (100.0, 0.6)},
+    }
+    out = rpc_profile(before, after, jobs=100)
+    assert out["job_service"]["JobService/SubmitResult"] == {"calls_per_job": 1.0, "mean_ms": 4.0}
+    assert out["job_service"]["JobService/ClaimJobs"] == {"calls_per_job": 0.02, "mean_ms": 10.0}
+    assert list(out["job_service"]) == ["JobService/SubmitResult", "JobService/ClaimJobs"]
+    assert out["runtime_worker"]["SubmitResult"] == {"calls_per_job": 1.0, "mean_ms": 6.0}
+    doc = {
+        "results": {
+            "throughput": {
+                "runs": {
+                    "1": {
+                        "jobs": 100,
+                        "jobs_per_s": 80.0,
+                        "rpc_per_job": {
+                            **out,
+                            "model_call": {"succeeded": {"calls_per_job": 1.0, "mean_ms": 1.5}},
+                        },
+                    }
+                }
+            }
+        }
+    }
+    text = table(doc)
+    assert "worker's calls per job @1" in text and "SubmitResult 1×6.0, model 1.5" in text
