@@ -171,3 +171,32 @@ async def test_concurrent_results_never_claim_one_job_twice(stack: RuntimeStack)
     every = [j for done in ran.values() for j in done]
     assert sorted(every) == sorted(ids)  # each once: none twice, none left
     assert {(await stack.get(i))["status"] for i in ids} == {"succeeded"}
+
+
+async def test_a_lost_answer_strands_its_claim_only_until_the_lease_expires(
+    stack: RuntimeStack,
+) -> None:
+    """The answer of a result that claimed is lost: the worker sends the result again
+    without its claim (a replay, nothing claimed), and the job the lost answer claimed
+    goes back to pending when its lease expires (LEASE_EXPIRED, retried), then runs."""
+    ids = [(await stack.create())["jobId"] for _ in range(2)]
+    await claim_one(stack, "w1")
+    lost = await stack.stub.SubmitResult(submit_request(ids[0], limit=1), metadata=md("w1"))
+    assert [j.job_id for j in lost.claimed_jobs] == [ids[1]]  # never reaches the worker
+    again = await stack.stub.SubmitResult(submit_request(ids[0]), metadata=md("w1"))
+    assert again.replayed and not again.claimed_jobs
+    assert (await stack.get(ids[1]))["status"] == "running"
+    await stack.lapse_lease(ids[1])
+    assert await stack.sweep() == 1
+    stranded = await stack.get(ids[1])
+    assert (stranded["status"], stranded["errorCode"], stranded["retryCount"]) == (
+        "pending",
+        "LEASE_EXPIRED",
+        1,
+    )
+    assert await claim_one(stack, "w2") == ids[1]
+    done = await stack.stub.SubmitResult(
+        submit_request(ids[1], attempt_no=2, limit=1), metadata=md("w2")
+    )
+    assert not done.replayed and not done.claimed_jobs
+    assert (await stack.get(ids[1]))["status"] == "succeeded"
