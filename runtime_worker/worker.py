@@ -567,21 +567,35 @@ class Worker:
         if self._loop_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        tasks = [r.task for r in self.runs.values() if r.task is not None]
-        if tasks:
-            await asyncio.wait(tasks, timeout=grace)
-        left = list(self.runs.values())
-        for run in left:
-            run.interrupt(SHUTDOWN)
-        tasks = [r.task for r in left if r.task is not None and not r.task.done()]
-        if tasks:
-            # reporting WORKER_SHUTDOWN (or a result already made) gets a bounded time;
-            # what is still unreported then is left to lease expiry and the reaper
-            _, pending = await asyncio.wait(tasks, timeout=SHUTDOWN_REPORT_SECONDS)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        # The runs in flight get the grace, and so do the jobs a result sent before
+        # the drain claims (claim_next): they join self.runs while we wait.
+        await self._wait_runs(grace)
+        # Then every run still there (or launched meanwhile) is stopped and reports
+        # WORKER_SHUTDOWN (or a result already made) within a bounded time; what is
+        # still unreported then is left to lease expiry and the reaper.
+        await self._wait_runs(SHUTDOWN_REPORT_SECONDS, interrupt=True)
+        pending = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
+
+    async def _wait_runs(self, seconds: float, *, interrupt: bool = False) -> None:
+        """Wait up to ``seconds`` for every run to end, runs launched meanwhile
+        included; with ``interrupt``, each is first stopped with ``SHUTDOWN``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while True:
+            tasks = []
+            for run in list(self.runs.values()):
+                if interrupt:
+                    run.interrupt(SHUTDOWN)  # a no-op for a run already stopped
+                if run.task is not None and not run.task.done():
+                    tasks.append(run.task)
+            remaining = deadline - loop.time()
+            if not tasks or remaining <= 0:
+                return
+            await asyncio.wait(tasks, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
 
     async def wait_drained(self) -> None:
         """Wait until a started drain has finished every in-flight job."""

@@ -254,6 +254,47 @@ def rpc_count(rpc: str, code: str) -> float:
     return 0.0
 
 
+async def test_a_job_claimed_by_a_result_in_flight_when_the_drain_began_gets_the_grace(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """The drain begins while a SubmitResult with claim_next is in flight: the job its
+    answer brings runs within the grace (not failed WORKER_SHUTDOWN at once)."""
+    b = backend[0]
+    b.add_job(make_job("job-a"))
+    b.add_job(make_job("job-b"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=5.0)
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    assert next(r for n, r in b.calls if n == "SubmitResult").HasField("claim_next")
+    stop = asyncio.create_task(app.stop())
+    await b.wait_for(lambda: app.worker.draining)
+    b.hold["SubmitResult"].set()  # job-a's answer arrives, carrying job-b
+    await asyncio.wait_for(stop, 15)
+    assert [r.job_id for r in b.results] == ["job-a", "job-b"]
+    assert b.fails == []
+
+
+async def test_a_job_claimed_by_a_result_answered_after_the_grace_is_still_reported(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """The answer arrives after the grace ran out: the job it claimed is stopped and
+    reported (WORKER_SHUTDOWN) before the worker exits, not left to lease expiry."""
+    b = backend[0]
+    b.add_job(make_job("job-a"))
+    b.add_job(make_job("job-b"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=0.3)
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    stop = asyncio.create_task(app.stop())
+    await b.wait_for(lambda: app.worker.draining)
+    await asyncio.sleep(0.6)  # past the grace: the drain is stopping its runs
+    b.hold.pop("SubmitResult").set()
+    await asyncio.wait_for(stop, 15)
+    assert [r.job_id for r in b.results] == ["job-a"]
+    assert [(f.job_id, f.error_code) for f in b.fails] == [("job-b", ErrorCode.WORKER_SHUTDOWN)]
+    assert not app.worker.runs
+
+
 async def test_a_draining_worker_claims_nothing_with_its_results(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
