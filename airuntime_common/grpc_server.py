@@ -39,8 +39,10 @@ OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 
-#: Server-side time of every authenticated unary call, by method and status code
-#: (the default registry: job_service's and credential_service's ``/metrics``).
+#: Server-side time of every unary call past the health and reflection services, by
+#: method and the status code it answered (``CANCELLED`` when the caller went away
+#: first), refusals included (the default registry: job_service's and
+#: credential_service's ``/metrics``).
 RPC_SECONDS = Histogram(
     "airt_grpc_server_handling_seconds",
     "Time a unary gRPC call spent in this server's handler, by method and status code",
@@ -87,8 +89,9 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         given = md.get(metadata.INTERNAL_API_KEY, "")
         given_b = given.encode() if isinstance(given, str) else bytes(given)
         if not hmac.compare_digest(given_b, self._token):
-            return _refuse(
-                AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key")
+            return _with_context(
+                _refuse(AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key")),
+                method_label(method),
             )
         handler = await continuation(details)
         request_id = md.get(metadata.REQUEST_ID) or uuid.uuid4().hex
@@ -146,22 +149,28 @@ def _with_context(
     inner = handler.unary_unary
 
     async def wrapped(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        if isinstance(request, _Undecodable):
-            await context.abort_with_status(
-                to_status(
-                    AppError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        "request is not a valid protobuf message for this method",
-                        {"reason": request.reason},
+        started = time.perf_counter()
+        code: str | None = None
+        token = bind(**fields)
+        try:
+            if isinstance(request, _Undecodable):
+                await context.abort_with_status(
+                    to_status(
+                        AppError(
+                            ErrorCode.INVALID_ARGUMENT,
+                            "request is not a valid protobuf message for this method",
+                            {"reason": request.reason},
+                        )
                     )
                 )
-            )
-        token = bind(**fields)
-        started = time.perf_counter()
-        try:
             return await inner(request, context)
+        except asyncio.CancelledError:  # the caller went away (deadline, cancel)
+            code = "CANCELLED"
+            raise
         finally:
-            RPC_SECONDS.labels(method, _status_name(context)).observe(time.perf_counter() - started)
+            RPC_SECONDS.labels(method, code or _status_name(context)).observe(
+                time.perf_counter() - started
+            )
             log_context.reset(token)
 
     return grpc.unary_unary_rpc_method_handler(

@@ -119,6 +119,11 @@ class RuntimeClient:
                 answer = await method(request, metadata=md, timeout=deadline_s or self._rpc_timeout)
                 worker_metrics.RPC_SECONDS.labels(name, "OK").observe(time.perf_counter() - started)
                 return answer
+            except asyncio.CancelledError:  # e.g. a long poll stopped by a drain
+                worker_metrics.RPC_SECONDS.labels(name, "CANCELLED").observe(
+                    time.perf_counter() - started
+                )
+                raise
             except grpc.aio.AioRpcError as exc:
                 err = from_rpc_error(exc)
                 worker_metrics.RPC_SECONDS.labels(name, err.code).observe(
