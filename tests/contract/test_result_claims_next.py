@@ -15,17 +15,12 @@ from airuntime_common.enums import JOB_STATUS, JOB_TYPE
 from airuntime_common.grpc_errors import from_rpc_error
 from tests.contract.conftest import TOKEN, RuntimeStack
 from tests.contract.transports import job_json
+from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 LSA = "learning_state_analysis"
 QUIZ = "quiz_generation"
-OUTPUT: dict[str, Any] = {
-    "summary": "steady progress",
-    "masteryLevel": 0.5,
-    "strengths": ["reading"],
-    "risks": [],
-    "evidence": [],
-}
+OUTPUT = ANALYSIS_OUTPUT
 pytestmark = pytest.mark.parametrize("contract_db", ["sqlite", "mysql"], indirect=True)
 
 

@@ -39,6 +39,11 @@ from zhixi.airuntime.worker.v1 import service_pb2_grpc as wgrpc
 Backend = tuple[FakeBackend, int, int]
 
 
+def quiz_response() -> ModelResponse:
+    """A valid quiz answer from the model."""
+    return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+
+
 @pytest.fixture
 async def apps() -> AsyncIterator[list[WorkerApp]]:
     started: list[WorkerApp] = []
@@ -139,7 +144,7 @@ async def test_claims_wait_briefly_to_batch_freed_slots(
         gate = gates[len(calls)]  # the n-th model call waits for the n-th gate
         calls.append(1)
         await gate.wait()
-        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+        return quiz_response()
 
     app = await start_app(
         backend,
@@ -183,7 +188,7 @@ async def test_a_result_claims_the_next_job_for_its_slot(
         calls.append(r.model)
         if len(calls) == 1:
             await gate.wait()  # the claim loop's first answer is in before any result
-        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+        return quiz_response()
 
     app = await start_app(
         backend,
@@ -254,22 +259,34 @@ def rpc_count(rpc: str, code: str) -> float:
     return 0.0
 
 
+async def drain_during_a_result(
+    backend: Backend, apps: list[WorkerApp], grace: float, answer_after: float
+) -> FakeBackend:
+    """One slot, jobs a and b: a's SubmitResult (with claim_next) is held, the worker
+    is stopped with ``grace``, and a's answer (carrying b) comes ``answer_after``
+    seconds into the drain. Returns the backend once the worker has stopped."""
+    b = backend[0]
+    b.add_job(make_job("job-a"))
+    b.add_job(make_job("job-b"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=grace)
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    assert next(r for n, r in b.calls if n == "SubmitResult").HasField("claim_next")
+    stop = asyncio.create_task(app.stop())
+    await b.wait_for(lambda: app.worker.draining)
+    await asyncio.sleep(answer_after)
+    b.hold.pop("SubmitResult").set()
+    await asyncio.wait_for(stop, 15)
+    assert not app.worker.runs
+    return b
+
+
 async def test_a_job_claimed_by_a_result_in_flight_when_the_drain_began_gets_the_grace(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
     """The drain begins while a SubmitResult with claim_next is in flight: the job its
     answer brings runs within the grace (not failed WORKER_SHUTDOWN at once)."""
-    b = backend[0]
-    b.add_job(make_job("job-a"))
-    b.add_job(make_job("job-b"))
-    b.hold["SubmitResult"] = asyncio.Event()
-    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=5.0)
-    await b.wait_for(lambda: "SubmitResult" in b.names())
-    assert next(r for n, r in b.calls if n == "SubmitResult").HasField("claim_next")
-    stop = asyncio.create_task(app.stop())
-    await b.wait_for(lambda: app.worker.draining)
-    b.hold["SubmitResult"].set()  # job-a's answer arrives, carrying job-b
-    await asyncio.wait_for(stop, 15)
+    b = await drain_during_a_result(backend, apps, grace=5.0, answer_after=0.0)
     assert [r.job_id for r in b.results] == ["job-a", "job-b"]
     assert b.fails == []
 
@@ -279,20 +296,9 @@ async def test_a_job_claimed_by_a_result_answered_after_the_grace_is_still_repor
 ) -> None:
     """The answer arrives after the grace ran out: the job it claimed is stopped and
     reported (WORKER_SHUTDOWN) before the worker exits, not left to lease expiry."""
-    b = backend[0]
-    b.add_job(make_job("job-a"))
-    b.add_job(make_job("job-b"))
-    b.hold["SubmitResult"] = asyncio.Event()
-    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=0.3)
-    await b.wait_for(lambda: "SubmitResult" in b.names())
-    stop = asyncio.create_task(app.stop())
-    await b.wait_for(lambda: app.worker.draining)
-    await asyncio.sleep(0.6)  # past the grace: the drain is stopping its runs
-    b.hold.pop("SubmitResult").set()
-    await asyncio.wait_for(stop, 15)
+    b = await drain_during_a_result(backend, apps, grace=0.3, answer_after=0.6)
     assert [r.job_id for r in b.results] == ["job-a"]
     assert [(f.job_id, f.error_code) for f in b.fails] == [("job-b", ErrorCode.WORKER_SHUTDOWN)]
-    assert not app.worker.runs
 
 
 async def test_a_draining_worker_claims_nothing_with_its_results(
@@ -305,7 +311,7 @@ async def test_a_draining_worker_claims_nothing_with_its_results(
 
     async def held(_r: ModelRequest) -> ModelResponse:
         await gate.wait()
-        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+        return quiz_response()
 
     app = await start_app(backend, apps, ScriptedProvider(held), WORKER_CONCURRENCY=1)
     await b.wait_for(lambda: len(app.worker.runs) == 1)
@@ -384,7 +390,7 @@ async def test_result_refused_for_lost_lease_is_not_retried_or_failed(
 
     async def lapse(_r: ModelRequest) -> ModelResponse:
         b.leases[("job-late", 1)].held = False  # lapsed before the next heartbeat
-        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+        return quiz_response()
 
     app = await start_app(
         backend, apps, ScriptedProvider(lapse), HEARTBEAT_INTERVAL_SECONDS=5, LOCK_LEASE_SECONDS=15
@@ -480,7 +486,7 @@ async def test_drain_lets_jobs_finish_within_grace(backend: Backend, apps: list[
 
     async def waits(_r: ModelRequest) -> ModelResponse:
         await release.wait()
-        return ModelResponse(json.dumps(QUIZ_OUTPUT), "stop", Usage(1, 1, 0), "r", 5)
+        return quiz_response()
 
     provider = ScriptedProvider(waits)
     app = await start_app(backend, apps, provider)
