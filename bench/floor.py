@@ -91,6 +91,8 @@ class Capture:
     #: claim and ``prologue`` is the plain claim that starts each slot.
     next_job_id: str | None = None
     prologue: list[str] = field(default_factory=list)
+    #: the job the prologue claimed (replayed as each connection's first pick)
+    prologue_job_id: str | None = None
     #: tokens replayed as another fixed value (other jobs' snapshots → the template's)
     aliases: dict[str, str] = field(default_factory=dict)
 
@@ -229,6 +231,7 @@ async def capture_one_job(system: System) -> Capture:
         fresh_ids=fresh - set(aliases),
         next_job_id=next_job_id,
         prologue=prologue,
+        prologue_job_id=first if prologue else None,
         aliases=aliases,
     )
 
@@ -372,14 +375,6 @@ async def replay(
 
     job_script = _Script.of(as_sent(capture.statements))
     prologue = _Script.of(as_sent(capture.prologue)) if capture.prologue else None
-    first_job = (
-        next(
-            (t for s in capture.prologue for t in HEX_ID.findall(s) if t not in capture.aliases),
-            None,
-        )
-        if capture.prologue
-        else None
-    )
     done = 0
     errors = 0
     retried = 0
@@ -456,7 +451,7 @@ async def replay(
                     done += 1
                 return
             mapping = dict(capture.aliases)
-            current = await run(conn, prologue, mapping, first_job)
+            current = await run(conn, prologue, mapping, capture.prologue_job_id)
             while isinstance(current, str):
                 mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
                 mapping.update(capture.aliases)

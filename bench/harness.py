@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
 import statistics
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from typing import Any, cast
 
 import grpc
 import pymysql
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import URL, make_url
 
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
@@ -281,34 +284,38 @@ def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 right now (for a child's metrics endpoint)."""
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
-def scrape_histograms(port: int, name: str, label: str) -> dict[str, tuple[float, float]]:
-    """``label`` value → (count, sum in seconds) of histogram ``name`` at
-    ``http://127.0.0.1:port/metrics``, over every other label; {} when unreachable."""
-    import urllib.request
+def scrape_histograms(
+    port: int, wanted: dict[str, str]
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """Histograms from ``http://127.0.0.1:port/metrics``, one request.
 
-    from prometheus_client.parser import text_string_to_metric_families
+    Args:
+        wanted: histogram name → the label to group its series by.
 
+    Returns:
+        name → label value → (count, sum in seconds), over every other label;
+        {} when the endpoint is unreachable.
+    """
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
             text = resp.read().decode()
     except OSError:
         return {}
-    out: dict[str, list[float]] = {}
+    out: dict[str, dict[str, list[float]]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != name:
+        label = wanted.get(family.name)
+        if label is None:
             continue
+        series = out.setdefault(family.name, {})
         for sample in family.samples:
-            key = sample.labels.get(label, "")
-            slot = out.setdefault(key, [0.0, 0.0])
-            if sample.name == f"{name}_count":
+            slot = series.setdefault(sample.labels.get(label, ""), [0.0, 0.0])
+            if sample.name == f"{family.name}_count":
                 slot[0] += sample.value
-            elif sample.name == f"{name}_sum":
+            elif sample.name == f"{family.name}_sum":
                 slot[1] += sample.value
-    return {k: (v[0], v[1]) for k, v in out.items()}
+    return {name: {k: (v[0], v[1]) for k, v in series.items()} for name, series in out.items()}

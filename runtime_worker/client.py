@@ -53,10 +53,6 @@ def _retryable(exc: grpc.aio.AioRpcError, err: AppError) -> bool:
     return exc.code() in RETRY_STATUS or err.code in RETRY_CODES
 
 
-class _Retryable(AppError):
-    """An unretried call's error that a retrying call would have retried."""
-
-
 class RuntimeClient:
     """The worker's view of job_service and credential_service.
 
@@ -108,6 +104,7 @@ class RuntimeClient:
         retry: bool,
         deadline_s: float | None = None,
         retry_seconds: float | None = None,
+        before_retry: Callable[[], None] | None = None,
     ) -> T:
         md = metadata.outgoing(self._token, self.instance_id, uuid.uuid4().hex)
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
@@ -129,11 +126,7 @@ class RuntimeClient:
                 worker_metrics.RPC_SECONDS.labels(name, err.code).observe(
                     time.perf_counter() - started
                 )
-                if not _retryable(exc, err):
-                    raise err from None
-                if not retry:
-                    raise _Retryable(err.code, err.message, err.details) from None
-                if time.monotonic() >= give_up_at:
+                if not retry or not _retryable(exc, err) or time.monotonic() >= give_up_at:
                     raise err from None
                 log.warning(
                     "retrying %s after %s",
@@ -141,6 +134,8 @@ class RuntimeClient:
                     err.code,
                     extra={"fields": {"rpc": name, "code": err.code}},
                 )
+                if before_retry is not None:
+                    before_retry()
             await asyncio.sleep(min(delay, max(0.0, give_up_at - time.monotonic())))
             delay = min(delay * 2, 2.0) * random.uniform(0.8, 1.2)
 
@@ -239,9 +234,9 @@ class RuntimeClient:
         that turns out a replay does not log them twice.
 
         With ``claim_next`` the result's transaction also claims the next jobs
-        (``response.claimed_jobs``, ``response.snapshots``). That first call is
-        not retried with the claim: a retry goes without it (a replay claims
-        nothing), so a lost answer never claims twice.
+        (``response.claimed_jobs``, ``response.snapshots``). Only the first try
+        carries the claim: a retry goes without it (a replay claims nothing), so
+        a lost answer never claims twice.
         """
         struct = Struct()
         struct.update(output)
@@ -255,14 +250,13 @@ class RuntimeClient:
         )
         if claim_next is not None:
             request.claim_next.CopyFrom(claim_next)
-            try:
-                return await self._call(
-                    self._jobs.SubmitResult, request, name="SubmitResult", retry=False
-                )
-            except _Retryable:
-                request.ClearField("claim_next")
-                log.warning("retrying SubmitResult without its claim")
-        return await self._call(self._jobs.SubmitResult, request, name="SubmitResult", retry=True)
+        return await self._call(
+            self._jobs.SubmitResult,
+            request,
+            name="SubmitResult",
+            retry=True,
+            before_retry=lambda: request.ClearField("claim_next"),
+        )
 
     async def fail_job(
         self,

@@ -2245,9 +2245,9 @@ class JobDomain:
                     out = await batch.run()
                 except FenceBroken:
                     raise self._lease_lost(job, lease) from None
-                done = SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+                claimed: _Claimed = ([], {})
                 if pick is not None:
-                    done.claimed[:], views = await self._claim_in(
+                    claimed = await self._claim_in(
                         session,
                         lease.instance_id,
                         next_caps,
@@ -2256,8 +2256,7 @@ class JobDomain:
                         picked=out[pick].rows,
                         commit=True,  # run again, this transaction replays: no claim
                     )
-                    done.snapshots.update(views)
-                return done
+                return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False, *claimed)
             await self._insert_calls(session, job, lease.attempt_no, calls)
             await session.execute(
                 sqlcache.statement(self._insert_result_key, self._insert_result_stmt),
@@ -2266,13 +2265,12 @@ class JobDomain:
             ok = await run_transition(session, self.clock, succeed)
             if not ok:
                 raise self._lease_lost(job, lease)
-            done = SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False)
+            claimed = ([], {})
             if next_n:
-                done.claimed[:], views = await self._claim_in(
+                claimed = await self._claim_in(
                     session, lease.instance_id, next_caps, next_n, start=True
                 )
-                done.snapshots.update(views)
-            return done
+            return SubmitOutcome(job.job_id, SUCCEEDED, result_id, output_hash, False, *claimed)
 
         outcome = await self.lean_tx(body)
         for claimed in outcome.claimed:
