@@ -1,7 +1,7 @@
 """Database engine helpers shared by job_service and credential_service.
 
 * SQLite (aiosqlite) is the embedded default: WAL, a busy timeout, foreign keys.
-* MySQL/MariaDB (aiomysql): READ COMMITTED, and ``CLIENT.FOUND_ROWS`` so an
+* MySQL/MariaDB (asyncmy or aiomysql): READ COMMITTED, and ``CLIENT.FOUND_ROWS`` so an
   UPDATE's row count is rows *matched*, not rows changed (SPEC §3) — a
   same-microsecond heartbeat is never misread as a lost lease.
 * :func:`retry_transient` retries deadlocks (1213) and lock wait timeouts
@@ -189,13 +189,31 @@ def is_mysql(url: str) -> bool:
     return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
+#: The async MySQL/MariaDB drivers (asyncmy first: compiled, the default).
+MYSQL_ASYNC_DRIVERS = ("mysql+asyncmy", "mysql+aiomysql")
+
+
+def mysql_async_driver(url: str) -> str:
+    """The async driver name to use for a MySQL/MariaDB server given as ``url``.
+
+    ``url``'s own driver when it is one of :data:`MYSQL_ASYNC_DRIVERS` (or their
+    ``mariadb+`` spellings, returned as ``mysql+``), else ``mysql+asyncmy``: a
+    test or benchmark URL such as ``mysql+aiomysql://root@host/x`` thereby picks
+    the driver its databases are reached with. Raises ``ArgumentError`` on a
+    string that is no URL.
+    """
+    name = make_url(url).drivername.replace("mariadb+", "mysql+")
+    return name if name in MYSQL_ASYNC_DRIVERS else MYSQL_ASYNC_DRIVERS[0]
+
+
 def make_engine(
     url: str, *, pool_size: int = 20, ping_idle_seconds: float | None = None
 ) -> AsyncEngine:
     """Create the async engine for ``url`` with the settings above.
 
     Args:
-        url: SQLAlchemy async URL, ``sqlite+aiosqlite:///…`` or ``mysql+aiomysql://…``.
+        url: SQLAlchemy async URL, ``sqlite+aiosqlite:///…``, ``mysql+asyncmy://…`` or
+            ``mysql+aiomysql://…``.
         pool_size: connections kept open (MySQL only).
         ping_idle_seconds: MySQL only. None: ping every connection as it is checked
             out (SQLAlchemy's ``pool_pre_ping``). A number: ping only a connection
@@ -222,7 +240,7 @@ def make_engine(
 
         return engine
     if backend in ("mysql", "mariadb"):
-        from pymysql.constants import CLIENT
+        from pymysql.constants import CLIENT  # protocol flags: the same for both drivers
 
         engine = create_async_engine(
             url,

@@ -25,6 +25,7 @@ import pymysql
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.engine import URL, make_url
 
+from airuntime_common.db import mysql_async_driver
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
 from airuntime_common.metadata import outgoing
 from launcher import Launcher
@@ -45,7 +46,7 @@ def mysql_base_url() -> str:
     url = os.environ.get("BENCH_MYSQL_URL") or os.environ.get("TEST_MYSQL_URL")
     if not url:
         raise SystemExit(
-            "set BENCH_MYSQL_URL or TEST_MYSQL_URL (mysql+aiomysql://root@127.0.0.1:3306/x)"
+            "set BENCH_MYSQL_URL or TEST_MYSQL_URL (mysql+asyncmy://root@127.0.0.1:3306/x)"
         )
     return url
 
@@ -65,13 +66,14 @@ def admin_connect(url: str, database: str | None = None) -> pymysql.connections.
 
 @contextmanager
 def fresh_database(base_url: str, prefix: str = "airt_bench") -> Iterator[URL]:
-    """Create a uniquely named database, yield its aiomysql URL, drop it afterwards."""
+    """Create a uniquely named database, yield its URL (on ``base_url``'s async driver), drop
+    it afterwards."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     conn = admin_connect(base_url)
     try:
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-        yield make_url(base_url).set(drivername="mysql+aiomysql", database=name)
+        yield make_url(base_url).set(drivername=mysql_async_driver(base_url), database=name)
     finally:
         with conn.cursor() as cur:
             cur.execute(f"DROP DATABASE IF EXISTS `{name}`")
@@ -105,7 +107,7 @@ class System:
     Job and credential tables share the fresh database (their names are disjoint).
 
     Args:
-        db_url: the fresh database (aiomysql URL).
+        db_url: the fresh database (asyncmy or aiomysql URL).
         workers: runtime worker processes.
         only: services to start (default: standin, job_service, credential_service, workers).
         extra_env: settings for every child (e.g. ``WORKER_CONCURRENCY``).

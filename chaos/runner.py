@@ -20,6 +20,7 @@ from typing import Any
 import pymysql
 from sqlalchemy.engine import make_url
 
+from airuntime_common.db import mysql_async_driver
 from chaos import scenarios as sc
 from chaos.mariadb import PrivateMariaDB
 from chaos.system import System
@@ -135,7 +136,7 @@ def shared_database(mysql_url: str, keep: bool = False) -> Any:
     conn = _admin(mysql_url)
     with conn.cursor() as cur:
         cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
-    url = make_url(mysql_url).set(drivername="mysql+aiomysql", database=name)
+    url = make_url(mysql_url).set(drivername=mysql_async_driver(mysql_url), database=name)
     try:
         yield url.render_as_string(hide_password=False)
     finally:

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
+from airuntime_common.db import mysql_async_driver
+
 
 def _admin_connect():  # type: ignore[no-untyped-def]
     import pymysql
@@ -31,7 +33,8 @@ def _admin_connect():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def mysql_url() -> Iterator[str]:
-    """A fresh, empty MariaDB database URL (``mysql+aiomysql://…/airt_<hex>``)."""
+    """A fresh, empty MariaDB database URL (``mysql+asyncmy://…/airt_<hex>``, or on
+    aiomysql when ``TEST_MYSQL_URL`` names that driver)."""
     if not os.environ.get("TEST_MYSQL_URL"):
         pytest.skip("TEST_MYSQL_URL not set")
     name = f"airt_{uuid.uuid4().hex[:12]}"
@@ -40,7 +43,7 @@ def mysql_url() -> Iterator[str]:
         with conn.cursor() as cur:
             cur.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
         base = make_url(os.environ["TEST_MYSQL_URL"]).set(
-            drivername="mysql+aiomysql", database=name
+            drivername=mysql_async_driver(os.environ["TEST_MYSQL_URL"]), database=name
         )
         yield base.render_as_string(hide_password=False)
     finally:

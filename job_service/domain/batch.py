@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiomysql
+import asyncmy.cursors
+import asyncmy.errors
 import pymysql
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
@@ -85,6 +87,24 @@ class _QuietCursor(aiomysql.Cursor):  # type: ignore[misc]
 
     async def _show_warnings(self, conn: Any) -> None:
         return None
+
+
+class _QuietAsyncmyCursor(asyncmy.cursors.Cursor):
+    """:class:`_QuietCursor` for asyncmy (which reads warnings the same way)."""
+
+    async def _show_warnings(self, conn: Any) -> None:
+        return None
+
+
+#: The base error class of each driver a batch runs on (aiomysql raises PyMySQL's).
+_DRIVER_ERRORS: tuple[type[Any], ...] = (pymysql.err.Error, asyncmy.errors.Error)
+
+
+async def _quiet_cursor(driver: Any) -> Any:
+    """A warnings-quiet cursor on an aiomysql or asyncmy connection."""
+    if isinstance(driver, aiomysql.Connection):
+        return await driver.cursor(_QuietCursor)
+    return driver.cursor(_QuietAsyncmyCursor)
 
 
 def supports_batches(db: DbExec) -> bool:
@@ -365,13 +385,13 @@ class StatementBatch:
         clear_committed(driver)  # this transaction's COMMIT is to be sent unless we send it
         texts = self._render(driver)
         results: list[Outcome] = []
-        cursor = await driver.cursor(_QuietCursor)
+        cursor = await _quiet_cursor(driver)
         try:
             await cursor.execute(";\n".join(texts))
             results.append(await self._collect(cursor, 0))
             while await cursor.nextset():
                 results.append(await self._collect(cursor, len(results)))
-        except pymysql.err.Error as exc:
+        except _DRIVER_ERRORS as exc:
             at = len(results)  # the server stopped at the statement that failed
             failed = self._items[at] if at < len(self._items) else None
             if failed is not None and failed.fence is not None and exc.args[:1] == (FENCE_ERROR,):
@@ -390,7 +410,7 @@ class StatementBatch:
                 where + (shown if len(shown) <= 300 else shown[:300] + " …"),
                 None,
                 exc,
-                pymysql.err.Error,
+                next(base for base in _DRIVER_ERRORS if isinstance(exc, base)),
                 connection_invalidated=disconnect,
                 dialect=self._dialect,
             ) from exc

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from airuntime_common.db import mysql_async_driver
 from tests.e2e.conftest import REPO_ROOT, DemoRun, RunningSystem
 
 pytestmark = pytest.mark.e2e
@@ -152,7 +153,8 @@ def test_demo_flow_mariadb(
             for line in running.log_text("job_service").splitlines()
             if '"job_service serving"' in line
         ]
-        assert serving and "mysql+aiomysql://" in json.dumps(serving[-1]), serving
+        driver = mysql_async_driver(mysql_url)
+        assert serving and f"{driver}://" in json.dumps(serving[-1]), serving
         run = running.run_demo()
         assert_demo_run(running, run)
     finally:

@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from airuntime_common import metadata
+from airuntime_common.db import mysql_async_driver
 from airuntime_common.enums import API_KEY_MODE, BREAKER_STATE, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError
 from airuntime_common.grpc_errors import from_rpc_error
@@ -199,7 +200,7 @@ def mariadb_schema() -> Iterator[str]:
     Base.metadata.create_all(engine)
     engine.dispose()
     try:
-        yield base.set(drivername="mysql+aiomysql", database=name).render_as_string(
+        yield base.set(drivername=mysql_async_driver(str(base)), database=name).render_as_string(
             hide_password=False
         )
     finally:

@@ -31,6 +31,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy.engine import make_url
 
+from airuntime_common.db import mysql_async_driver
 from launcher import Launcher, isolated_env
 from launcher.token import mint_token
 
@@ -273,7 +274,9 @@ def mysql_database(base_url: str) -> tuple[str, Any]:
         finally:
             c.close()
 
-    url = u.set(drivername="mysql+aiomysql", database=name).render_as_string(hide_password=False)
+    url = u.set(drivername=mysql_async_driver(str(u)), database=name).render_as_string(
+        hide_password=False
+    )
     return url, drop
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from airuntime_common.db import DatabaseUnavailable, opening_database
+from airuntime_common.db import DatabaseUnavailable, mysql_async_driver, opening_database
 from airuntime_common.settings import InvalidSetting, load
 from api_gateway.settings import GatewaySettings
 from credential_service.settings import CredentialSettings
@@ -83,6 +83,8 @@ def test_refused_at_start_with_the_variable_and_the_rule(
     [
         (JobServiceSettings, "DATABASE_URL", "sqlite+aiosqlite:///var/job_service.db"),
         (JobServiceSettings, "DATABASE_URL", "mysql+aiomysql://u:p@db:3306/airuntime"),
+        (JobServiceSettings, "DATABASE_URL", "mysql+asyncmy://u:p@db:3306/airuntime"),
+        (CredentialSettings, "CREDENTIAL_DATABASE_URL", "mariadb+asyncmy://u:p@db/creds"),
         (JobServiceSettings, "LOCK_LEASE_SECONDS", "86400.0"),
         (JobServiceSettings, "JOB_SERVICE_LISTEN", "[::]:0"),
         (CredentialSettings, "CREDENTIAL_DATABASE_URL", "mariadb+aiomysql://u:p@db/creds"),
@@ -119,3 +121,17 @@ async def test_an_address_that_cannot_be_bound_is_one_line(address: str) -> None
         with pytest.raises(CannotListen) as exc:
             GrpcServer(token="t" * 32, address=address, service_names=[], register=lambda s: None)
     assert str(exc.value.code).startswith(f"refusing to start: cannot listen on {address}: ")
+
+
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        ("mysql+aiomysql://root@h/x", "mysql+aiomysql"),
+        ("mariadb+aiomysql://root@h/x", "mysql+aiomysql"),
+        ("mysql+asyncmy://root@h/x", "mysql+asyncmy"),
+        ("mysql://root@h/x", "mysql+asyncmy"),
+        ("mysql+pymysql://root@h/x", "mysql+asyncmy"),
+    ],
+)
+def test_a_test_or_bench_url_picks_its_async_driver(url: str, driver: str) -> None:
+    assert mysql_async_driver(url) == driver

@@ -8,6 +8,7 @@ Skipped without TEST_MYSQL_URL. Each test gets its own database.
 from __future__ import annotations
 
 import asyncio
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +45,11 @@ async def test_admission_is_one_round_trip(make_domain: Callable[..., Any]) -> N
     batched: list[str] = []
     real_query = None
     try:
-        import aiomysql.connection as driver
-
+        driver: Any = (
+            importlib.import_module("aiomysql.connection")
+            if domain._engine.dialect.driver == "aiomysql"
+            else importlib.import_module("asyncmy.connection")
+        )
         real_query = driver.Connection.query
 
         async def query(self: Any, sql: str, unbuffered: bool = False) -> Any:

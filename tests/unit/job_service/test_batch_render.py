@@ -192,3 +192,24 @@ def test_an_in_list_built_into_the_shape_is_kept_with_its_values() -> None:
         assert kept == batch._render_expanded(compiled, params, escape)
         assert "'locked', 'running'" in kept
     assert set(compiled.renderings) == {(1,), (2,)}
+
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.decimals(allow_nan=False, allow_infinity=False, places=6),
+    st.datetimes(),
+    st.text(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_VALUES)
+def test_both_mysql_drivers_escape_a_value_alike(value: Any) -> None:
+    """A batch escapes values with its connection's driver (asyncmy or aiomysql);
+    both spell every bound value the same (utf8mb4, backslash escapes on)."""
+    import asyncmy.converters
+
+    assert asyncmy.converters.escape_item(value, "utf8mb4") == escape(value)
