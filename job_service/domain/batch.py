@@ -58,6 +58,7 @@ import aiomysql
 import asyncmy.cursors
 import asyncmy.errors
 import pymysql
+from pymysql.constants.SERVER_STATUS import SERVER_STATUS_IN_TRANS
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -418,6 +419,11 @@ class StatementBatch:
             await cursor.close()
         if self._items[-1].text == "COMMIT":
             mark_committed(driver)
+            # The server has committed: no transaction is open. asyncmy keeps the
+            # status of the batch's previous result when the last one reports
+            # none (0), which would cost the pool's check-in a ROLLBACK round trip
+            # (airuntime_common.db._reset_if_in_transaction).
+            driver.server_status &= ~SERVER_STATUS_IN_TRANS
         return [results[i] for i in self._indexes]
 
     async def _collect(self, cursor: Any, position: int) -> Outcome:

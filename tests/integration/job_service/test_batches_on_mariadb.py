@@ -105,6 +105,30 @@ async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncE
     assert await _com_commit(engine) - before == 1
 
 
+async def _global_status(engine: AsyncEngine, name: str) -> int:
+    async with engine.connect() as conn:
+        row = (await conn.exec_driver_sql(f"SHOW GLOBAL STATUS LIKE '{name}'")).one()
+        await conn.commit()  # a plain COMMIT: the check-in sends no ROLLBACK after it
+        return int(row[1])
+
+
+@pytest.mark.parametrize("statements", [1, 3])
+async def test_a_connection_a_batch_committed_goes_back_without_a_rollback(
+    engine: AsyncEngine, statements: int
+) -> None:
+    """The pool's check-in rolls back only an open transaction; after a batch's
+    COMMIT none is open, on either driver (asyncmy keeps a stale status there)."""
+    before = await _global_status(engine, "Com_rollback")
+    for _ in range(3):
+        async with engine.begin() as conn:
+            batch = StatementBatch(conn)
+            for _ in range(statements):
+                batch.add(WORKER_READ_KEY, _read_worker, {"w_id": "nobody"})
+            batch.commit()
+            await batch.run()
+    assert await _global_status(engine, "Com_rollback") == before
+
+
 async def test_a_statement_after_the_batch_is_committed_too(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         batch = StatementBatch(conn)
