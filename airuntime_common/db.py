@@ -189,15 +189,15 @@ def is_mysql(url: str) -> bool:
     return make_url(url).get_backend_name() in ("mysql", "mariadb")
 
 
-#: The async MySQL/MariaDB drivers (asyncmy first: compiled, the default).
-MYSQL_ASYNC_DRIVERS = ("mysql+asyncmy", "mysql+aiomysql")
+#: The async MySQL/MariaDB drivers (aiomysql first: SPEC §1's, the default).
+MYSQL_ASYNC_DRIVERS = ("mysql+aiomysql", "mysql+asyncmy")
 
 
 def mysql_async_driver(url: str) -> str:
     """The async driver name to use for a MySQL/MariaDB server given as ``url``.
 
     ``url``'s own driver when it is one of :data:`MYSQL_ASYNC_DRIVERS` (or their
-    ``mariadb+`` spellings, returned as ``mysql+``), else ``mysql+asyncmy``: a
+    ``mariadb+`` spellings, returned as ``mysql+``), else ``mysql+aiomysql``: a
     test or benchmark URL such as ``mysql+aiomysql://root@host/x`` thereby picks
     the driver its databases are reached with. Raises ``ArgumentError`` on a
     string that is no URL.

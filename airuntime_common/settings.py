@@ -29,14 +29,14 @@ COUNT_MAX = 1_000_000_000
 S = TypeVar("S", bound=BaseSettings)
 
 #: The database drivers the services run on (SPEC §7: SQLite embedded, MySQL/MariaDB).
-#: For MySQL/MariaDB both asyncmy (compiled; less CPU per result set, the
-#: recommended one) and aiomysql (pure Python) are supported.
+#: For MySQL/MariaDB both aiomysql (pure Python, SPEC §1) and asyncmy (compiled:
+#: less CPU per result set) are supported.
 DATABASE_DRIVERS = (
     "sqlite+aiosqlite",
-    "mysql+asyncmy",
-    "mariadb+asyncmy",
     "mysql+aiomysql",
     "mariadb+aiomysql",
+    "mysql+asyncmy",
+    "mariadb+asyncmy",
 )
 
 
@@ -50,7 +50,7 @@ def _database_url(value: str) -> str:
     except ArgumentError:
         raise ValueError(
             "must be a database URL like sqlite+aiosqlite:///var/job_service.db "
-            "or mysql+asyncmy://user:password@host:3306/name"
+            "or mysql+aiomysql://user:password@host:3306/name"
         ) from None
     if url.drivername not in DATABASE_DRIVERS:
         raise ValueError(f"the driver must be one of {', '.join(DATABASE_DRIVERS)}")

@@ -46,7 +46,7 @@ def mysql_base_url() -> str:
     url = os.environ.get("BENCH_MYSQL_URL") or os.environ.get("TEST_MYSQL_URL")
     if not url:
         raise SystemExit(
-            "set BENCH_MYSQL_URL or TEST_MYSQL_URL (mysql+asyncmy://root@127.0.0.1:3306/x)"
+            "set BENCH_MYSQL_URL or TEST_MYSQL_URL (mysql+aiomysql://root@127.0.0.1:3306/x)"
         )
     return url
 

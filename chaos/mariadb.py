@@ -69,7 +69,7 @@ class PrivateMariaDB:
         self.proc: subprocess.Popen[bytes] | None = None
         self.restarts = 0
 
-    def url(self, database: str, driver: str = "mysql+asyncmy") -> str:
+    def url(self, database: str, driver: str = "mysql+aiomysql") -> str:
         """SQLAlchemy URL of ``database`` on this server (root, no password)."""
         return f"{driver}://root@127.0.0.1:{self.port}/{database}"
 

@@ -162,7 +162,7 @@ class System:
     """Every service as a child process, on one MariaDB database.
 
     Args:
-        database_url: ``mysql+asyncmy://…`` (or aiomysql) job_service (and credential) database.
+        database_url: ``mysql+aiomysql://…`` (or asyncmy) job_service (and credential) database.
         work_dir: var and log directory.
         workers: number of runtime workers.
         replicas: 1 or 2 job_service processes; with 2, odd-numbered workers dial the second.

@@ -3,7 +3,7 @@
 Used by ``make test`` so a developer on a machine with MariaDB on
 127.0.0.1:3306 (root, empty password) runs the MariaDB-backed tests too.
 ``--other-driver URL`` prints ``URL`` on the other supported async driver
-(asyncmy ↔ aiomysql): ``make test`` runs the MariaDB tests once more on it.
+(aiomysql ↔ asyncmy): ``make test`` runs the MariaDB tests once more on it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def main() -> None:
     except Exception:
         return
     conn.close()
-    print("mysql+asyncmy://root@127.0.0.1:3306/airt_test")
+    print("mysql+aiomysql://root@127.0.0.1:3306/airt_test")
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ def _admin_connect():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def mysql_url() -> Iterator[str]:
-    """A fresh, empty MariaDB database URL (``mysql+asyncmy://…/airt_<hex>``, or on
-    aiomysql when ``TEST_MYSQL_URL`` names that driver)."""
+    """A fresh, empty MariaDB database URL (``mysql+aiomysql://…/airt_<hex>``, or on
+    asyncmy when ``TEST_MYSQL_URL`` names that driver)."""
     if not os.environ.get("TEST_MYSQL_URL"):
         pytest.skip("TEST_MYSQL_URL not set")
     name = f"airt_{uuid.uuid4().hex[:12]}"

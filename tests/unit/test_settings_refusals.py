@@ -129,8 +129,8 @@ async def test_an_address_that_cannot_be_bound_is_one_line(address: str) -> None
         ("mysql+aiomysql://root@h/x", "mysql+aiomysql"),
         ("mariadb+aiomysql://root@h/x", "mysql+aiomysql"),
         ("mysql+asyncmy://root@h/x", "mysql+asyncmy"),
-        ("mysql://root@h/x", "mysql+asyncmy"),
-        ("mysql+pymysql://root@h/x", "mysql+asyncmy"),
+        ("mysql://root@h/x", "mysql+aiomysql"),
+        ("mysql+pymysql://root@h/x", "mysql+aiomysql"),
     ],
 )
 def test_a_test_or_bench_url_picks_its_async_driver(url: str, driver: str) -> None:
