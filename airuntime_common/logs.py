@@ -120,3 +120,8 @@ def setup_logging(service: str, level: str = "INFO") -> None:
     root.setLevel(level.upper())
     for noisy in ("httpx", "httpcore", "aiosqlite", "sqlalchemy.engine", "alembic"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    # asyncmy logs each of the server's warnings at WARNING: the expected ones of
+    # INSERT IGNORE (a deduplicated row: "Duplicate entry '<user>-<hash>'", row data
+    # in the log) and of DDL. They are outcomes the code handles, as they are on
+    # aiomysql, which logs none of them; driver errors still raise.
+    logging.getLogger("asyncmy").setLevel(max(logging.ERROR, root.level))

@@ -83,3 +83,25 @@ def test_redaction_scrubs_keys_from_messages_args_and_exceptions(
     text = logs.JsonFormatter("t").format(record)
     assert "canary" not in text
     assert "[REDACTED]" in text
+
+
+def test_the_drivers_server_warnings_stay_out_of_the_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """asyncmy logs an INSERT IGNORE's expected duplicate (with the row's key) at
+    WARNING; the services log none of it, as on aiomysql, but still its errors."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        logs.setup_logging("t", "INFO")
+        driver = logging.getLogger("asyncmy")
+        driver.warning("Duplicate entry 'user-1-abc' for key 'uq_ai_snapshots_user_hash'")
+        driver.error("a driver error")
+        logging.getLogger("job_service.x").warning("an own warning")
+        err = capsys.readouterr().err
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.getLogger("asyncmy").setLevel(logging.NOTSET)
+    assert "Duplicate entry" not in err
+    assert "a driver error" in err and "an own warning" in err
