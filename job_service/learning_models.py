@@ -29,7 +29,6 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Double,
-    Float,
     ForeignKey,
     Index,
     Integer,
@@ -138,7 +137,7 @@ class LearningEvent(Base):
     material_id: Mapped[str | None] = mapped_column(Id)
     block_id: Mapped[str | None] = mapped_column(Id)
     knowledge_point_id: Mapped[str | None] = mapped_column(Id)
-    dwell_seconds: Mapped[float | None] = mapped_column(Float)
+    dwell_seconds: Mapped[float | None] = mapped_column(Double)
     correct: Mapped[bool | None] = mapped_column(Boolean)
     occurred_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
@@ -246,7 +245,7 @@ class AiLearningAnalysis(_BusinessRow, Base):
 
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     summary: Mapped[str] = mapped_column(Text, nullable=False)
-    mastery_level: Mapped[float] = mapped_column(Float, nullable=False)
+    mastery_level: Mapped[float] = mapped_column(Double, nullable=False)
     strengths: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     risks: Mapped[list[str]] = mapped_column(JSON, nullable=False)
     evidence: Mapped[list[dict[str, Any]]] = mapped_column(JSON, nullable=False)
@@ -261,7 +260,7 @@ class AiWeakPointCandidate(_BusinessRow, Base):
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     knowledge_point_id: Mapped[str] = mapped_column(Id, nullable=False)
     reason: Mapped[str] = mapped_column(Text, nullable=False)
-    severity: Mapped[float] = mapped_column(Float, nullable=False)
+    severity: Mapped[float] = mapped_column(Double, nullable=False)
     evidence_block_ids: Mapped[list[str]] = mapped_column(JSON, nullable=False)
 
 
