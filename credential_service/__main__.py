@@ -11,10 +11,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from airuntime_common import aio
+from airuntime_common.db import opening_database
 from airuntime_common.logs import setup_logging
 from airuntime_common.settings import MissingSetting, load
+
+T = TypeVar("T")
+
+
+async def _opened(work: Coroutine[Any, Any, T]) -> T:
+    """``work`` with a database that cannot be opened reported in one line
+    (:func:`airuntime_common.db.opening_database`), not a traceback."""
+    async with opening_database("credential_service", "CREDENTIAL_DATABASE_URL"):
+        return await work
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,14 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "migrate":
             from credential_service import migrate
 
-            asyncio.run(migrate.upgrade(settings.CREDENTIAL_DATABASE_URL))
+            asyncio.run(_opened(migrate.upgrade(settings.CREDENTIAL_DATABASE_URL)))
             print("credential_service database is at the latest revision")
             return 0
         if args.command == "rotate-keys":
             from credential_service import rotate
 
             size = args.batch_size or settings.ROTATE_BATCH_SIZE
-            return asyncio.run(rotate.run(settings, size, print))
+            return asyncio.run(_opened(rotate.run(settings, size, print)))
         from credential_service.app import run_forever
 
         settings.validate_for_serve()

@@ -10,7 +10,7 @@ from airuntime_common.db import opening_database
 from airuntime_common.grpc_server import install_stop_signals
 from airuntime_common.logs import setup_logging
 from airuntime_common.settings import load
-from job_service.migrate import upgrade_head
+from job_service.migrate import upgrade_head_async
 from job_service.settings import JobServiceSettings
 
 
@@ -25,6 +25,11 @@ async def _serve(settings: JobServiceSettings) -> None:
     await app.stop(grace=5.0)
 
 
+async def _migrate(settings: JobServiceSettings) -> None:
+    async with opening_database("job_service", "DATABASE_URL"):
+        await upgrade_head_async(settings.DATABASE_URL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; ``argv`` without the program name (default: ``sys.argv[1:]``)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -32,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("job_service", settings.LOG_LEVEL)
     command = argv[0] if argv else "serve"
     if command == "migrate":
-        upgrade_head(settings.DATABASE_URL)
+        asyncio.run(_migrate(settings))
         return 0
     if command == "serve":
         aio.run(_serve(settings), loop=settings.EVENT_LOOP)

@@ -9,6 +9,8 @@ tracebacks.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from sqlalchemy.exc import OperationalError
 
@@ -135,3 +137,33 @@ async def test_an_address_that_cannot_be_bound_is_one_line(address: str) -> None
 )
 def test_a_test_or_bench_url_picks_its_async_driver(url: str, driver: str) -> None:
     assert mysql_async_driver(url) == driver
+
+
+@pytest.mark.parametrize(
+    ("module", "variable", "argv"),
+    [
+        ("job_service", "DATABASE_URL", ["migrate"]),
+        ("credential_service", "CREDENTIAL_DATABASE_URL", ["migrate"]),
+        ("credential_service", "CREDENTIAL_DATABASE_URL", ["rotate-keys"]),
+    ],
+)
+def test_the_one_shot_commands_report_an_unopenable_database_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, module: str, variable: str, argv: list[str]
+) -> None:
+    """``migrate`` (the compose file's one-shot step) and ``rotate-keys`` stop as
+    ``serve`` does: one line naming the variable, no traceback, no password."""
+    import importlib
+
+    monkeypatch.setenv(variable, "mysql+aiomysql://root:secret-pw@127.0.0.1:1/nothing_listens")
+    monkeypatch.setenv("CREDENTIAL_ENCRYPTION_KEYS", "k1:" + "A" * 43 + "=")
+    main = importlib.import_module(f"{module}.__main__").main
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", root.handlers[:])  # main() sets up its own
+    monkeypatch.setattr(root, "level", root.level)
+    with pytest.raises(DatabaseUnavailable) as exc:
+        main(argv)
+    message = str(exc.value.code)
+    assert message.startswith(
+        f"{module}: refusing to start: the database of {variable} cannot be opened: "
+    )
+    assert "\n" not in message and "secret-pw" not in message
