@@ -25,6 +25,7 @@ import logging
 import re
 import time
 import uuid
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -92,31 +93,55 @@ def json_depth_ok(text: str, limit: int) -> bool:
     return True
 
 
-def _has_nul(text: str) -> bool:
-    """Whether a JSON document holds a NUL character in any string or key.
+def _nul_fields(text: str) -> list[str]:
+    """Dotted paths (``events.0.eventId``, as validation errors name fields) of the
+    strings and keys of a JSON document that hold a NUL character; for a key, the
+    path of the object holding it.
 
-    Invalid JSON answers False: the route's own parser refuses it with 400.
+    Invalid JSON answers []: the route's own parser refuses it with 400.
     """
     try:
         value = json.loads(text)
     except ValueError:
-        return False
-    stack = [value]
+        return []
+    found: list[str] = []
+    stack: list[tuple[str, Any]] = [("", value)]
     while stack:
-        item = stack.pop()
+        path, item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                return True
+                found.append(path)
         elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
+            if any("\x00" in key for key in item):
+                found.append(path)
+            stack.extend((f"{path}.{k}" if path else k, v) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend(item)
-    return False
+            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(item))
+    return sorted(set(found))
+
+
+def _nul_refusal(fields: list[str]) -> AppError:
+    """400 ``INVALID_ARGUMENT`` naming the fields (SPEC §3.1), as validation does."""
+    return AppError(
+        ErrorCode.INVALID_ARGUMENT,
+        "text must not contain NUL characters",
+        {
+            "fields": [
+                {
+                    "field": field,
+                    "in": "body",
+                    "message": "must not contain NUL characters",
+                    "type": "string_nul",
+                }
+                for field in fields
+            ]
+        },
+    )
 
 
 async def _send_error(send: Send, err: AppError, headers: list[tuple[bytes, bytes]]) -> None:
-    body = json.dumps(err.body()).encode()
+    # the spelling of FastAPI's JSONResponse, which renders every other error
+    body = json.dumps(err.body(), ensure_ascii=False, separators=(",", ":")).encode()
     await send(
         {
             "type": "http.response.start",
@@ -265,6 +290,8 @@ class GatewayMiddleware:
                     f"JSON nests deeper than {self.max_json_depth} levels",
                     {"maxDepth": self.max_json_depth},
                 )
-            if "\x00" in text or ("\\u0000" in text.lower() and _has_nul(text)):
-                return AppError(ErrorCode.INVALID_ARGUMENT, "text must not contain NUL characters")
+            if "\x00" in text:  # a raw NUL: not even JSON, no field to name
+                return _nul_refusal([])
+            if "\\u0000" in text.lower() and (fields := _nul_fields(text)):
+                return _nul_refusal(fields)
         return _replay([{"type": "http.request", "body": body, "more_body": False}], receive)

@@ -255,6 +255,31 @@ async def test_lone_surrogate_is_400(client: httpx.AsyncClient, backends: Backen
     assert resp.json()["code"] == "INVALID_ARGUMENT"
 
 
+async def test_a_nul_character_is_refused_naming_its_fields(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    """SPEC §3.1: the offending fields in ``details``, as validation names them; the
+    body spelled as every other error's."""
+    resp = await client.post(
+        "/v1/learning-events",
+        content=b'{"events": [{"eventId": "ok"}, {"eventId": "e\\u0000", "k\\u0000": 1}]}',
+        headers={**USER, "Content-Type": "application/json"},
+    )
+    assert resp.status_code == 400
+    body = resp.json()
+    assert body["code"] == "INVALID_ARGUMENT"
+    assert [f["field"] for f in body["details"]["fields"]] == ["events.1", "events.1.eventId"]
+    assert {f["in"] for f in body["details"]["fields"]} == {"body"}
+    assert resp.text.startswith('{"code":"INVALID_ARGUMENT","message":')
+    raw = await client.post(
+        "/v1/materials",
+        content=b'{"title": "a\x00", "content": "x"}',
+        headers={**USER, "Content-Type": "application/json"},
+    )
+    assert raw.status_code == 400 and raw.json()["details"] == {"fields": []}
+    assert not backends.job.calls
+
+
 async def test_int32_overflow_is_400_not_500(client: httpx.AsyncClient) -> None:
     resp = await client.post(
         "/internal/runtime/jobs/job-1/start", json={"attemptNo": 2**40}, headers=runtime_headers()
