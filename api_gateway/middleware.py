@@ -32,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
+from api_gateway.errors import validation_details
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +94,10 @@ def json_depth_ok(text: str, limit: int) -> bool:
     return True
 
 
-def _nul_fields(text: str) -> list[str]:
-    """Dotted paths (``events.0.eventId``, as validation errors name fields) of the
-    strings and keys of a JSON document that hold a NUL character; for a key, the
-    path of the object holding it.
+def _nul_fields(text: str) -> list[tuple[str, ...]]:
+    """Locations (``("body", "events", "0", "eventId")``, as validation errors give
+    them) of the strings and keys of a JSON document that hold a NUL character; for
+    a key, the location of the object holding it.
 
     Invalid JSON answers []: the route's own parser refuses it with 400.
     """
@@ -104,38 +105,31 @@ def _nul_fields(text: str) -> list[str]:
         value = json.loads(text)
     except ValueError:
         return []
-    found: list[str] = []
-    stack: list[tuple[str, Any]] = [("", value)]
+    found: set[tuple[str, ...]] = set()
+    stack: list[tuple[tuple[str, ...], Any]] = [(("body",), value)]
     while stack:
-        path, item = stack.pop()
+        loc, item = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                found.append(path)
+                found.add(loc)
         elif isinstance(item, dict):
             if any("\x00" in key for key in item):
-                found.append(path)
-            stack.extend((f"{path}.{k}" if path else k, v) for k, v in item.items())
+                found.add(loc)
+            stack.extend(((*loc, k), v) for k, v in item.items())
         elif isinstance(item, list):
-            stack.extend((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(item))
-    return sorted(set(found))
+            stack.extend(((*loc, str(i)), v) for i, v in enumerate(item))
+    return sorted(found)
 
 
-def _nul_refusal(fields: list[str]) -> AppError:
+def _nul_refusal(locations: list[tuple[str, ...]]) -> AppError:
     """400 ``INVALID_ARGUMENT`` naming the fields (SPEC §3.1), as validation does."""
     return AppError(
         ErrorCode.INVALID_ARGUMENT,
         "text must not contain NUL characters",
-        {
-            "fields": [
-                {
-                    "field": field,
-                    "in": "body",
-                    "message": "must not contain NUL characters",
-                    "type": "string_nul",
-                }
-                for field in fields
-            ]
-        },
+        validation_details(
+            {"loc": loc, "msg": "must not contain NUL characters", "type": "string_nul"}
+            for loc in locations
+        ),
     )
 
 
@@ -292,6 +286,6 @@ class GatewayMiddleware:
                 )
             if "\x00" in text:  # a raw NUL: not even JSON, no field to name
                 return _nul_refusal([])
-            if "\\u0000" in text.lower() and (fields := _nul_fields(text)):
-                return _nul_refusal(fields)
+            if "\\u0000" in text.lower() and (locations := _nul_fields(text)):
+                return _nul_refusal(locations)
         return _replay([{"type": "http.request", "body": body, "more_body": False}], receive)
