@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 import job_service.learning_models as lm
 from airuntime_common.db import make_sessionmaker
-from job_service.db import make_job_engine
+from job_service.db import WRITE_TX, make_job_engine
 from job_service.db_base import Base
 from job_service.domain import learning
 
@@ -77,14 +77,19 @@ def sessions(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
 
 
 class Tx:
-    """Run one function in its own committed transaction."""
+    """Run one function in its own committed write transaction, begun as the job
+    service begins one (``BEGIN IMMEDIATE`` on SQLite, see :data:`WRITE_TX`)."""
 
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
 
     async def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        async with self.sessions() as session, session.begin():
-            return await fn(session, *args, **kwargs)
+        token = WRITE_TX.set(True)
+        try:
+            async with self.sessions() as session, session.begin():
+                return await fn(session, *args, **kwargs)
+        finally:
+            WRITE_TX.reset(token)
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from sqlalchemy import case, event, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.db import retry_transient
+from job_service.db import WRITE_TX
 from job_service.domain import learning, snapshots
 from job_service.learning_models import (
     LearningBlockStat,
@@ -130,8 +131,12 @@ async def test_racing_batches_of_one_user_lose_no_event(
 
     async def send(batch: list[dict[str, Any]]) -> None:
         async def once() -> None:
-            async with sessions() as s, s.begin():
-                await learning.record_learning_events(s, "u1", batch)
+            token = WRITE_TX.set(True)  # as the servicer's transactions begin on SQLite
+            try:
+                async with sessions() as s, s.begin():
+                    await learning.record_learning_events(s, "u1", batch)
+            finally:
+                WRITE_TX.reset(token)
 
         await retry_transient(once)  # as the servicer runs it
 
