@@ -263,3 +263,64 @@ def test_rpc_profile_is_the_runs_calls_per_job_and_mean_time() -> None:
     }
     text = table(doc)
     assert "worker's calls per job @1" in text and "SubmitResult 1×6.0, model 1.5" in text
+
+
+class _Status:
+    """A stand-in for :class:`bench.harness.System`: a server that flushes
+    ``flushing.pop(0)`` pages and purges ``purging.pop(0)`` undo logs per status read."""
+
+    def __init__(self, dirty: int, history: int, flushing: list[int], purging: list[int]) -> None:
+        self.dirty, self.history, self.flushed = dirty, history, 0
+        self.flushing, self.purging, self.reads = flushing, purging, 0
+
+    def sql(self, query: str, args: object = None) -> list[tuple[str, str]]:
+        assert "SHOW GLOBAL STATUS" in query
+        self.reads += 1
+        rows = [
+            ("Innodb_buffer_pool_pages_dirty", str(self.dirty)),
+            ("Innodb_buffer_pool_pages_total", "8000"),
+            ("Innodb_buffer_pool_pages_flushed", str(self.flushed)),
+            ("Innodb_history_list_length", str(self.history)),
+        ]
+        pages = self.flushing.pop(0) if self.flushing else 0
+        self.dirty, self.flushed = self.dirty - pages, self.flushed + pages
+        self.history -= self.purging.pop(0) if self.purging else 0
+        return rows
+
+
+def test_settle_waits_until_flushing_and_purge_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import scenarios
+
+    monkeypatch.setattr("bench.scenarios.time.sleep", lambda _s: None)
+    # flushes after reads 1-3, then the pool stays 60 % dirty: reads 5 and 6 see no flush
+    server = _Status(dirty=6000, history=0, flushing=[300, 300, 300], purging=[])
+    got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
+    assert server.reads == 6 and got["dirty_pages"] == 5100
+    # flushing has stopped but purge has not: waits for the history to drain
+    server = _Status(dirty=6000, history=30_000, flushing=[], purging=[10_000] * 3)
+    got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
+    assert server.reads == 4 and got["history_list_length"] == 0
+    # never settles: gives up at the limit
+    stuck = _Status(dirty=6000, history=0, flushing=[100] * 10, purging=[])
+    got = scenarios._settle_innodb(stuck, limit_s=0.0)  # type: ignore[arg-type]
+    assert stuck.reads == 1 and got["dirty_pages"] == 6000
+
+
+@pytest.mark.e2e
+def test_poll_scale_tiny_run_interleaves_both_sizes(mysql_url: str) -> None:
+    import asyncio
+
+    from bench.harness import mysql_base_url
+    from bench.scenarios import Params, poll_scale
+
+    assert os.environ.get("TEST_MYSQL_URL")
+    p = Params(base_url=mysql_base_url(), scale_rows=(10, 300), poll_samples=6, settle_limit_s=5.0)
+    out = asyncio.run(poll_scale(p))
+    for rows in (10, 300):
+        at = out[str(rows)]
+        assert at["finished_rows"] == rows
+        assert at["poll"]["n"] == at["claim"]["n"] == at["create"]["n"] == 6
+        assert at["explain_claim"]
+    assert out["params"]["innodb_settle"]["pool_pages"] > 0
+    for name in ("poll", "claim", "create"):
+        assert out[f"{name}_p99_ratio_big_to_small"] > 0
