@@ -76,16 +76,28 @@ async def _worker_ids(engine: AsyncEngine) -> list[str]:
         return [r[0] for r in rows]
 
 
-async def _com_commit(engine: AsyncEngine) -> int:
+async def _session_counter(engine: AsyncEngine, name: str) -> tuple[object, int]:
+    """The pooled connection's own counter ``name`` (``SHOW SESSION STATUS``: other
+    clients of the server do not move it) and that connection's identity.
+
+    The read ends with a COMMIT when counting ROLLBACKs and with a ROLLBACK
+    otherwise, so the read itself never moves the counter.
+    """
     async with engine.connect() as conn:
-        row = (await conn.exec_driver_sql("SHOW GLOBAL STATUS LIKE 'Com_commit'")).one()
-        await conn.rollback()
-        return int(row[1])
+        raw = (await conn.get_raw_connection()).driver_connection
+        row = (await conn.exec_driver_sql(f"SHOW SESSION STATUS LIKE '{name}'")).one()
+        await (conn.commit() if name == "Com_rollback" else conn.rollback())
+        return raw, int(row[1])
+
+
+async def _driver_connection(conn: Any) -> object:
+    return (await conn.get_raw_connection()).driver_connection
 
 
 async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncEngine) -> None:
-    before = await _com_commit(engine)
+    used, before = await _session_counter(engine, "Com_commit")
     async with engine.begin() as conn:
+        assert await _driver_connection(conn) is used  # one pooled connection throughout
         batch = StatementBatch(conn)
         first = batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
         second = batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
@@ -102,14 +114,7 @@ async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncE
     assert out[read].rows == [("w-b", ["quiz", "it's"])]
     assert await _worker_ids(engine) == ["w-a", "w-b"]
     # the block's own COMMIT was skipped: the batch's was the only one
-    assert await _com_commit(engine) - before == 1
-
-
-async def _global_status(engine: AsyncEngine, name: str) -> int:
-    async with engine.connect() as conn:
-        row = (await conn.exec_driver_sql(f"SHOW GLOBAL STATUS LIKE '{name}'")).one()
-        await conn.commit()  # a plain COMMIT: the check-in sends no ROLLBACK after it
-        return int(row[1])
+    assert await _session_counter(engine, "Com_commit") == (used, before + 1)
 
 
 @pytest.mark.parametrize("statements", [1, 3])
@@ -118,15 +123,16 @@ async def test_a_connection_a_batch_committed_goes_back_without_a_rollback(
 ) -> None:
     """The pool's check-in rolls back only an open transaction; after a batch's
     COMMIT none is open, on either driver (asyncmy keeps a stale status there)."""
-    before = await _global_status(engine, "Com_rollback")
+    used, before = await _session_counter(engine, "Com_rollback")
     for _ in range(3):
         async with engine.begin() as conn:
+            assert await _driver_connection(conn) is used
             batch = StatementBatch(conn)
             for _ in range(statements):
                 batch.add(WORKER_READ_KEY, _read_worker, {"w_id": "nobody"})
             batch.commit()
             await batch.run()
-    assert await _global_status(engine, "Com_rollback") == before
+    assert await _session_counter(engine, "Com_rollback") == (used, before)
 
 
 async def test_a_statement_after_the_batch_is_committed_too(engine: AsyncEngine) -> None:
@@ -456,7 +462,7 @@ async def test_verify_leases_judges_each_lease_from_one_read(
         await s.execute(
             update(jobs).where(jobs.c.job_id == lapsed).values(lock_until=domain.clock.plus(-5))
         )
-    before = await _com_commit(domain._engine)
+    used, before = await _session_counter(domain._engine, "Com_commit")
     verdicts = await domain.verify_leases(
         [
             Lease(held, "w1", 1),
@@ -466,7 +472,7 @@ async def test_verify_leases_judges_each_lease_from_one_read(
             Lease(held, "w1", 1),
         ]
     )
-    assert await _com_commit(domain._engine) - before == 1
+    assert await _session_counter(domain._engine, "Com_commit") == (used, before + 1)
     codes = [v.code if isinstance(v, AppError) else v.user_id for v in verdicts]
     assert codes == ["u1", "LOCK_NOT_HELD", "LOCK_NOT_HELD", "JOB_NOT_FOUND", "u1"]
     assert verdicts[2].details == {"jobId": lapsed, "attemptNo": 1, "status": "locked"}  # type: ignore[union-attr]
@@ -593,7 +599,7 @@ async def test_business_rows_go_in_the_results_batch(
     await domain.claim("w1", CAPS, 1, 0)
     lease = Lease(job.job_id, "w1", 1)
     await domain.start(lease)
-    commits = await _com_commit(domain._engine)
+    used, commits = await _session_counter(domain._engine, "Com_commit")
     out = await domain.submit_result(
         lease,
         prompt_version="learning_state_analysis.v1",
@@ -602,7 +608,7 @@ async def test_business_rows_go_in_the_results_batch(
         calls=[_call()],
     )
     assert out.status == "succeeded"
-    assert await _com_commit(domain._engine) - commits == 1
+    assert await _session_counter(domain._engine, "Com_commit") == (used, commits + 1)
     assert await _business_rows(domain._engine, job.job_id) == 1
     assert await _result_rows(domain, job.job_id) == 1
 
