@@ -8,7 +8,7 @@ from google.protobuf import json_format, struct_pb2
 
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError, ErrorCode
-from airuntime_common.timeutil import to_timestamp
+from airuntime_common.timeutil import set_timestamp
 from job_service.domain.jobs import EventRecord, InvocationRecord, JobRecord
 from job_service.domain.scheduler import WorkerView
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -45,9 +45,8 @@ def from_struct(value: struct_pb2.Struct, field: str) -> dict[str, Any]:
 
 
 def _set_time(message: Any, name: str, value: Any) -> None:
-    ts = to_timestamp(value)
-    if ts is not None:
-        getattr(message, name).CopyFrom(ts)
+    if value is not None:
+        set_timestamp(getattr(message, name), value)
 
 
 def job_to_proto(job: JobRecord) -> msg.Job:
