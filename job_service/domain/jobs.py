@@ -554,15 +554,27 @@ def _encode_list_token(created_at: datetime | None, seq: int) -> str:
 def _decode_list_token(token: str) -> tuple[datetime | None, int]:
     """``(created_at or None, seq)`` of a job list's page token.
 
+    The token is opaque (SPEC §3.1) but comes from the caller: a crafted one is
+    held to what :func:`_encode_list_token` writes, a naive UTC time and a
+    ``seq`` within the column's signed 64-bit range.
+
     Raises:
         AppError: INVALID_ARGUMENT (``pageToken``) for anything else.
     """
     try:
         raw = base64.urlsafe_b64decode(token.encode()).decode()
+        at: datetime | None = None
         if raw.startswith("t:"):
-            at, seq = raw[2:].rsplit("|", 1)
-            return datetime.fromisoformat(at), int(seq)
-        return None, int(raw.removeprefix("s:"))
+            stamp, seq_text = raw[2:].rsplit("|", 1)
+            at = datetime.fromisoformat(stamp)
+            if at.tzinfo is not None:
+                raise ValueError("not a database time")
+        else:
+            seq_text = raw.removeprefix("s:")
+        seq = int(seq_text)
+        if not 0 <= seq < 2**63:
+            raise ValueError("seq out of range")
+        return at, seq
     except (ValueError, UnicodeDecodeError):
         raise AppError(
             ErrorCode.INVALID_ARGUMENT, "invalid pageToken", {"field": "pageToken"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Callable
 from typing import Any
 
@@ -157,6 +158,30 @@ async def test_list_paging(domain: JobDomain) -> None:
         await domain.list_jobs(
             user_id=None, status=None, job_type=None, page_size=1, page_token="!!!"
         )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "t:2026-12-02T05:25:44.728000|9223372036854775808",  # past BIGINT
+        "s:9223372036854775808",
+        "s:-1",
+        "t:2026-12-02T05:25:44+08:00|5",  # the database's times are naive UTC
+        "t:2026-12-02T05:25:44",  # no seq
+        "x",
+    ],
+)
+async def test_a_crafted_page_token_is_refused_not_a_500(domain: JobDomain, raw: str) -> None:
+    """Opaque tokens come back from callers (SPEC §3.1): anything the server did not
+    write is INVALID_ARGUMENT naming ``pageToken``, for a user's list and for all jobs."""
+    await new_job(domain)
+    token = base64.urlsafe_b64encode(raw.encode()).decode()
+    for user_id in ("u1", None):
+        with pytest.raises(AppError) as err:
+            await domain.list_jobs(
+                user_id=user_id, status=None, job_type=None, page_size=5, page_token=token
+            )
+        assert (err.value.code, err.value.details) == ("INVALID_ARGUMENT", {"field": "pageToken"})
 
 
 def test_registry_writes_on_change_or_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
