@@ -508,16 +508,20 @@ def backoff_seconds(
     """Delay before a retried job is pollable again (SPEC §2.4).
 
     ``RETRY_BACKOFF_BASE_SECONDS × 2^(retryCount−1)`` capped at
-    ``RETRY_BACKOFF_MAX_SECONDS``, ±10 % jitter; a longer ``retryAfterSeconds``
-    wins; ``WORKER_SHUTDOWN`` retries at once (0).
+    ``RETRY_BACKOFF_MAX_SECONDS``, ±10 % jitter; on a ``MODEL_RATE_LIMIT`` fail
+    a longer ``retryAfterSeconds`` (the provider's ``Retry-After``) wins, and on
+    any other code it is ignored; ``WORKER_SHUTDOWN`` retries at once (0).
 
     Args:
         retry_count: the retry count *after* this retry was granted (≥ 1).
+        retry_after: seconds, or None.
     """
     if code == ErrorCode.WORKER_SHUTDOWN:
         return 0.0
     base = float(settings.RETRY_BACKOFF_BASE_SECONDS) * float(2 ** max(0, retry_count - 1))
     delay = min(base, settings.RETRY_BACKOFF_MAX_SECONDS) * (0.9 + 0.2 * rng())
+    if code != ErrorCode.MODEL_RATE_LIMIT:
+        return delay
     if retry_after is not None and retry_after > delay:
         delay = float(retry_after)
     return delay

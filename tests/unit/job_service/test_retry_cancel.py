@@ -39,6 +39,9 @@ def test_backoff_formula() -> None:
     assert backoff_seconds(s, 1, "MODEL_RATE_LIMIT", 7, mid) == pytest.approx(7)
     assert backoff_seconds(s, 3, "MODEL_RATE_LIMIT", 7, mid) == pytest.approx(20)
     assert backoff_seconds(s, 3, "WORKER_SHUTDOWN", None, mid) == 0.0
+    # retryAfterSeconds belongs to MODEL_RATE_LIMIT alone (SPEC §2.4)
+    assert backoff_seconds(s, 1, "MODEL_TIMEOUT", 100, mid) == pytest.approx(5)
+    assert backoff_seconds(s, 1, "TEMPORARY_PROVIDER_ERROR", 100, mid) == pytest.approx(5)
 
 
 async def test_retryable_fail_requeues_with_backoff(make_domain: Callable[..., Any]) -> None:
@@ -73,6 +76,25 @@ async def test_retry_after_wins_when_longer(make_domain: Callable[..., Any]) -> 
     )
     wait = await _seconds_until_available(domain, job.job_id)
     assert 6.5 <= wait <= 7.5
+
+
+async def test_retry_after_is_ignored_on_other_codes(make_domain: Callable[..., Any]) -> None:
+    """Only a MODEL_RATE_LIMIT fail carries the provider's Retry-After (SPEC §2.4): a
+    timeout claiming 100 s waits the ordinary backoff."""
+    domain: JobDomain = await make_domain(
+        RETRY_BACKOFF_BASE_SECONDS=2, RETRY_BACKOFF_MAX_SECONDS=300
+    )
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    after = await domain.fail(
+        Lease(job.job_id, "w1", 1),
+        error_code="MODEL_TIMEOUT",
+        error_message="slow",
+        retry_after_seconds=100,
+    )
+    assert after.status == "pending" and after.retry_count == 1
+    wait = await _seconds_until_available(domain, job.job_id)
+    assert 1.5 <= wait <= 2.5
 
 
 async def test_worker_shutdown_retries_at_once_but_counts(make_domain: Callable[..., Any]) -> None:
