@@ -142,6 +142,18 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     f"key={s['explain_claim'][0].get('key') if s['explain_claim'] else '?'}",
                 )
             )
+    settle = ps.get("params", {}).get("innodb_settle")
+    if settle:
+        out.append(
+            (
+                "InnoDB settle before timing",
+                _f(settle["settle_s"]),
+                "s",
+                f"dirty pages {settle['dirty_pages']}/{settle['pool_pages']}, "
+                f"undo history {settle['history_list_length']}",
+                "settled ok" if settle.get("settled") else "NOT settled: figures disturbed",
+            )
+        )
     if "claim_p99_ratio_big_to_small" in ps:
         for what in ("poll", "claim"):
             ratio = ps[f"{what}_p99_ratio_big_to_small"]

@@ -51,7 +51,7 @@ class Params:
         load_rate: job creation rate during the pickup-under-load phase (jobs/s).
         scale_rows: finished-row counts for the poll-at-scale scenario.
         poll_samples: creates, polls and claims measured per table size (each; a p99 of
-            1000 calls is their 10th slowest, less at the mercy of one stall than of 300).
+            1000 calls is their 11th slowest (nearest rank), less at the mercy of one stall than of 300).
         idle_workers: worker processes in the idle-cost scenario.
         idle_seconds: measuring window of the idle-cost scenario (s).
         gateway_requests: POSTs sent by the gateway load process.
@@ -385,7 +385,7 @@ def _settle_innodb(system: System, limit_s: float = 300.0) -> dict[str, Any]:
     """Wait (blocking) until InnoDB is done with what the bulk growth left: no page
     flushed for two consecutive one-second samples (or at most 2 % of the pool dirty)
     and an undo history under 1000 transactions, or ``limit_s`` seconds. Returns the
-    wait (s) and the final counts.
+    wait (s), whether InnoDB settled before the limit, and the final counts.
 
     A bulk INSERT … SELECT of millions of rows leaves minutes of background flushing
     and purge; measured during it, a big table's p99 is the flusher's, not the query's.
@@ -411,8 +411,10 @@ def _settle_innodb(system: System, limit_s: float = 300.0) -> dict[str, Any]:
         quiet = quiet + 1 if flushed == flushed_before or dirty <= 0.02 * total else 0
         flushed_before = flushed
         waited = time.perf_counter() - t0
-        if (quiet >= 2 and history < 1000) or waited >= limit_s:
+        settled = quiet >= 2 and history < 1000
+        if settled or waited >= limit_s:
             return {
+                "settled": settled,
                 "settle_s": round(waited, 1),
                 "dirty_pages": dirty,
                 "pool_pages": total,

@@ -150,6 +150,15 @@ def test_table_shows_create_latency_at_scale() -> None:
                 "poll_p99_ratio_big_to_small": 1.0,
                 "claim_p99_ratio_big_to_small": 1.0,
                 "create_p99_ratio_big_to_small": 1.5,
+                "params": {
+                    "innodb_settle": {
+                        "settled": False,
+                        "settle_s": 300.0,
+                        "dirty_pages": 4000,
+                        "pool_pages": 8112,
+                        "history_list_length": 0,
+                    }
+                },
             }
         }
     }
@@ -157,6 +166,8 @@ def test_table_shows_create_latency_at_scale() -> None:
     assert "create p50/p99 @1000000" in text and "5.0/12.0" in text
     assert "1,000,000 platform calls logged today" in text
     assert "create p99 big/small" in text
+    # a settle that ran out of time says so next to the figures it disturbed
+    assert "NOT settled" in text and "dirty pages 4000/8112" in text
 
 
 def test_grown_call_log_and_the_days_total_agree(mysql_url: str) -> None:
@@ -295,7 +306,7 @@ def test_settle_waits_until_flushing_and_purge_stop(monkeypatch: pytest.MonkeyPa
     # flushes after reads 1-3, then the pool stays 60 % dirty: reads 5 and 6 see no flush
     server = _Status(dirty=6000, history=0, flushing=[300, 300, 300], purging=[])
     got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
-    assert server.reads == 6 and got["dirty_pages"] == 5100
+    assert server.reads == 6 and got["dirty_pages"] == 5100 and got["settled"]
     # flushing has stopped but purge has not: waits for the history to drain
     server = _Status(dirty=6000, history=30_000, flushing=[], purging=[10_000] * 3)
     got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
@@ -303,7 +314,7 @@ def test_settle_waits_until_flushing_and_purge_stop(monkeypatch: pytest.MonkeyPa
     # never settles: gives up at the limit
     stuck = _Status(dirty=6000, history=0, flushing=[100] * 10, purging=[])
     got = scenarios._settle_innodb(stuck, limit_s=0.0)  # type: ignore[arg-type]
-    assert stuck.reads == 1 and got["dirty_pages"] == 6000
+    assert stuck.reads == 1 and got["dirty_pages"] == 6000 and not got["settled"]
 
 
 @pytest.mark.e2e
