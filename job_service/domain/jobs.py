@@ -2717,9 +2717,15 @@ class JobDomain:
     ) -> str:
         """Store one model call with its cost (SPEC §5); returns the log id.
 
+        The call must belong to the job as it stands: an attempt the job has had
+        (``attemptNo`` ≤ the job's), and the job's own ``apiKeyMode`` when one is
+        given (a call on the platform key counts toward the daily budget, SPEC §6,
+        so it cannot be logged as a user-key call, nor the other way round).
+
         Raises:
             AppError: INVALID_ARGUMENT (bad outcome, negative counts, more cache hits
-                than prompt tokens), JOB_NOT_FOUND.
+                than prompt tokens, an attempt the job has not had, another key mode
+                than the job's), JOB_NOT_FOUND.
         """
         call = ModelCallInput(
             model_provider,
@@ -2742,6 +2748,18 @@ class JobDomain:
 
         async def body(session: DbExec) -> str:
             job = await self._must_get(session, job_id)
+            if attempt_no > job.attempt_no:
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"the job has had {job.attempt_no} attempt(s), not {attempt_no}",
+                    {"field": "attemptNo"},
+                )
+            if api_key_mode and api_key_mode != job.api_key_mode:
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"the job's calls use apiKeyMode {job.api_key_mode}",
+                    {"field": "apiKeyMode"},
+                )
             [log_id] = await self._insert_calls(session, job, attempt_no, [call])
             return log_id
 

@@ -120,6 +120,12 @@ async def test_cost_rollups_exact(stack: RuntimeStack) -> None:
     a = await stack.create(job_type="learning_state_analysis")
     await stack.put_key(USER_KEY)
     b = await stack.create(job_type="weak_point_analysis", api_key_mode="user_deepseek_key")
+    got = await stack.http.post(  # the calls below are of each job's first attempt
+        "/internal/runtime/jobs/claim",
+        json={"capabilities": ["learning_state_analysis", "weak_point_analysis"], "limit": 2},
+        headers=shim("w1"),
+    )
+    assert len(got.json()["jobs"]) == 2, got.text
     # (job, model, mode, prompt, completion, cache hit, day)
     calls = [
         (a, "deepseek-chat", "platform_key", 1_000_000, 200_000, 400_000, "2026-11-01"),

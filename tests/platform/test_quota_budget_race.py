@@ -79,11 +79,14 @@ async def test_platform_budget_refuses_platform_creates_on_both_replicas(
         PLATFORM_DAILY_BUDGET_USD=0.05,
         MODEL_PRICES={"deepseek-chat": {"cacheHitInput": 0, "cacheMissInput": 1000, "output": 0}},
     )
-    job = (await r.a.create()).job
+    jobs = {
+        mode: (await r.a.create(mode=mode)).job for mode in ("platform_key", "user_deepseek_key")
+    }
+    assert len(await r.a.claim(limit=2)) == 2  # the calls below are of their first attempts
 
     async def spend(tokens: int, mode: str = "platform_key") -> None:
         await r.b.app.domain.record_invocation(
-            job_id=job.job_id,
+            job_id=jobs[mode].job_id,
             attempt_no=1,
             model_provider="deepseek",
             model_name="deepseek-chat",

@@ -155,6 +155,7 @@ async def test_platform_budget(make_domain: Callable[..., Any]) -> None:
         MODEL_PRICES={"deepseek-chat": {"cacheHitInput": 0, "cacheMissInput": 1000, "output": 0}},
     )
     job = await new_job(domain)
+    await domain.claim("w", ["learning_state_analysis"], 1, 0)
     await domain.record_invocation(
         job_id=job.job_id,
         attempt_no=1,
@@ -187,6 +188,8 @@ async def test_platform_budget(make_domain: Callable[..., Any]) -> None:
         ({"prompt_tokens": 10_000_001, "cache_hit_tokens": 0}, "promptTokens"),
         ({"latency_ms": 86_400_001}, "latencyMs"),
         ({"outcome": "maybe"}, "outcome"),
+        ({"attempt_no": 2}, "attemptNo"),  # the job has had one attempt
+        ({"api_key_mode": "user_deepseek_key"}, "apiKeyMode"),  # would dodge the budget
     ],
 )
 async def test_inconsistent_call_logs_are_refused_and_change_nothing(
