@@ -904,12 +904,11 @@ class JobDomain:
         check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
         if req.priority is not None:
             check_range("priority", req.priority, 0, 1000)
-        params = normalize_params(req.job_type, req.params)
-
         if req.idempotency_key is not None:
             existing = await self._by_scope(req)
-            if existing is not None:
+            if existing is not None:  # whatever its params, even invalid ones (SPEC §2.5)
                 return existing, True
+        params = normalize_params(req.job_type, req.params)
 
         credential_id = await self.credentials.check(req.user_id, req.api_key_mode)
         await self._ensure_admission_row(req.user_id)

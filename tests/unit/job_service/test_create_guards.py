@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -93,6 +94,20 @@ async def test_idempotent_replay_whatever_params(domain: JobDomain) -> None:
         )
     )
     assert replayed and b.job_id == a.job_id and b.params["count"] == 5
+    # params a new job would be refused for do not stop the replay either
+    bad = CreateJobInput(
+        user_id="u1",
+        job_type="quiz_generation",
+        target_type="material",
+        target_id="m1",
+        params={"count": 99, "questionTypes": ["essay"]},
+        idempotency_key="k",
+    )
+    again, replayed = await domain.create(bad)
+    assert replayed and again.job_id == a.job_id
+    with pytest.raises(AppError) as err:
+        await domain.create(replace(bad, idempotency_key="fresh"))
+    assert err.value.code == "INVALID_ARGUMENT"
     # different scope (another target, another user) → new jobs
     c = await new_job(
         domain,
