@@ -51,7 +51,8 @@ class Params:
         load_rate: job creation rate during the pickup-under-load phase (jobs/s).
         scale_rows: finished-row counts for the poll-at-scale scenario.
         poll_samples: creates, polls and claims measured per table size (each; a p99 of
-            1000 calls is their 11th slowest (nearest rank), less at the mercy of one stall than of 300).
+            1000 calls is their 11th slowest by nearest rank, less at the mercy of one
+            stall than of 300).
         idle_workers: worker processes in the idle-cost scenario.
         idle_seconds: measuring window of the idle-cost scenario (s).
         gateway_requests: POSTs sent by the gateway load process.
