@@ -2753,12 +2753,6 @@ class JobDomain:
                     f"the job has had {job.attempt_no} attempt(s), not {attempt_no}",
                     {"field": "attemptNo"},
                 )
-            if api_key_mode and api_key_mode != job.api_key_mode:
-                raise AppError(
-                    ErrorCode.INVALID_ARGUMENT,
-                    f"the job's calls use apiKeyMode {job.api_key_mode}",
-                    {"field": "apiKeyMode"},
-                )
             [log_id] = await self._insert_calls(session, job, attempt_no, [call])
             return log_id
 
@@ -2818,9 +2812,22 @@ class JobDomain:
     def _call_rows(
         self, job: JobRecord | ResultFacts, attempt_no: int, calls: Sequence[ModelCallInput]
     ) -> list[dict[str, Any]]:
-        """The invocation log rows of ``calls`` (values of :meth:`_insert_calls_stmt`)."""
+        """The invocation log rows of ``calls`` (values of :meth:`_insert_calls_stmt`).
+
+        Raises:
+            AppError: INVALID_ARGUMENT (``apiKeyMode``) for a call that gives a key mode
+                other than the job's: a platform-key call logged as a user-key one
+                would escape the daily budget (SPEC §6). Raised before anything is
+                written; the caller's transaction rolls back.
+        """
         rows = []
         for c in calls:
+            if c.api_key_mode and c.api_key_mode != job.api_key_mode:
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"the job's calls use apiKeyMode {job.api_key_mode}",
+                    {"field": "apiKeyMode"},
+                )
             model_name = c.model_name or job.model_name
             rows.append(
                 {

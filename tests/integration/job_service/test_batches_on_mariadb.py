@@ -645,3 +645,29 @@ def test_a_generation_plans_rows_are_written_on_their_own() -> None:
     analysis = results.PreparedResult("j1", "learning_state_analysis", "mariadb", workers, rows)
     statements = analysis.statements()
     assert statements is not None and [params for _, _, params in statements] == rows
+
+
+async def test_a_call_in_another_key_mode_refuses_the_batched_result_whole(
+    make_domain: Callable[..., Any],
+) -> None:
+    """The batched result path checks its calls before anything is sent: a user-key
+    call on a platform-key job (it would escape the daily budget) leaves no row."""
+    domain: JobDomain = await make_domain()
+    domain.learning = PreparingLearning()
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    stray = replace(_call(), api_key_mode="user_deepseek_key")
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            lease,
+            prompt_version="learning_state_analysis.v1",
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+            calls=[_call(), stray],
+        )
+    assert (err.value.code, err.value.details) == ("INVALID_ARGUMENT", {"field": "apiKeyMode"})
+    assert await _result_rows(domain, job.job_id) == 0
+    assert await _business_rows(domain._engine, job.job_id) == 0
+    assert (await domain.history(job.job_id))[1] == []
+    assert (await domain.get(job.job_id)).status in ("locked", "running")

@@ -167,3 +167,40 @@ async def test_an_invalid_result_while_cancel_is_requested_ends_cancelled(
     after = await domain.get(job.job_id)
     assert (after.status, after.error_code) == ("cancelled", "INVALID_SCHEMA")
     assert after.cancelled_at is not None
+
+
+async def test_a_call_in_another_key_mode_refuses_the_ending_and_writes_nothing(
+    domain: JobDomain,
+) -> None:
+    """A platform-key job's call logged as a user-key one would escape the daily
+    budget (SPEC §6): the result or fail carrying it is refused whole."""
+    job = await new_job(domain)
+    await domain.claim("w1", CAPS, 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    stray = [call(), call(api_key_mode="user_deepseek_key")]
+    with pytest.raises(AppError) as err:
+        await domain.submit_result(
+            lease,
+            prompt_version="p",
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+            calls=stray,
+        )
+    assert (err.value.code, err.value.details) == ("INVALID_ARGUMENT", {"field": "apiKeyMode"})
+    with pytest.raises(AppError) as err:
+        await domain.fail(lease, error_code="MODEL_TIMEOUT", error_message="", calls=stray)
+    assert err.value.code == "INVALID_ARGUMENT"
+    after = await domain.get(job.job_id)
+    assert (after.status, after.locked_by) == ("locked", "w1")
+    assert await logged(domain, job.job_id) == []
+    # the same ending with the job's own key mode goes through
+    done = await domain.submit_result(
+        lease,
+        prompt_version="p",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call()],
+    )
+    assert done.status == "succeeded" and await logged(domain, job.job_id) == [
+        (1, "succeeded", None)
+    ]
