@@ -84,7 +84,7 @@ async def _session_counter(engine: AsyncEngine, name: str) -> tuple[object, int]
     otherwise, so the read itself never moves the counter.
     """
     async with engine.connect() as conn:
-        raw = (await conn.get_raw_connection()).driver_connection
+        raw = await _driver_connection(conn)
         row = (await conn.exec_driver_sql(f"SHOW SESSION STATUS LIKE '{name}'")).one()
         await (conn.commit() if name == "Com_rollback" else conn.rollback())
         return raw, int(row[1])

@@ -15,7 +15,6 @@ from sqlalchemy import case, event, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.db import retry_transient
-from job_service.db import WRITE_TX
 from job_service.domain import learning, snapshots
 from job_service.learning_models import (
     LearningBlockStat,
@@ -130,15 +129,8 @@ async def test_racing_batches_of_one_user_lose_no_event(
     blocks = [b.block_id for b in photosynthesis.blocks][:4]  # few keys: many collisions
 
     async def send(batch: list[dict[str, Any]]) -> None:
-        async def once() -> None:
-            token = WRITE_TX.set(True)  # as the servicer's transactions begin on SQLite
-            try:
-                async with sessions() as s, s.begin():
-                    await learning.record_learning_events(s, "u1", batch)
-            finally:
-                WRITE_TX.reset(token)
-
-        await retry_transient(once)  # as the servicer runs it
+        # a write transaction begun as the servicer's, retried as the servicer retries it
+        await retry_transient(lambda: tx(learning.record_learning_events, "u1", batch))
 
     batches = [_events("r", blocks, kps, 60, seed) for seed in range(12)]
     await asyncio.gather(*(send(b) for b in batches))
