@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -187,6 +187,46 @@ def _foreign_keys(conn: Any) -> dict[tuple[str, str], dict[str, Any]]:
 def is_mysql(url: str) -> bool:
     """Whether a SQLAlchemy URL points at MySQL/MariaDB."""
     return make_url(url).get_backend_name() in ("mysql", "mariadb")
+
+
+#: Seconds a migration waits for another process's migration of the same schema.
+MIGRATION_LOCK_TIMEOUT_SECONDS = 300
+
+
+@contextlib.contextmanager
+def migration_lock(
+    connection: Any, name: str, timeout_s: float = MIGRATION_LOCK_TIMEOUT_SECONDS
+) -> Iterator[None]:
+    """Hold a server-wide named lock around a schema migration (sync ``Connection``).
+
+    Replicas of a service that start together on one MySQL/MariaDB database each
+    upgrade it at start; without the lock two would both create the first tables
+    (``Table ... already exists``). With it the second waits, then finds the schema
+    at head and does nothing. ``GET_LOCK`` is per session and outlives the DDL's
+    implicit commits; on SQLite (one file, one process) this does nothing.
+
+    Raises:
+        TimeoutError: the lock was not free within ``timeout_s`` seconds.
+    """
+    if connection.dialect.name not in ("mysql", "mariadb"):
+        yield
+        return
+    # the lock is the session's, not the transaction's: a caller's transaction is left
+    # as it was; one begun here only for the lock query is ended at once
+    outer = connection.in_transaction()
+    got = connection.execute(
+        text("SELECT GET_LOCK(:name, :timeout)"), {"name": name, "timeout": int(timeout_s)}
+    ).scalar()
+    if not outer:
+        connection.commit()
+    if got != 1:
+        raise TimeoutError(f"another process held the migration lock {name!r} for {timeout_s} s")
+    try:
+        yield
+    finally:
+        connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
+        if not outer:
+            connection.commit()
 
 
 #: The async MySQL/MariaDB drivers (aiomysql first: SPEC §1's, the default).

@@ -14,7 +14,7 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from airuntime_common.db import make_engine
+from airuntime_common.db import make_engine, migration_lock
 from credential_service.models import CredentialBase
 from credential_service.settings import CredentialSettings
 
@@ -24,14 +24,16 @@ target_metadata = CredentialBase.metadata
 
 
 def _configure_and_run(connection: Connection) -> None:
-    context.configure(
-        connection=connection,
-        target_metadata=target_metadata,
-        version_table=VERSION_TABLE,
-        render_as_batch=connection.dialect.name == "sqlite",
-    )
-    with context.begin_transaction():
-        context.run_migrations()
+    # replicas starting together migrate one at a time (the later ones find head)
+    with migration_lock(connection, "airuntime_credential_service_migrate"):
+        context.configure(
+            connection=connection,
+            target_metadata=target_metadata,
+            version_table=VERSION_TABLE,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
+        with context.begin_transaction():
+            context.run_migrations()
 
 
 async def _run_async(url: str) -> None:

@@ -12,6 +12,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 import job_service.models
+from airuntime_common.db import migration_lock
 from airuntime_common.settings import DEFAULT_JOB_DB
 from job_service.db import make_job_engine
 from job_service.db_base import Base
@@ -53,9 +54,11 @@ def run_migrations_offline() -> None:
 
 
 def _run_sync(connection: Connection) -> None:
-    _configure(connection=connection)
-    with context.begin_transaction():
-        context.run_migrations()
+    # replicas starting together migrate one at a time (the later ones find head)
+    with migration_lock(connection, "airuntime_job_service_migrate"):
+        _configure(connection=connection)
+        with context.begin_transaction():
+            context.run_migrations()
 
 
 async def run_migrations_online() -> None:
