@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import importlib
+import json
 import logging
 import signal
 import time
@@ -299,12 +300,26 @@ def install_stop_signals(stop: asyncio.Event) -> None:
         loop.add_signal_handler(sig, stop.set)
 
 
+#: Client service config: calls go round robin over every address the target
+#: resolves to (gRPC's ``round_robin`` policy), so several replicas of a service
+#: behind one target share the load; one address behaves as ``pick_first``.
+ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+
+
 def insecure_or_tls_channel(target: str, ca_file: str | None = None) -> grpc.aio.Channel:
-    """One channel per backend: TLS when a CA file is configured, else plaintext."""
+    """One channel per backend: TLS when a CA file is configured, else plaintext.
+
+    ``target`` is any gRPC target: ``host:port``, a DNS name with several
+    addresses, or a list such as ``ipv4:127.0.0.1:50051,127.0.0.1:50061`` (the
+    launcher's ``--job-services N``). Calls are spread round robin over every
+    address (:data:`ROUND_ROBIN_SERVICE_CONFIG`); an address that is down is
+    skipped until it answers again.
+    """
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", 30000),
+        ("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG),
     ]
     if ca_file:
         creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
