@@ -39,6 +39,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--workers", type=int, default=1, help="number of runtime workers (1)")
     parser.add_argument(
+        "--job-services",
+        type=int,
+        default=1,
+        help="job_service replicas (1); above 1 needs DATABASE_URL on MySQL/MariaDB",
+    )
+    parser.add_argument(
         "--env-file",
         type=Path,
         help="KEY=VALUE file; the process environment wins over it",
@@ -71,7 +77,12 @@ async def run(args: argparse.Namespace) -> int:
     try:
         env = load_environment(args.env_file)
         launcher = Launcher(
-            env, only=args.only, workers=args.workers, dev=args.dev, var_dir=args.var_dir
+            env,
+            only=args.only,
+            workers=args.workers,
+            job_services=args.job_services,
+            dev=args.dev,
+            var_dir=args.var_dir,
         )
     except PlanError as exc:
         print(f"launcher: {exc}", file=sys.stderr)

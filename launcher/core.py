@@ -119,6 +119,7 @@ class Launcher:
         env: base environment (default ``os.environ``); see :func:`launcher.plan.build_plan`.
         only: start only these services (names or aliases).
         workers: number of runtime workers.
+        job_services: number of job_service replicas (see :func:`launcher.plan.build_plan`).
         dev: force the local model stand-in.
         var_dir: SQLite files, dev secrets and logs (default ``./var``).
         log_dir: write each child's output to ``<log_dir>/<name>.log`` instead of echoing it.
@@ -136,6 +137,7 @@ class Launcher:
         *,
         only: Iterable[str] | str | None = None,
         workers: int = 1,
+        job_services: int = 1,
         dev: bool = False,
         var_dir: str | os.PathLike[str] = "var",
         log_dir: str | os.PathLike[str] | None = None,
@@ -147,7 +149,9 @@ class Launcher:
         cwd: str | os.PathLike[str] | None = None,
     ) -> None:
         base = dict(os.environ if env is None else env)
-        self.plan = plan or build_plan(base, var_dir=var_dir, dev=dev, workers=workers, only=only)
+        self.plan = plan or build_plan(
+            base, var_dir=var_dir, dev=dev, workers=workers, job_services=job_services, only=only
+        )
         self._out = out or sys.stdout
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self._echo = echo if echo is not None else self._log_dir is None

@@ -22,6 +22,7 @@ replaced with a free port chosen here, so the launcher can probe it.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import sys
@@ -315,6 +316,30 @@ def _resolve(
     return listen, addr
 
 
+def grpc_address_list(addresses: list[str]) -> str:
+    """One gRPC target for several ``host:port`` addresses of replicas.
+
+    ``["127.0.0.1:50051", "127.0.0.1:50052"]`` → ``"ipv4:127.0.0.1:50051,127.0.0.1:50052"``
+    (``ipv6:`` when the hosts are IPv6 literals; a single address is returned as it
+    is). Only IP literals can be listed this way; a host name is refused.
+
+    Raises:
+        PlanError: a host that is not an IP literal, or IPv4 and IPv6 mixed.
+    """
+    if len(addresses) == 1:
+        return addresses[0]
+    families = set()
+    for address in addresses:
+        host = address.rsplit(":", 1)[0].strip("[]")
+        try:
+            families.add(ipaddress.ip_address(host).version)
+        except ValueError:
+            raise PlanError(f"replica address {address!r} is not an IP address") from None
+    if len(families) != 1:
+        raise PlanError("replica addresses mix IPv4 and IPv6")
+    return f"ipv{families.pop()}:" + ",".join(addresses)
+
+
 def _port_var(env: Mapping[str, str], name: str, default: int) -> int:
     """A port variable (empty → ``default``).
 
@@ -350,6 +375,7 @@ def build_plan(
     var_dir: str | os.PathLike[str] = "var",
     dev: bool = False,
     workers: int = 1,
+    job_services: int = 1,
     only: Iterable[str] | str | None = None,
     python: str | None = None,
 ) -> LaunchPlan:
@@ -361,6 +387,11 @@ def build_plan(
         dev: force the local model stand-in even when ``DEEPSEEK_API_KEY`` is set
             (the real key is then withheld from the children).
         workers: number of runtime workers (each its own status port and instance id).
+        job_services: job_service replicas, each its own process, gRPC port (the
+            ``JOB_SERVICE_LISTEN`` port + i, or a free one for port 0) and metrics
+            port (+ i). With more than one, ``JOB_SERVICE_ADDR`` lists them all
+            (``ipv4:127.0.0.1:50051,127.0.0.1:50052``) and clients spread their
+            calls round robin; they need a shared server database (MySQL/MariaDB).
         only: start only these services (names or aliases); the environment is
             assembled as for the full system, so the rest may run elsewhere.
         python: interpreter for the children (default: this one).
@@ -369,10 +400,13 @@ def build_plan(
         The plan; generating missing dev secrets writes ``var_dir/dev-secrets.env``.
 
     Raises:
-        PlanError: bad ``only`` name, negative ``workers``, or a malformed address.
+        PlanError: bad ``only`` name, negative ``workers``, ``job_services`` < 1, several
+            job_services on SQLite, or a malformed address.
     """
     if workers < 0:
         raise PlanError("--workers must be 0 or more")
+    if job_services < 1:
+        raise PlanError("--job-services must be 1 or more")
     kinds = normalize_only(only)
     python = python or sys.executable
     var = Path(var_dir).expanduser().resolve()
@@ -416,6 +450,21 @@ def build_plan(
     cred_listen, cred_addr = _resolve(
         env, "CREDENTIAL_SERVICE_LISTEN", "CREDENTIAL_SERVICE_ADDR", DEFAULT_CREDENTIAL_PORT
     )
+    job_listens = [(job_listen, job_addr)]
+    if job_services > 1:
+        if env["DATABASE_URL"].startswith("sqlite"):
+            raise PlanError(
+                "--job-services above 1 needs a shared server database: set DATABASE_URL"
+                " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
+            )
+        j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
+        asked_port = split_hostport(
+            env.get("JOB_SERVICE_LISTEN", "").strip() or LOCAL_HOST, DEFAULT_JOB_PORT
+        )[1]
+        for i in range(1, job_services):
+            port = free_port(connect_host(j_host)) if asked_port == 0 else j_port + i
+            job_listens.append((f"{j_host}:{port}", f"{connect_host(j_host)}:{port}"))
+        job_addr = grpc_address_list([addr for _, addr in job_listens])
     env["JOB_SERVICE_ADDR"] = job_addr
     env["CREDENTIAL_SERVICE_ADDR"] = cred_addr
 
@@ -490,17 +539,19 @@ def build_plan(
             standin_url,
             f"{LOCAL_HOST}:{standin_port}",
         )
-    add(
-        "job_service",
-        "job_service",
-        ["job_service"],
-        {"JOB_SERVICE_LISTEN": job_listen},
-        "grpc",
-        job_addr,
-        f"grpc {job_listen}"
-        + _metrics_note(_metrics_port(env, "JOB_SERVICE_METRICS_PORT", DEFAULT_JOB_METRICS_PORT)),
-        job_listen,
-    )
+    job_metrics = _metrics_port(env, "JOB_SERVICE_METRICS_PORT", DEFAULT_JOB_METRICS_PORT)
+    for i, (listen, addr) in enumerate(job_listens):
+        metrics = job_metrics + i if job_metrics else 0
+        add(
+            "job_service" if job_services == 1 else f"job_service-{i + 1}",
+            "job_service",
+            ["job_service"],
+            {"JOB_SERVICE_LISTEN": listen, "JOB_SERVICE_METRICS_PORT": str(metrics)},
+            "grpc",
+            addr,
+            f"grpc {listen}{_metrics_note(metrics)}",
+            listen,
+        )
     add(
         "credential_service",
         "credential_service",

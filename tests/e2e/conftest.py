@@ -63,10 +63,16 @@ class RunningSystem:
         extra_env: variables set on top of :func:`launcher.plan.isolated_env`
             (e.g. ``DATABASE_URL`` for MariaDB).
         metrics: serve every service's Prometheus endpoint on a free port.
+        job_services: job_service replicas (the launcher's ``--job-services``).
     """
 
     def __init__(
-        self, tmp: Path, extra_env: Mapping[str, str] | None = None, *, metrics: bool = False
+        self,
+        tmp: Path,
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        metrics: bool = False,
+        job_services: int = 1,
     ) -> None:
         env = isolated_env(os.environ)
         env["POLL_INTERVAL_MS"] = "200"
@@ -85,7 +91,13 @@ class RunningSystem:
         )
         self._thread.start()
         self.launcher = Launcher(
-            env, dev=True, var_dir=self.var_dir, log_dir=self.log_dir, echo=False, workers=1
+            env,
+            dev=True,
+            var_dir=self.var_dir,
+            log_dir=self.log_dir,
+            echo=False,
+            workers=1,
+            job_services=job_services,
         )
 
     # -- lifecycle ------------------------------------------------------------------
@@ -97,10 +109,15 @@ class RunningSystem:
 
     @classmethod
     def start(
-        cls, tmp: Path, extra_env: Mapping[str, str] | None = None, *, metrics: bool = False
+        cls,
+        tmp: Path,
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        metrics: bool = False,
+        job_services: int = 1,
     ) -> RunningSystem:
         """Start a system and wait until every service is ready."""
-        system = cls(tmp, extra_env, metrics=metrics)
+        system = cls(tmp, extra_env, metrics=metrics, job_services=job_services)
         try:
             system.run(system.launcher.start())
         except BaseException:

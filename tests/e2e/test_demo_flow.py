@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from airuntime_common.db import mysql_async_driver
@@ -157,6 +158,35 @@ def test_demo_flow_mariadb(
         assert serving and f"{driver}://" in json.dumps(serving[-1]), serving
         run = running.run_demo()
         assert_demo_run(running, run)
+    finally:
+        running.close()
+
+
+@pytest.mark.mysql
+def test_demo_flow_mariadb_two_job_service_replicas(mysql_url: str, tmp_path: Path) -> None:
+    # both replicas start together on the empty database (their migrations take turns),
+    # and the worker's, credential_service's and gateway's calls reach both
+    running = RunningSystem.start(
+        tmp_path,
+        {"DATABASE_URL": mysql_url, "CREDENTIAL_DATABASE_URL": mysql_url},
+        metrics=True,
+        job_services=2,
+    )
+    try:
+        replicas = [s for s in running.launcher.plan.services if s.kind == "job_service"]
+        assert [s.name for s in replicas] == ["job_service-1", "job_service-2"]
+        assert running.env["JOB_SERVICE_ADDR"].startswith("ipv4:")
+        run = running.run_demo()
+        assert_demo_run(running, run)
+        for spec in replicas:
+            port = spec.env["JOB_SERVICE_METRICS_PORT"]
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            served = [
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("airt_grpc_server_handling_seconds_count")
+            ]
+            assert sum(served) > 0, f"{spec.name} answered no call"
     finally:
         running.close()
 

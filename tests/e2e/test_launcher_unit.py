@@ -55,6 +55,7 @@ from launcher.plan import (
     ServiceSpec,
     build_plan,
     free_port,
+    grpc_address_list,
     port_in_use,
     split_hostport,
 )
@@ -260,6 +261,72 @@ def test_plan_workers_get_own_ports_ids_and_metrics(tmp_path: Path) -> None:
     assert "runtime_worker" not in [s.kind for s in none.services]
     with pytest.raises(PlanError):
         build_plan(_clean_env(), var_dir=tmp_path, workers=-1)
+
+
+MYSQL_ENV = {"DATABASE_URL": "mysql+aiomysql://root@127.0.0.1:3306/airt"}
+
+
+def test_plan_job_service_replicas_get_own_ports_and_one_round_robin_target(
+    tmp_path: Path,
+) -> None:
+    plan = build_plan(_clean_env(**MYSQL_ENV), var_dir=tmp_path, job_services=3)
+    jobs = [s for s in plan.services if s.kind == "job_service"]
+    assert [j.name for j in jobs] == ["job_service-1", "job_service-2", "job_service-3"]
+    assert [j.env["JOB_SERVICE_LISTEN"] for j in jobs] == [
+        "127.0.0.1:50051",
+        "127.0.0.1:50052",
+        "127.0.0.1:50053",
+    ]
+    assert [j.target for j in jobs] == ["127.0.0.1:50051", "127.0.0.1:50052", "127.0.0.1:50053"]
+    assert [j.env["JOB_SERVICE_METRICS_PORT"] for j in jobs] == ["9101", "9102", "9103"]
+    target = "ipv4:127.0.0.1:50051,127.0.0.1:50052,127.0.0.1:50053"
+    assert plan.env["JOB_SERVICE_ADDR"] == target
+    # every client of job_service dials the list
+    for spec in plan.services:
+        assert spec.env["JOB_SERVICE_ADDR"] == target
+    assert len({j.tier for j in jobs}) == 1  # started together; migrations take a lock
+
+    free = build_plan(
+        _clean_env(**MYSQL_ENV, JOB_SERVICE_LISTEN="127.0.0.1:0", JOB_SERVICE_METRICS_PORT="0"),
+        var_dir=tmp_path,
+        job_services=2,
+    )
+    listens = [s.env["JOB_SERVICE_LISTEN"] for s in free.services if s.kind == "job_service"]
+    ports = [split_hostport(x, 0)[1] for x in listens]
+    assert 0 not in ports and len(set(ports)) == 2
+    assert [
+        s.env["JOB_SERVICE_METRICS_PORT"] for s in free.services if s.kind == "job_service"
+    ] == [
+        "0",
+        "0",
+    ]
+
+    one = build_plan(_clean_env(**MYSQL_ENV), var_dir=tmp_path)
+    assert [s.name for s in one.services if s.kind == "job_service"] == ["job_service"]
+    assert one.env["JOB_SERVICE_ADDR"] == "127.0.0.1:50051"
+
+
+def test_plan_job_service_replicas_refused_on_sqlite_or_below_one(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="shared server database"):
+        build_plan(_clean_env(), var_dir=tmp_path, job_services=2)
+    with pytest.raises(PlanError, match="1 or more"):
+        build_plan(_clean_env(**MYSQL_ENV), var_dir=tmp_path, job_services=0)
+    with pytest.raises(PlanError, match="not an IP address"):
+        build_plan(
+            _clean_env(**MYSQL_ENV, JOB_SERVICE_LISTEN="jobs.internal:50051"),
+            var_dir=tmp_path,
+            job_services=2,
+        )
+
+
+def test_grpc_address_list() -> None:
+    assert grpc_address_list(["10.0.0.1:5"]) == "10.0.0.1:5"
+    assert grpc_address_list(["10.0.0.1:5", "10.0.0.2:6"]) == "ipv4:10.0.0.1:5,10.0.0.2:6"
+    assert grpc_address_list(["[::1]:5", "[::1]:6"]) == "ipv6:[::1]:5,[::1]:6"
+    with pytest.raises(PlanError, match="mix"):
+        grpc_address_list(["10.0.0.1:5", "[::1]:6"])
+    with pytest.raises(PlanError, match="not an IP address"):
+        grpc_address_list(["a.example:5", "b.example:6"])
 
 
 def test_plan_port_zero_becomes_a_real_free_port(tmp_path: Path) -> None:
