@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
     p.add_argument("--jobs", type=int, help="jobs per throughput/floor run")
     p.add_argument("--slots", help="comma-separated worker slot counts, e.g. 1,4,16")
+    p.add_argument(
+        "--job-services",
+        type=int,
+        help="job_service replicas in the throughput scenario (default 1)",
+    )
     p.add_argument("--out", default="bench-results", help="directory for the JSON file")
     return p.parse_args(argv)
 
@@ -66,6 +71,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     params = Params.quick(base) if args.quick else Params(base_url=base)
     if args.jobs:
         params = replace(params, jobs=args.jobs)
+    if args.job_services:
+        params = replace(params, job_services=args.job_services)
     if args.slots:
         params = replace(params, slots=tuple(int(s) for s in args.slots.split(",")))
     names = args.scenario or list(SCENARIOS)

@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL, make_url
 
 from airuntime_common.db import mysql_async_driver
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
+from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.metadata import outgoing
 from launcher import Launcher
 from launcher.plan import isolated_env
@@ -109,6 +110,7 @@ class System:
     Args:
         db_url: the fresh database (asyncmy or aiomysql URL).
         workers: runtime worker processes.
+        job_services: job_service replicas (the launcher's ``--job-services``).
         only: services to start (default: standin, job_service, credential_service, workers).
         extra_env: settings for every child (e.g. ``WORKER_CONCURRENCY``).
     """
@@ -118,6 +120,7 @@ class System:
         db_url: URL,
         *,
         workers: int = 1,
+        job_services: int = 1,
         only: Sequence[str] | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
@@ -141,7 +144,14 @@ class System:
             )
         var = Path(self._tmp.name)
         self.launcher = Launcher(
-            env, dev=True, var_dir=var, log_dir=var / "logs", echo=False, workers=workers, only=only
+            env,
+            dev=True,
+            var_dir=var,
+            log_dir=var / "logs",
+            echo=False,
+            workers=workers,
+            job_services=job_services,
+            only=only,
         )
         self.channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.JobServiceStub | None = None
@@ -149,7 +159,7 @@ class System:
     async def start(self) -> System:
         """Start the children and open a gRPC channel to job_service."""
         await self.launcher.start()
-        self.channel = grpc.aio.insecure_channel(self.launcher.env["JOB_SERVICE_ADDR"])
+        self.channel = insecure_or_tls_channel(self.launcher.env["JOB_SERVICE_ADDR"])
         self.stub = service_pb2_grpc.JobServiceStub(self.channel)
         return self
 

@@ -25,9 +25,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     tp = r.get("throughput", {})
     fl = r.get("floor", {})
+    replicas = int(tp.get("params", {}).get("job_services") or 1)
     for slots, run in tp.get("runs", {}).items():
         jps = run.get("jobs_per_s")
         params = f"N={run['jobs']}, 1 worker, {slots} slots"
+        if replicas > 1:
+            params += f", {replicas} job_service replicas"
         target = f"≥500 {_check(jps is not None and jps >= 500)}" if slots == "16" else ""
         out.append((f"throughput @{slots} slots", _f(jps), "jobs/s", params, target))
         cpu = run.get("cpu_ms_per_job") or {}

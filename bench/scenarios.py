@@ -46,6 +46,8 @@ class Params:
         base_url: MariaDB server URL (a fresh database is created per scenario).
         jobs: jobs per throughput run.
         slots: worker slot counts for the throughput/floor scenarios.
+        job_services: job_service replicas in the throughput scenario (the workers'
+            calls spread round robin over them).
         pickup_jobs: jobs measured one by one in the idle pickup scenario.
         load_seconds: length of the pickup-under-load phase (s).
         load_rate: job creation rate during the pickup-under-load phase (jobs/s).
@@ -65,6 +67,7 @@ class Params:
     base_url: str
     jobs: int = 2000
     slots: tuple[int, ...] = (1, 4, 16)
+    job_services: int = 1
     pickup_jobs: int = 40
     load_seconds: float = 10.0
     load_rate: float = 100.0
@@ -100,7 +103,7 @@ def _worker_pid(system: System) -> int:
 
 
 #: Where the RPC timings are scraped from: the metrics port's variable → (section of
-#: the profile, histogram, label grouped by) read from that one endpoint.
+#: the profile, histogram, label grouped by) read from every child serving it.
 RPC_HISTOGRAMS = {
     "WORKER_METRICS_PORT": [
         ("runtime_worker", "airt_worker_rpc_seconds", "rpc"),
@@ -124,16 +127,29 @@ def _scrape_rpcs(
     system: System, skip: str | None = None
 ) -> dict[str, dict[str, tuple[float, float]]]:
     """Section → label value → (count, sum s), one request per metrics port but
-    ``skip``'s."""
+    ``skip``'s; replicas of a service (each its own port) are summed."""
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for var, sections in RPC_HISTOGRAMS.items():
-        port = int(system.launcher.env.get(var) or 0)
-        if not port or var == skip:
+        if var == skip:
             continue
-        found = scrape_histograms(port, {name: label for _, name, label in sections})
-        for section, name, _ in sections:
-            out[section] = found.get(name, {})
+        kind = _METRICS_KIND[var]
+        ports = {int(c.env.get(var) or 0) for c in system.launcher.plan.services if c.kind == kind}
+        for port in sorted(p for p in ports if p):
+            found = scrape_histograms(port, {name: label for _, name, label in sections})
+            for section, name, _ in sections:
+                into = out.setdefault(section, {})
+                for label, (count, total) in found.get(name, {}).items():
+                    count0, total0 = into.get(label, (0.0, 0.0))
+                    into[label] = (count0 + count, total0 + total)
     return out
+
+
+#: The kind of child whose own metrics port each variable sets.
+_METRICS_KIND = {
+    "WORKER_METRICS_PORT": "runtime_worker",
+    "JOB_SERVICE_METRICS_PORT": "job_service",
+    "CREDENTIAL_SERVICE_METRICS_PORT": "credential_service",
+}
 
 
 def rpc_profile(
@@ -209,9 +225,17 @@ async def throughput(p: Params) -> dict[str, Any]:
     for slots in p.slots:
         with fresh_database(p.base_url) as url:
             env = {"WORKER_CONCURRENCY": str(slots), **metrics_ports()}
-            async with System(url, extra_env=env) as system:
+            async with System(url, extra_env=env, job_services=p.job_services) as system:
                 runs[str(slots)] = await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
-    return {"params": {"jobs": p.jobs, "slots": list(p.slots), "workers": 1}, "runs": runs}
+    return {
+        "params": {
+            "jobs": p.jobs,
+            "slots": list(p.slots),
+            "workers": 1,
+            "job_services": p.job_services,
+        },
+        "runs": runs,
+    }
 
 
 async def floor(p: Params) -> dict[str, Any]:
