@@ -387,11 +387,12 @@ def build_plan(
         dev: force the local model stand-in even when ``DEEPSEEK_API_KEY`` is set
             (the real key is then withheld from the children).
         workers: number of runtime workers (each its own status port and instance id).
-        job_services: job_service replicas, each its own process, gRPC port (the
-            ``JOB_SERVICE_LISTEN`` port + i, or a free one for port 0) and metrics
-            port (+ i). With more than one, ``JOB_SERVICE_ADDR`` lists them all
-            (``ipv4:127.0.0.1:50051,127.0.0.1:50052``) and clients spread their
-            calls round robin; they need a shared server database (MySQL/MariaDB).
+        job_services: job_service replicas, each its own process: the first on
+            ``JOB_SERVICE_LISTEN`` and ``JOB_SERVICE_METRICS_PORT``, the others on free
+            ports of the same host (the next ports belong to the other services).
+            With more than one, ``JOB_SERVICE_ADDR`` lists them all
+            (``ipv4:127.0.0.1:50051,127.0.0.1:41234``) and clients spread their calls
+            round robin; they need a shared server database (MySQL/MariaDB).
         only: start only these services (names or aliases); the environment is
             assembled as for the full system, so the rest may run elsewhere.
         python: interpreter for the children (default: this one).
@@ -457,12 +458,13 @@ def build_plan(
                 "--job-services above 1 needs a shared server database: set DATABASE_URL"
                 " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
             )
+        # the replicas' own addresses (an address set for one service is not theirs)
         j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
-        asked_port = split_hostport(
-            env.get("JOB_SERVICE_LISTEN", "").strip() or LOCAL_HOST, DEFAULT_JOB_PORT
-        )[1]
-        for i in range(1, job_services):
-            port = free_port(connect_host(j_host)) if asked_port == 0 else j_port + i
+        first = f"{connect_host(j_host)}:{j_port}"
+        grpc_address_list([first, first])  # an IP literal, or refused before any port
+        job_listens = [(job_listen, first)]
+        for _ in range(1, job_services):
+            port = free_port(connect_host(j_host))
             job_listens.append((f"{j_host}:{port}", f"{connect_host(j_host)}:{port}"))
         job_addr = grpc_address_list([addr for _, addr in job_listens])
     env["JOB_SERVICE_ADDR"] = job_addr
@@ -541,7 +543,7 @@ def build_plan(
         )
     job_metrics = _metrics_port(env, "JOB_SERVICE_METRICS_PORT", DEFAULT_JOB_METRICS_PORT)
     for i, (listen, addr) in enumerate(job_listens):
-        metrics = job_metrics + i if job_metrics else 0
+        metrics = job_metrics if i == 0 or not job_metrics else free_port()
         add(
             "job_service" if job_services == 1 else f"job_service-{i + 1}",
             "job_service",

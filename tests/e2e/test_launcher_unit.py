@@ -272,31 +272,33 @@ def test_plan_job_service_replicas_get_own_ports_and_one_round_robin_target(
     plan = build_plan(_clean_env(**MYSQL_ENV), var_dir=tmp_path, job_services=3)
     jobs = [s for s in plan.services if s.kind == "job_service"]
     assert [j.name for j in jobs] == ["job_service-1", "job_service-2", "job_service-3"]
-    assert [j.env["JOB_SERVICE_LISTEN"] for j in jobs] == [
-        "127.0.0.1:50051",
-        "127.0.0.1:50052",
-        "127.0.0.1:50053",
-    ]
-    assert [j.target for j in jobs] == ["127.0.0.1:50051", "127.0.0.1:50052", "127.0.0.1:50053"]
-    assert [j.env["JOB_SERVICE_METRICS_PORT"] for j in jobs] == ["9101", "9102", "9103"]
-    target = "ipv4:127.0.0.1:50051,127.0.0.1:50052,127.0.0.1:50053"
+    # the first keeps the documented ports; the others take free ones, never another
+    # service's (credential_service 50052, the worker 50053, metrics 9102, 9103)
+    listens = [j.env["JOB_SERVICE_LISTEN"] for j in jobs]
+    assert listens[0] == "127.0.0.1:50051"
+    ports = [split_hostport(x, 0)[1] for x in listens]
+    assert len(set(ports)) == 3 and 0 not in ports
+    assert not {50052, 50053, 3000, 8600} & set(ports)
+    assert [j.target for j in jobs] == listens
+    metrics = [int(j.env["JOB_SERVICE_METRICS_PORT"]) for j in jobs]
+    assert metrics[0] == 9101 and len(set(metrics)) == 3
+    assert not {9102, 9103} & set(metrics)
+    target = "ipv4:" + ",".join(listens)
     assert plan.env["JOB_SERVICE_ADDR"] == target
     # every client of job_service dials the list
     for spec in plan.services:
         assert spec.env["JOB_SERVICE_ADDR"] == target
     assert len({j.tier for j in jobs}) == 1  # started together; migrations take a lock
 
-    free = build_plan(
+    off = build_plan(
         _clean_env(**MYSQL_ENV, JOB_SERVICE_LISTEN="127.0.0.1:0", JOB_SERVICE_METRICS_PORT="0"),
         var_dir=tmp_path,
         job_services=2,
     )
-    listens = [s.env["JOB_SERVICE_LISTEN"] for s in free.services if s.kind == "job_service"]
+    listens = [s.env["JOB_SERVICE_LISTEN"] for s in off.services if s.kind == "job_service"]
     ports = [split_hostport(x, 0)[1] for x in listens]
     assert 0 not in ports and len(set(ports)) == 2
-    assert [
-        s.env["JOB_SERVICE_METRICS_PORT"] for s in free.services if s.kind == "job_service"
-    ] == [
+    assert [s.env["JOB_SERVICE_METRICS_PORT"] for s in off.services if s.kind == "job_service"] == [
         "0",
         "0",
     ]
