@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-import pymysql
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from airuntime_common.db import migration_lock
+from tests.conftest import _admin_connect
 
 pytestmark = pytest.mark.mysql
 
@@ -58,14 +58,7 @@ def test_three_replicas_migrating_an_empty_database_at_once_all_succeed(
 
 
 def test_a_held_lock_times_out_with_a_clear_error_then_frees(mysql_url: str) -> None:
-    url = make_url(mysql_url)
-    holder = pymysql.connect(
-        host=url.host or "127.0.0.1",
-        port=url.port or 3306,
-        user=url.username or "root",
-        password=url.password or "",
-        autocommit=True,
-    )
+    holder = _admin_connect()  # another session on the same server
     engine = create_engine(_sync_url(mysql_url))
     try:
         with holder.cursor() as cur:
