@@ -37,6 +37,9 @@ from launcher.plan import LaunchPlan, ServiceSpec, build_plan, port_in_use
 #: Seconds a child gets after SIGTERM before SIGKILL (``LAUNCHER_STOP_GRACE_SECONDS``).
 #: Longer than a worker's default ``SHUTDOWN_GRACE_SECONDS`` (20) so it can drain.
 DEFAULT_STOP_GRACE_SECONDS = 30.0
+#: Services that may run as several processes: one of them dying while another
+#: still runs does not stop the launcher (see :meth:`Launcher.wait`).
+REPLICATED_KINDS = frozenset({"job_service", "runtime_worker"})
 #: Seconds one service may take to become ready (``LAUNCHER_STARTUP_TIMEOUT_SECONDS``).
 DEFAULT_STARTUP_TIMEOUT_SECONDS = 90.0
 PROBE_INTERVAL_SECONDS = 0.2
@@ -175,6 +178,7 @@ class Launcher:
         self._stop_lock = asyncio.Lock()
         self._failed: asyncio.Event | None = None
         self._failure: ChildExit | None = None
+        self._fatal: ChildExit | None = None
 
     # -- public -----------------------------------------------------------
 
@@ -223,6 +227,7 @@ class Launcher:
         """
         self._stopping = False
         self._failure = None
+        self._fatal = None
         self._failed = asyncio.Event()
         if self._log_dir is not None:
             self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -247,12 +252,19 @@ class Launcher:
             raise
 
     async def wait(self) -> ChildExit:
-        """Block until a child exits unexpectedly; returns which one."""
+        """Block until a child exits unexpectedly and leaves its service without a
+        running process; returns which one.
+
+        A job_service replica or a runtime worker that dies while another of its kind
+        still runs is reported (and kept in :attr:`failure`) but does not end the
+        wait: the clients skip a dead replica, and a dead worker's leases expire and
+        its jobs are retried by the others (SPEC §2.3).
+        """
         if self._failed is None:
             raise RuntimeError("launcher not started")
         await self._failed.wait()
-        assert self._failure is not None
-        return self._failure
+        assert self._fatal is not None
+        return self._fatal
 
     async def stop(self) -> None:
         """Stop the children in reverse start order.
@@ -446,9 +458,23 @@ class Launcher:
                 await asyncio.wait_for(asyncio.shield(child.pump), 2.0)
         if self._stopping or child.expected_exit:
             return
-        self.say(f"{child.spec.name} exited unexpectedly (exit status {code})")
+        exit_ = ChildExit(child.spec.name, code, tuple(child.tail))
         if self._failure is None:
-            self._failure = ChildExit(child.spec.name, code, tuple(child.tail))
+            self._failure = exit_
+        others = [
+            c.spec.name
+            for c in self._children
+            if c is not child and c.spec.kind == child.spec.kind and c.running
+        ]
+        if child.spec.kind in REPLICATED_KINDS and others:
+            self.say(
+                f"{child.spec.name} exited unexpectedly (exit status {code});"
+                f" {', '.join(others)} still running"
+            )
+            return
+        self.say(f"{child.spec.name} exited unexpectedly (exit status {code})")
+        if self._fatal is None:
+            self._fatal = exit_
         if self._failed is not None:
             self._failed.set()
 

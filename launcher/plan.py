@@ -408,6 +408,12 @@ def build_plan(
         raise PlanError("--workers must be 0 or more")
     if job_services < 1:
         raise PlanError("--job-services must be 1 or more")
+    if job_services > 1 and str(base_env.get("DATABASE_URL") or "sqlite").startswith("sqlite"):
+        # refused before anything is written (var dir, dev secrets)
+        raise PlanError(
+            "--job-services above 1 needs a shared server database: set DATABASE_URL"
+            " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
+        )
     kinds = normalize_only(only)
     python = python or sys.executable
     var = Path(var_dir).expanduser().resolve()
@@ -453,11 +459,6 @@ def build_plan(
     )
     job_listens = [(job_listen, job_addr)]
     if job_services > 1:
-        if env["DATABASE_URL"].startswith("sqlite"):
-            raise PlanError(
-                "--job-services above 1 needs a shared server database: set DATABASE_URL"
-                " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
-            )
         # the replicas' own addresses (an address set for one service is not theirs)
         j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
         first = f"{connect_host(j_host)}:{j_port}"

@@ -4,6 +4,7 @@ rendering, environment isolation)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -310,7 +311,8 @@ def test_plan_job_service_replicas_get_own_ports_and_one_round_robin_target(
 
 def test_plan_job_service_replicas_refused_on_sqlite_or_below_one(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="shared server database"):
-        build_plan(_clean_env(), var_dir=tmp_path, job_services=2)
+        build_plan(_clean_env(), var_dir=tmp_path / "var", job_services=2)
+    assert not (tmp_path / "var").exists()  # refused before anything is written
     with pytest.raises(PlanError, match="1 or more"):
         build_plan(_clean_env(**MYSQL_ENV), var_dir=tmp_path, job_services=0)
     with pytest.raises(PlanError, match="not an IP address"):
@@ -574,6 +576,38 @@ async def test_launcher_reports_an_unexpected_death(tmp_path: Path) -> None:
         await launcher.stop()
     assert "a exited unexpectedly" in out.getvalue()
     assert launcher.pids() == {}
+
+
+async def test_launcher_keeps_running_while_another_replica_of_the_dead_one_runs(
+    tmp_path: Path,
+) -> None:
+    services = [
+        _spec("job_service-1", "job_service", HTTP_SERVICE, tmp_path),
+        _spec("job_service-2", "job_service", HTTP_SERVICE, tmp_path),
+        _spec("b", "api_gateway", HTTP_SERVICE, tmp_path),
+    ]
+    out = io.StringIO()
+    launcher = Launcher(plan=_plan(tmp_path, services), out=out)
+    await launcher.start()
+    try:
+        waiting = asyncio.create_task(launcher.wait())
+        os.kill(launcher.pids()["job_service-2"], signal.SIGKILL)
+        for _ in range(100):
+            if "job_service-2 exited unexpectedly" in out.getvalue():
+                break
+            await asyncio.sleep(0.05)
+        assert "job_service-1 still running" in out.getvalue()
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # the other replica serves on
+        assert launcher.failure is not None and launcher.failure.name == "job_service-2"
+        assert set(launcher.pids()) == {"job_service-1", "b"}
+        # the last replica's death ends the wait
+        os.kill(launcher.pids()["job_service-1"], signal.SIGKILL)
+        fatal = await asyncio.wait_for(waiting, 10)
+        assert fatal.name == "job_service-1"
+        assert launcher.failure.name == "job_service-2"  # still the first one
+    finally:
+        await launcher.stop()
 
 
 async def test_launcher_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
