@@ -62,7 +62,15 @@ async def create_job(
         target_id = user_id
     elif not target_id:
         raise invalid_argument("targetId is required for this targetType", field="targetId")
-    params = normalize_params(body.jobType, body.params)
+    key = check_idempotency_key(idempotency_key)
+    try:
+        params = normalize_params(body.jobType, body.params)
+    except AppError:
+        if key is None:
+            raise
+        # a repeat returns the original whatever its params (SPEC §2.5): job_service
+        # looks for it first, and refuses these params the same way when there is none
+        params = body.params or {}
     req = rr.CreateJobRequest(
         user_id=user_id,
         job_type=pb_enum(JOB_TYPE, body.jobType),
@@ -72,7 +80,6 @@ async def create_job(
         api_key_mode=pb_enum(API_KEY_MODE, body.apiKeyMode),
         actor=actor,
     )
-    key = check_idempotency_key(idempotency_key)
     if key is not None:
         req.idempotency_key = key
     if plan:

@@ -83,6 +83,40 @@ async def test_create_job_201_then_replay_200_with_header(
     assert again.json()["jobId"] == resp.json()["jobId"]
 
 
+async def test_a_repeat_with_params_now_invalid_goes_to_job_service_for_its_original(
+    client: httpx.AsyncClient, backends: Backends
+) -> None:
+    # SPEC §2.5: a repeat returns the original job whatever its params; only job_service
+    # knows whether there is one, so the gateway forwards the key with the params as sent
+    body = {
+        "jobType": "quiz_generation",
+        "targetType": "material",
+        "targetId": "m1",
+        "params": {"count": 99},
+    }
+    backends.job.responses["CreateJob"] = rr.CreateJobResponse(job=sparse_job(), replayed=True)
+    resp = await client.post("/v1/ai/jobs", json=body, headers={**USER, "Idempotency-Key": "k-9"})
+    assert resp.status_code == 200
+    assert resp.headers["Idempotent-Replayed"] == "true"
+    req = backends.job.last("CreateJob").request
+    assert req.idempotency_key == "k-9"
+    assert req.params["count"] == 99
+
+    # no original: job_service refuses the params, and the caller sees its 400
+    backends.job.errors["CreateJob"] = AppError(
+        ErrorCode.INVALID_ARGUMENT, "count out of range", {"field": "params.count"}
+    )
+    resp = await client.post("/v1/ai/jobs", json=body, headers={**USER, "Idempotency-Key": "k-10"})
+    assert resp.status_code == 400
+    assert resp.json()["code"] == "INVALID_ARGUMENT"
+
+    # without a key the gateway refuses them itself, and job_service is not called
+    calls = len(backends.job.calls)
+    resp = await client.post("/v1/ai/jobs", json=body, headers=USER)
+    assert resp.status_code == 400
+    assert len(backends.job.calls) == calls
+
+
 async def test_create_without_key_sends_none(client: httpx.AsyncClient, backends: Backends) -> None:
     body = {"jobType": "learning_state_analysis", "targetType": "user"}
     resp = await client.post("/v1/ai/jobs", json=body, headers=USER)
