@@ -83,9 +83,21 @@ async def _row(
     return (row[0], row[1], row[2], row[3], row[4])
 
 
-async def read(session: DbExec, clock: DbClock) -> BreakerView:
-    """Current breaker (no transition applied)."""
+async def read(
+    session: DbExec, clock: DbClock, cooldown_seconds: float | None = None
+) -> BreakerView:
+    """Current breaker as it acts now (nothing written).
+
+    With ``cooldown_seconds`` (``BREAKER_COOLDOWN_SECONDS``), an ``open`` row whose
+    cool-down has run out is shown ``half_open`` since ``opened_at + cooldown``: the
+    next platform-key create would pass as a probe, and :func:`admit_new_job`
+    records the same moment when it writes the transition (SPEC §6).
+    """
     state, failures, opened, half, _ = await _row(session, clock, lock=False)
+    if state == "open" and opened is not None and cooldown_seconds is not None:
+        due = opened + timedelta(seconds=cooldown_seconds)
+        if await clock.read(session) >= due:
+            return BreakerView("half_open", failures, opened, due)
     return BreakerView(state, failures, opened, half)
 
 
@@ -110,10 +122,16 @@ async def admit_new_job(session: DbExec, clock: DbClock, settings: JobServiceSet
                 "the platform model key is failing; try again later",
                 {"state": "open"},
             )
+        # half-open since the cool-down ran out, as :func:`read` shows it (no
+        # platform-key job could be created in between: this is the first since)
         await session.execute(
             update(breaker)
             .where(breaker.c.id == ROW_ID)
-            .values(state="half_open", half_open_at=clock.now(), probes_in_flight=0)
+            .values(
+                state="half_open",
+                half_open_at=(opened + cooldown) if opened is not None else clock.now(),
+                probes_in_flight=0,
+            )
         )
         probes = 0
     elif probes >= settings.BREAKER_HALF_OPEN_PROBES and not await _probes_alive(session, half):

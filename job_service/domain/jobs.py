@@ -2940,7 +2940,8 @@ class JobDomain:
 
     async def breaker_view(self) -> breaker_mod.BreakerView:
         """The platform circuit breaker (SPEC §3.1 admin)."""
-        view = await self.tx(lambda s: breaker_mod.read(s, self.clock))
+        cooldown = self.settings.BREAKER_COOLDOWN_SECONDS
+        view = await self.tx(lambda s: breaker_mod.read(s, self.clock, cooldown))
         metrics.set_breaker(view.state, view.consecutive_failures)
         return view
 
@@ -2965,7 +2966,9 @@ class JobDomain:
         )
         async with self.sessions() as session:
             rows = (await session.execute(stmt)).all()
-            view = await breaker_mod.read(session, self.clock)
+            view = await breaker_mod.read(
+                session, self.clock, self.settings.BREAKER_COOLDOWN_SECONDS
+            )
         depth = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
         for state in (PENDING, LOCKED, RUNNING):
             for job_type in JOB_TYPES:

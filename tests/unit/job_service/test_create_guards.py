@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -266,9 +267,16 @@ async def test_breaker_opens_half_opens_and_closes(make_domain: Callable[..., An
         await new_job(domain)
     assert err.value.code == "PLATFORM_CIRCUIT_OPEN"
     assert (await new_job(domain, api_key_mode="user_deepseek_key")).status == "pending"
+    opened = await domain.breaker_view()
+    assert opened.half_open_at is None
     await asyncio.sleep(0.35)
+    # the cool-down ran out: shown half-open before any create writes it (SPEC §6)
+    due = opened.opened_at + timedelta(seconds=0.3)
+    shown = await domain.breaker_view()
+    assert (shown.state, shown.half_open_at) == ("half_open", due)
     probe = await new_job(domain)  # half-open: one probe passes
-    assert (await domain.breaker_view()).state == "half_open"
+    written = await domain.breaker_view()
+    assert (written.state, written.half_open_at) == ("half_open", due)  # the same moment
     with pytest.raises(AppError):
         await new_job(domain)
     c = await domain.lock(probe.job_id, "w")
