@@ -3,8 +3,9 @@
 Every function runs inside the caller's transaction (it never commits) and
 raises :class:`~airuntime_common.errors.AppError` for every refusal:
 
-* another user's material / knowledge point → ``NOT_FOUND`` (never 403, so a
-  user cannot probe other users' ids);
+* an unknown id, or another user's material / block / knowledge point, in the
+  path or in the body → ``NOT_FOUND`` (never 403, so a user cannot probe other
+  users' ids; never 400, SPEC §3 "any unknown id → 404");
 * a bad field → ``INVALID_ARGUMENT`` with the offending field in ``details``;
 * content over 1 MiB → ``PAYLOAD_TOO_LARGE``.
 
@@ -364,9 +365,10 @@ async def create_knowledge_point(
         block_ids: 1..500 block ids of that material (repeats are ignored).
 
     Raises:
-        AppError: ``NOT_FOUND`` when the material is unknown or another user's;
-        ``INVALID_ARGUMENT`` for a bad name, no blocks, or block ids that are
-        not blocks of that material (listed in ``details.unknownBlockIds``).
+        AppError: ``NOT_FOUND`` when the material is unknown or another user's, or
+        when block ids are (listed in ``details.unknownBlockIds``, SPEC §3);
+        ``INVALID_ARGUMENT`` for a bad name, no blocks, or the user's blocks of
+        another material (listed in ``details.otherMaterialBlockIds``).
     """
     material = await _owned_material(session, user_id, material_id)
     name = (name or "").strip()
@@ -377,22 +379,28 @@ async def create_knowledge_point(
         raise invalid_argument(
             f"blockIds must name 1..{MAX_KP_BLOCKS} blocks", field="blockIds", count=len(ids)
         )
-    found = set(
-        (
-            await session.execute(
-                select(MaterialBlock.block_id).where(
-                    MaterialBlock.block_id.in_(ids),
-                    MaterialBlock.material_id == material.material_id,
-                )
-            )
-        ).scalars()
+    owned = await _user_rows(
+        session,
+        MaterialBlock.block_id,
+        MaterialBlock.material_id,
+        MaterialBlock.user_id,
+        user_id,
+        ids,
     )
-    unknown = [b for b in ids if b not in found]
+    unknown = [b for b in ids if b not in owned]
     if unknown:
+        raise AppError(
+            ErrorCode.NOT_FOUND,
+            f"blocks not found: {', '.join(unknown[:10])}",
+            {"field": "blockIds", "unknownBlockIds": unknown},
+        )
+    elsewhere = [b for b in ids if owned[b] != material.material_id]
+    if elsewhere:
         raise invalid_argument(
-            f"blockIds are not blocks of material {material.material_id}: {', '.join(unknown[:10])}",
+            f"blockIds are not blocks of material {material.material_id}:"
+            f" {', '.join(elsewhere[:10])}",
             field="blockIds",
-            unknownBlockIds=unknown,
+            otherMaterialBlockIds=elsewhere,
         )
     now = db_now()
     kp_id = new_id()
@@ -484,6 +492,15 @@ def _bad_event(index: int, field_name: str, message: str, value: Any = None) -> 
     )
 
 
+def _unknown_in_event(index: int, field_name: str, kind: str, value: str) -> AppError:
+    """An event naming an id that is unknown or another user's: 404 (SPEC §3)."""
+    return AppError(
+        ErrorCode.NOT_FOUND,
+        f"events[{index}].{field_name}: {kind} {value!r} not found",
+        {"field": f"events[{index}].{field_name}", "index": index, "value": value},
+    )
+
+
 def _parse_events(events: Sequence[LearningEventIn | Mapping[str, Any]]) -> list[LearningEventIn]:
     parsed: list[LearningEventIn] = []
     for index, raw in enumerate(events):
@@ -537,9 +554,10 @@ async def record_learning_events(
         ``(accepted, duplicates)``; their sum is ``len(events)``.
 
     Raises:
-        AppError: ``INVALID_ARGUMENT`` naming the event index and field
-        (``details.field`` like ``events[3].blockId``) for a bad event or an
-        unknown/foreign id; ``INVALID_ARGUMENT`` for a batch over 500.
+        AppError: ``NOT_FOUND`` for an unknown or foreign id, ``INVALID_ARGUMENT``
+        for a bad event (a block of another material included); both name the
+        event index and field (``details.field`` like ``events[3].blockId``).
+        ``INVALID_ARGUMENT`` for a batch over 500.
     """
     require_user(user_id)
     if len(events) > MAX_EVENT_BATCH:
@@ -579,7 +597,7 @@ async def record_learning_events(
     for index, ev in enumerate(parsed):
         material_id = ev.materialId
         if material_id and material_id not in materials:
-            raise _bad_event(index, "materialId", f"unknown material {material_id!r}", material_id)
+            raise _unknown_in_event(index, "materialId", "material", material_id)
         for name, value, known in (
             ("blockId", ev.blockId, blocks),
             ("knowledgePointId", ev.knowledgePointId, kps),
@@ -588,7 +606,7 @@ async def record_learning_events(
                 continue
             if value not in known:
                 kind = "block" if name == "blockId" else "knowledge point"
-                raise _bad_event(index, name, f"unknown {kind} {value!r}", value)
+                raise _unknown_in_event(index, name, kind, value)
             owner_material = known[value]
             if material_id and owner_material != material_id:
                 raise _bad_event(

@@ -105,19 +105,22 @@ async def test_knowledge_point_refuses_foreign_material_and_foreign_blocks(
             [stranger.blocks[0].block_id],
         )
     assert exc.value.code == ErrorCode.NOT_FOUND
-    # a block of another material (own or foreign) and an unknown id → INVALID_ARGUMENT with details
-    bad = [other.blocks[0].block_id, stranger.blocks[0].block_id, "nope"]
+    # an unknown id or another user's block → NOT_FOUND listing them (SPEC §3: any
+    # unknown id → 404); the user's own block of another material → INVALID_ARGUMENT
+    unknown = [stranger.blocks[0].block_id, "nope"]
+    mine = [photosynthesis.blocks[0].block_id, other.blocks[0].block_id]
     with pytest.raises(AppError) as exc:
         await tx(
-            learning.create_knowledge_point,
-            "u1",
-            photosynthesis.material_id,
-            "x",
-            [photosynthesis.blocks[0].block_id, *bad],
+            learning.create_knowledge_point, "u1", photosynthesis.material_id, "x", mine + unknown
         )
+    assert exc.value.code == ErrorCode.NOT_FOUND
+    assert exc.value.details is not None
+    assert exc.value.details["unknownBlockIds"] == unknown
+    with pytest.raises(AppError) as exc:
+        await tx(learning.create_knowledge_point, "u1", photosynthesis.material_id, "x", mine)
     assert exc.value.code == ErrorCode.INVALID_ARGUMENT
     assert exc.value.details is not None
-    assert exc.value.details["unknownBlockIds"] == bad
+    assert exc.value.details["otherMaterialBlockIds"] == [other.blocks[0].block_id]
     # no blocks at all
     with pytest.raises(AppError) as exc:
         await tx(learning.create_knowledge_point, "u1", photosynthesis.material_id, "x", [])
@@ -199,26 +202,43 @@ async def test_concurrent_repeats_of_a_batch_store_each_event_once(
     assert await _count_events(tx, "u1") == 40
 
 
+NOT_FOUND = ErrorCode.NOT_FOUND
+INVALID = ErrorCode.INVALID_ARGUMENT
+
+
 @pytest.mark.parametrize(
-    ("event", "field"),
+    ("event", "field", "code"),
     [
-        ({"blockId": "FOREIGN_BLOCK"}, "events[1].blockId"),
-        ({"blockId": "no-such-block"}, "events[1].blockId"),
-        ({"materialId": "FOREIGN_MATERIAL"}, "events[1].materialId"),
-        ({"blockId": "OWN_BLOCK", "materialId": "OTHER_OWN_MATERIAL"}, "events[1].blockId"),
+        # an unknown or another user's id is 404, in a body too (SPEC §3)
+        ({"blockId": "FOREIGN_BLOCK"}, "events[1].blockId", NOT_FOUND),
+        ({"blockId": "no-such-block"}, "events[1].blockId", NOT_FOUND),
+        ({"materialId": "FOREIGN_MATERIAL"}, "events[1].materialId", NOT_FOUND),
+        ({"materialId": "no-such-material"}, "events[1].materialId", NOT_FOUND),
         (
             {"type": "quiz_attempt", "knowledgePointId": "FOREIGN_KP", "correct": True},
             "events[1].knowledgePointId",
+            NOT_FOUND,
         ),
-        ({"type": "quiz_attempt", "knowledgePointId": "OWN_KP"}, "events[1].correct"),
-        ({"type": "quiz_attempt", "correct": True}, "events[1].knowledgePointId"),
-        ({"type": "skimming", "blockId": "OWN_BLOCK"}, "events[1].type"),
-        ({"blockId": "OWN_BLOCK", "dwellSeconds": -1}, "events[1].dwellSeconds"),
-        ({}, "events[1].blockId"),
+        (
+            {"type": "quiz_attempt", "knowledgePointId": "no-such-kp", "correct": True},
+            "events[1].knowledgePointId",
+            NOT_FOUND,
+        ),
+        # the user's own ids that do not fit together, and bad fields, are 400
+        (
+            {"blockId": "OWN_BLOCK", "materialId": "OTHER_OWN_MATERIAL"},
+            "events[1].blockId",
+            INVALID,
+        ),
+        ({"type": "quiz_attempt", "knowledgePointId": "OWN_KP"}, "events[1].correct", INVALID),
+        ({"type": "quiz_attempt", "correct": True}, "events[1].knowledgePointId", INVALID),
+        ({"type": "skimming", "blockId": "OWN_BLOCK"}, "events[1].type", INVALID),
+        ({"blockId": "OWN_BLOCK", "dwellSeconds": -1}, "events[1].dwellSeconds", INVALID),
+        ({}, "events[1].blockId", INVALID),
     ],
 )
 async def test_bad_or_foreign_event_is_refused_naming_index_and_field(
-    tx: Tx, photosynthesis: learning.MaterialView, event: dict[str, Any], field: str
+    tx: Tx, photosynthesis: learning.MaterialView, event: dict[str, Any], field: str, code: str
 ) -> None:
     own_block = photosynthesis.blocks[0].block_id
     other_own = await tx(learning.create_material, "u1", "Second", "More text.")
@@ -241,7 +261,7 @@ async def test_bad_or_foreign_event_is_refused_naming_index_and_field(
     bad.update({k: names.get(v, v) if isinstance(v, str) else v for k, v in event.items()})
     with pytest.raises(AppError) as exc:
         await tx(learning.record_learning_events, "u1", [_reading("ok", own_block), bad])
-    assert exc.value.code == ErrorCode.INVALID_ARGUMENT
+    assert exc.value.code == code
     assert exc.value.details is not None
     assert exc.value.details["field"] == field
     assert exc.value.details["index"] == 1

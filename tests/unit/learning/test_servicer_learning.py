@@ -141,7 +141,7 @@ async def test_materials_knowledge_points_and_events(stub: service_pb2_grpc.JobS
             user_id="u1", material_id=material.material_id, name="x", block_ids=["nope"]
         ),
     )
-    assert err.code == ErrorCode.INVALID_ARGUMENT
+    assert err.code == ErrorCode.NOT_FOUND  # an unknown id, body or path (SPEC §3)
     assert err.details is not None and err.details["unknownBlockIds"] == ["nope"]
 
     events = [
@@ -189,7 +189,7 @@ async def test_materials_knowledge_points_and_events(stub: service_pb2_grpc.JobS
     err = await refused(
         stub.RecordLearningEvents, rr.RecordLearningEventsRequest(user_id="u2", events=foreign)
     )
-    assert err.code == ErrorCode.INVALID_ARGUMENT
+    assert err.code == ErrorCode.NOT_FOUND  # another user's block
     assert err.details is not None and err.details["field"] == "events[0].blockId"
     too_many = [
         msg.LearningEvent(
