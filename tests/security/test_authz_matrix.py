@@ -259,10 +259,9 @@ def v1_routes(w: World) -> list[Route]:
             (201, None),
             NF,
         ),
-        # a foreign id inside an event batch is refused like an unknown one (per-field 400)
-        Route(
-            "POST", "/v1/learning-events", {"events": [ev]}, (202, None), (400, "INVALID_ARGUMENT")
-        ),
+        # a foreign id inside an event batch is refused like an unknown one: 404 naming
+        # the event's field (SPEC §3, any unknown id → 404)
+        Route("POST", "/v1/learning-events", {"events": [ev]}, (202, None), NF),
         Route(
             "POST",
             "/v1/ai/jobs",
