@@ -328,16 +328,22 @@ def grpc_address_list(addresses: list[str]) -> str:
     """
     if len(addresses) == 1:
         return addresses[0]
-    families = set()
-    for address in addresses:
-        host = address.rsplit(":", 1)[0].strip("[]")
-        try:
-            families.add(ipaddress.ip_address(host).version)
-        except ValueError:
-            raise PlanError(f"replica address {address!r} is not an IP address") from None
+    families = {_ip_family(address) for address in addresses}
     if len(families) != 1:
         raise PlanError("replica addresses mix IPv4 and IPv6")
     return f"ipv{families.pop()}:" + ",".join(addresses)
+
+
+def _ip_family(address: str) -> int:
+    """4 or 6 for a ``host:port`` whose host is an IP literal (``[::1]:5`` too).
+
+    Raises:
+        PlanError: the host is a name, not an IP literal.
+    """
+    try:
+        return ipaddress.ip_address(address.rsplit(":", 1)[0].strip("[]")).version
+    except ValueError:
+        raise PlanError(f"replica address {address!r} is not an IP address") from None
 
 
 def _port_var(env: Mapping[str, str], name: str, default: int) -> int:
@@ -461,12 +467,13 @@ def build_plan(
     if job_services > 1:
         # the replicas' own addresses (an address set for one service is not theirs)
         j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
-        first = f"{connect_host(j_host)}:{j_port}"
-        grpc_address_list([first, first])  # an IP literal, or refused before any port
+        j_connect = connect_host(j_host)
+        first = f"{j_connect}:{j_port}"
+        _ip_family(first)  # an IP literal, or refused before any port is taken
         job_listens = [(job_listen, first)]
         for _ in range(1, job_services):
-            port = free_port(connect_host(j_host))
-            job_listens.append((f"{j_host}:{port}", f"{connect_host(j_host)}:{port}"))
+            port = free_port(j_connect)
+            job_listens.append((f"{j_host}:{port}", f"{j_connect}:{port}"))
         job_addr = grpc_address_list([addr for _, addr in job_listens])
     env["JOB_SERVICE_ADDR"] = job_addr
     env["CREDENTIAL_SERVICE_ADDR"] = cred_addr

@@ -83,18 +83,16 @@ async def _row(
     return (row[0], row[1], row[2], row[3], row[4])
 
 
-async def read(
-    session: DbExec, clock: DbClock, cooldown_seconds: float | None = None
-) -> BreakerView:
+async def read(session: DbExec, clock: DbClock, cooldown_seconds: float) -> BreakerView:
     """Current breaker as it acts now (nothing written).
 
-    With ``cooldown_seconds`` (``BREAKER_COOLDOWN_SECONDS``), an ``open`` row whose
-    cool-down has run out is shown ``half_open`` since ``opened_at + cooldown``: the
-    next platform-key create would pass as a probe, and :func:`admit_new_job`
-    records the same moment when it writes the transition (SPEC §6).
+    An ``open`` row whose cool-down (``cooldown_seconds``, ``BREAKER_COOLDOWN_SECONDS``)
+    has run out is shown ``half_open`` since ``opened_at + cooldown``: the next
+    platform-key create would pass as a probe, and :func:`admit_new_job` records
+    the same moment when it writes the transition (SPEC §6).
     """
     state, failures, opened, half, _ = await _row(session, clock, lock=False)
-    if state == "open" and opened is not None and cooldown_seconds is not None:
+    if state == "open" and opened is not None:
         due = opened + timedelta(seconds=cooldown_seconds)
         if await clock.read(session) >= due:
             return BreakerView("half_open", failures, opened, due)
@@ -278,4 +276,4 @@ async def reset(session: DbExec, clock: DbClock) -> BreakerView:
             updated_at=clock.now(),
         )
     )
-    return await read(session, clock)
+    return BreakerView("closed", 0, None, None)  # what was just written
