@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -115,7 +116,9 @@ class DeepSeekProvider:
     every request it checks each of its connections: 16 calls at a time cost
     1.2–1.5 ms of CPU each on pools of 2, 1.9–2.3 ms on pools of 8 (an ad-hoc loop
     against the stand-in, interleaved). The pools share one TLS context: making
-    one per client costs about 40 ms each.
+    one per client costs about 40 ms each. The provider's own clients keep no cookie
+    (a ``Set-Cookie`` from one user's call must not go out with another's) and
+    follow no redirect (the key goes to the configured base URL only).
     """
 
     name = "deepseek"
@@ -134,6 +137,9 @@ class DeepSeekProvider:
                 httpx.AsyncClient(
                     follow_redirects=False,
                     verify=tls,
+                    # no domain may set a cookie: a call carries one user's key, and
+                    # nothing the provider answered to it goes out with the next one's
+                    cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
                     limits=httpx.Limits(
                         max_connections=per_pool, max_keepalive_connections=per_pool
                     ),

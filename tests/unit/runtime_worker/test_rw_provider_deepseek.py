@@ -256,3 +256,64 @@ def test_cache_hits_are_capped_at_the_prompt_tokens() -> None:
     ).encode()
     _, _, usage, _ = parse_envelope(raw)
     assert (usage.prompt_tokens, usage.cache_hit_tokens) == (10, 10)
+
+
+async def test_http_proxy_from_the_environment_is_used(
+    raw_http: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HTTP_PROXY reaches the model through the proxy (absolute-form request line);
+    NO_PROXY sends the call straight to the endpoint."""
+
+    async def ok(req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(w, 200, envelope('{"items": []}'))
+
+    proxy = await raw_http(ok)
+    for var in ("NO_PROXY", "no_proxy", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", proxy.base_url)
+    provider = DeepSeekProvider()
+    try:
+        response = await provider.complete(make_request("http://model.example.invalid/v1"))
+    finally:
+        await provider.aclose()
+    assert response.content == '{"items": []}'
+    assert proxy.requests[0]["path"] == "http://model.example.invalid/v1/chat/completions"
+    assert proxy.requests[0]["headers"]["authorization"] == "Bearer sk-testkey12345678"
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = await raw_http(ok)
+    await call(direct)
+    assert len(direct.requests) == 1 and direct.requests[0]["path"] == "/chat/completions"
+    assert len(proxy.requests) == 1
+
+
+async def test_no_cookie_follows_one_call_to_the_next(raw_http: Any) -> None:
+    """A cookie the provider sets is not sent back: calls carry different users' keys."""
+
+    async def sets_cookie(req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(
+            w, 200, envelope('{"items": []}'), {"Set-Cookie": "session=abc; Path=/"}
+        )
+
+    server = await raw_http(sets_cookie)
+    by_name = server.base_url.replace("127.0.0.1", "localhost")  # jars may refuse an IP's
+    provider = DeepSeekProvider()
+    try:
+        for _ in range(2):
+            await provider.complete(make_request(by_name))
+    finally:
+        await provider.aclose()
+    assert [r["headers"].get("cookie") for r in server.requests] == [None, None]
+
+
+async def test_no_redirect_is_followed(raw_http: Any) -> None:
+    """A 3xx is the provider's answer, not a hop: the key is never sent elsewhere."""
+
+    async def moved(req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(w, 307, b"", {"Location": "http://elsewhere.invalid/x"})
+
+    server = await raw_http(moved)
+    err = await expect_error(server)
+    # any other non-2xx is a provider answering oddly: temporary (classify.py)
+    assert (err.code, err.http_status) == (ErrorCode.TEMPORARY_PROVIDER_ERROR, 307)
+    assert len(server.requests) == 1
