@@ -77,6 +77,37 @@ ABORT_CODES = {
 ABANDON_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
 
 
+@dataclass(frozen=True)
+class CallWindow:
+    """When a claiming call (ClaimJobs, or SubmitResult with ``claimNext``) was out.
+
+    Attributes:
+        sent_mono: ``time.monotonic()`` just before the call was sent (s).
+        sent_wall: ``time.time()`` at the same moment (s since the epoch, UTC).
+        answered_mono: ``time.monotonic()`` when its answer arrived (s).
+    """
+
+    sent_mono: float
+    sent_wall: float
+    answered_mono: float
+
+    def start_of(self, job: Any) -> float:
+        """The ``time.monotonic()`` at which the call started ``job`` (its ``startedAt``).
+
+        A long poll waits up to ``waitMs`` before it claims, so the moment the call
+        was sent can be seconds before the job even existed: counting the time
+        budget (SPEC §2.2: ``timeoutSeconds`` from ``startedAt``) from there would
+        time the attempt out early. ``startedAt`` (database clock) is placed on this
+        host's clock and kept within the call's window: with clocks in step it is
+        the reaper's moment; with a skewed clock it is never before the call was
+        sent nor after its answer arrived (then at most the answer's transit late).
+        """
+        if not job.HasField("started_at"):
+            return self.sent_mono
+        offset = float(job.started_at.ToMicroseconds()) / 1e6 - self.sent_wall
+        return min(max(self.sent_mono + offset, self.sent_mono), self.answered_mono)
+
+
 @dataclass
 class JobRun:
     """One claimed attempt in flight; the lease keeper's handle on it.
@@ -86,9 +117,9 @@ class JobRun:
         snapshot: its ``GetSnapshotResponse`` when the claim answered with it; None:
             read with GetSnapshot (a job past the answer's snapshot budget, or
             one from a job_service that only locks).
-        started_mono: ``time.monotonic()`` from before the claim that started the
-            job (``startedAt`` is set then, SPEC §2.3); None when the job is
-            started by its snapshot read.
+        started_mono: ``time.monotonic()`` of the job's ``startedAt`` when the claim
+            started it (SPEC §2.3; :meth:`CallWindow.start_of`); None when the job
+            is started by its snapshot read.
         reason: why the work was stopped (``lease_lost``, ``cancel_requested``,
             ``shutdown``), or None.
         invocations: model calls made so far (recorded when the attempt ends).
@@ -223,6 +254,7 @@ class Worker:
                 break
             free = self.settings.WORKER_CONCURRENCY - len(self.runs)
             began = time.monotonic()
+            began_wall = time.time()
             failed = False
             try:
                 jobs, snapshots = await self.client.claim_jobs(
@@ -239,20 +271,23 @@ class Worker:
                 log.exception("claim crashed")
                 jobs, snapshots = [], {}
                 failed = True
+            window = CallWindow(began, began_wall, time.monotonic())
             for job in jobs:
-                self._launch(job, snapshots.get(job.job_id), began)
+                self._launch(job, snapshots.get(job.job_id), window)
             # sleep after a failure, or after an empty answer that came back early
             # (a long poll that waited its time need not sleep again)
             if failed or (not jobs and time.monotonic() - began < poll_s):
                 await self._wait_or_drain(None, poll_s)
 
-    def _launch(self, job: Any, snapshot: Any = None, claim_sent: float | None = None) -> None:
+    def _launch(self, job: Any, snapshot: Any = None, claim: CallWindow | None = None) -> None:
         run = JobRun(
             job=job,
             snapshot=snapshot,
-            # a claim with start set startedAt before its answer left job_service: the
-            # job's time budget runs from before the claim was sent
-            started_mono=claim_sent if job.status == RUNNING_STATUS else None,
+            # a claim with start set startedAt while the call was out: the job's time
+            # budget runs from that moment, as the reaper's does
+            started_mono=(
+                claim.start_of(job) if claim is not None and job.status == RUNNING_STATUS else None
+            ),
             job_id=job.job_id,
             attempt_no=job.attempt_no,
             job_type=JOB_TYPE.to_str_or_none(job.job_type) or "",
@@ -445,6 +480,7 @@ class Worker:
 
     async def _submit(self, run: JobRun, prompt_version: str, output: dict[str, Any]) -> None:
         began = time.monotonic()
+        began_wall = time.time()
         try:
             answer = await self.client.submit_result(
                 run.job_id,
@@ -474,8 +510,9 @@ class Worker:
             "attempt succeeded",
             extra={"fields": {"resultId": answer.result_id, "replayed": answer.replayed}},
         )
+        window = CallWindow(began, began_wall, time.monotonic())
         for job in answer.claimed_jobs:  # this slot's next jobs, claimed with the result
-            self._launch(job, answer.snapshots.get(job.job_id), began)
+            self._launch(job, answer.snapshots.get(job.job_id), window)
 
     def _call_code(self, run: JobRun, inv: Invocation) -> str | None:
         code = inv.error_code

@@ -295,6 +295,8 @@ class FakeBackend:
     #: ClaimJobs with ``with_snapshots`` answers the snapshots (as job_service does);
     #: off, it answers the jobs alone (a job_service that only locks)
     answer_snapshots: bool = False
+    #: seconds ClaimJobs waits after claiming (and starting) its jobs before answering
+    claim_answer_delay: float = 0.0
 
     def add_job(self, job: Any, payload: dict[str, Any] | None = None, version: str = "v1") -> None:
         self.queue.append(job)
@@ -375,7 +377,10 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         if request.with_snapshots and self.b.answer_snapshots:
             for job in out.jobs:  # started by the claim, as job_service does
                 job.status = JOB_STATUS.to_proto("running")
+                job.started_at.CopyFrom(to_timestamp(utcnow()))
                 out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
+        if self.b.claim_answer_delay:  # claimed and started; the answer is slow to leave
+            await asyncio.sleep(self.b.claim_answer_delay)
         return out
 
     def _snapshot(self, job_id: str) -> Any:
@@ -435,6 +440,7 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
             del self.b.queue[:n]
             for job in out.claimed_jobs:
                 job.status = JOB_STATUS.to_proto("running")
+                job.started_at.CopyFrom(to_timestamp(utcnow()))
                 out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
         return out
 

@@ -21,6 +21,7 @@ from runtime_worker import metrics as worker_metrics
 from runtime_worker.app import WorkerApp, run
 from runtime_worker.providers.base import ModelRequest, ModelResponse, Usage
 from runtime_worker.snapshot import struct_to_dict
+from runtime_worker.worker import CallWindow
 from tests.unit.runtime_worker.rw_helpers import (
     QUIZ_OUTPUT,
     TOKEN,
@@ -585,11 +586,13 @@ async def test_a_snapshot_from_the_claim_is_validated_like_one_read_alone(
     assert "GetSnapshot" not in b.names() and provider.requests == []
 
 
-async def test_a_job_started_by_its_claim_counts_its_time_from_before_the_claim(
+async def test_a_long_poll_s_wait_before_the_claim_does_not_count_against_the_job(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
-    """job_service set startedAt when the claim ran: the worker's time budget must not
-    end after the reaper's (JOB_TIMEOUT counts from startedAt)."""
+    """A long poll that waited before it claimed: the job started when it was claimed
+    (its startedAt), not when the poll was sent (SPEC §2.2: timeoutSeconds from
+    startedAt). Counting from the send cut a 10 s budget to what was left of the
+    poll's wait."""
     b = backend[0]
     b.answer_snapshots = True
     b.hold["ClaimJobs"] = asyncio.Event()
@@ -597,8 +600,26 @@ async def test_a_job_started_by_its_claim_counts_its_time_from_before_the_claim(
     provider = ScriptedProvider()
     await start_app(backend, apps, provider)
     await b.wait_for(lambda: "ClaimJobs" in b.names())
-    await asyncio.sleep(0.6)  # the claim's answer takes 0.6 s to come back
+    await asyncio.sleep(1.5)  # the poll waits 1.5 s before it claims
     b.hold["ClaimJobs"].set()
+    await b.wait_for(lambda: bool(b.results))
+    [request] = provider.requests
+    assert request.timeout_is_job_deadline
+    assert 10 - 0.5 < request.timeout_seconds <= 10
+
+
+async def test_a_job_started_by_its_claim_counts_its_time_from_its_start(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """job_service set startedAt when the claim ran and the answer took 0.6 s to come
+    back: the worker's time budget must not end after the reaper's (JOB_TIMEOUT
+    counts from startedAt)."""
+    b = backend[0]
+    b.answer_snapshots = True
+    b.claim_answer_delay = 0.6
+    b.add_job(make_job("job-budget", timeout_seconds=10))
+    provider = ScriptedProvider()
+    await start_app(backend, apps, provider)
     await b.wait_for(lambda: bool(b.results))
     [request] = provider.requests
     assert request.timeout_is_job_deadline
@@ -745,3 +766,18 @@ async def test_status_service_reports_and_drains(backend: Backend, apps: list[Wo
     assert status.counters["failed:WORKER_SHUTDOWN"] == 1
     await channel.close()
     await app.stop(0.1)
+
+
+def test_a_skewed_clock_keeps_the_start_within_the_call() -> None:
+    """startedAt is placed on the worker's clock, but never before the claim was sent
+    nor after its answer arrived, however far the two clocks disagree."""
+    window = CallWindow(sent_mono=100.0, sent_wall=1_000_000.0, answered_mono=102.0)
+    job = make_job("job-skew")
+    assert window.start_of(job) == 100.0  # no startedAt: from the send
+    for started_wall, expected in (
+        (1_000_001.5, 101.5),  # in step: the moment itself
+        (1_000_000.0 - 3600, 100.0),  # the database an hour behind
+        (1_000_000.0 + 3600, 102.0),  # an hour ahead
+    ):
+        job.started_at.FromMicroseconds(int(started_wall * 1e6))
+        assert window.start_of(job) == pytest.approx(expected)
