@@ -47,6 +47,8 @@ RETRY_STATUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_
 RETRY_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
 #: Most leases per HeartbeatLeases call (SPEC §3).
 MAX_LEASES_PER_CALL = 500
+#: Longest retryAfterSeconds a FailJob may carry (job_service refuses more: one day).
+MAX_RETRY_AFTER_SECONDS = 86400.0
 
 
 def _retryable(exc: grpc.aio.AioRpcError, err: AppError) -> bool:
@@ -270,6 +272,9 @@ class RuntimeClient:
         """FailJob with a SPEC §4 code (a repeat answers 200). Returns ``FailJobResponse``.
 
         ``invocations`` (``ModelCall`` messages) are logged with the fail, once.
+        ``retry_after_seconds`` (a provider's Retry-After, SPEC §2.4) is sent as at
+        most :data:`MAX_RETRY_AFTER_SECONDS`, the most job_service accepts: a fail it
+        refused would leave the job to its lease's expiry, its code lost.
         """
         request = rr.FailJobRequest(
             job_id=job_id,
@@ -279,7 +284,7 @@ class RuntimeClient:
             invocations=list(invocations),
         )
         if retry_after_seconds is not None:
-            request.retry_after_seconds = float(retry_after_seconds)
+            request.retry_after_seconds = min(float(retry_after_seconds), MAX_RETRY_AFTER_SECONDS)
         return await self._call(self._jobs.FailJob, request, name="FailJob", retry=True)
 
     async def record_invocation(self, request: Any) -> Any:

@@ -295,6 +295,8 @@ class FakeBackend:
     #: ClaimJobs with ``with_snapshots`` answers the snapshots (as job_service does);
     #: off, it answers the jobs alone (a job_service that only locks)
     answer_snapshots: bool = False
+    #: FailJob requests refused as job_service would refuse them
+    refused_fails: list[Any] = field(default_factory=list)
     #: seconds ClaimJobs waits after claiming (and starting) its jobs before answering
     claim_answer_delay: float = 0.0
 
@@ -447,6 +449,14 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
     async def FailJob(self, request: Any, context: Any) -> Any:
         await self.b.enter("FailJob", request, context)
         await self.b.require_lease(request.job_id, request.attempt_no, context)
+        if request.HasField("retry_after_seconds") and not (
+            0 <= request.retry_after_seconds <= 86400  # job_service's bound
+        ):
+            self.b.refused_fails.append(request)
+            await abort(
+                context,
+                AppError(ErrorCode.INVALID_ARGUMENT, "retryAfterSeconds must be 0..86400"),
+            )
         self.b.fails.append(request)
         self.b.log_calls("FailJob", request)
         return rr.FailJobResponse(job_id=request.job_id, status=JOB_STATUS.to_proto("failed"))  # type: ignore[arg-type]

@@ -639,14 +639,17 @@ async def test_no_resolved_key_fails_invalid_credential_without_a_call(
     assert provider.requests == []
 
 
+@pytest.mark.parametrize(("header", "sent"), [("7", 7.0), ("100000", 86400.0)])
 async def test_model_rate_limit_through_real_provider(
-    backend: Backend, apps: list[WorkerApp], raw_http: Any
+    backend: Backend, apps: list[WorkerApp], raw_http: Any, header: str, sent: float
 ) -> None:
-    """Case D7 end to end: 429 + Retry-After → FailJob(MODEL_RATE_LIMIT, retryAfterSeconds=7)."""
+    """Case D7 end to end: 429 + Retry-After → FailJob(MODEL_RATE_LIMIT, retryAfterSeconds=7).
+    A Retry-After past a day is sent as a day, the most job_service accepts: refused,
+    the fail would leave the job to its lease's expiry and lose the code."""
     b = backend[0]
 
     async def limited(_req: dict[str, Any], w: asyncio.StreamWriter) -> None:
-        await write_response(w, 429, b'{"error":{"message":"slow down"}}', {"Retry-After": "7"})
+        await write_response(w, 429, b'{"error":{"message":"slow down"}}', {"Retry-After": header})
 
     http = await raw_http(limited)
     b.base_url = http.base_url
@@ -655,7 +658,8 @@ async def test_model_rate_limit_through_real_provider(
     await b.wait_for(lambda: bool(b.fails))
     fail = b.fails[0]
     assert fail.error_code == ErrorCode.MODEL_RATE_LIMIT
-    assert fail.HasField("retry_after_seconds") and fail.retry_after_seconds == 7.0
+    assert fail.HasField("retry_after_seconds") and fail.retry_after_seconds == sent
+    assert b.refused_fails == []
     assert len(http.requests) == 1
     await b.wait_for(lambda: bool(b.invocations))
     assert b.invocations[0].error_code == ErrorCode.MODEL_RATE_LIMIT
