@@ -5,3 +5,8 @@ Scenarios (see :mod:`bench.scenarios`): ``throughput``, ``floor``, ``pickup``,
 database (dropped afterwards), writes ``bench-results/<timestamp>.json`` and
 prints a table; every figure carries its unit and the run's parameters.
 """
+
+from airuntime_common.spawning import disable_grpc_fork_handlers
+
+# before gRPC is imported: the harness starts child processes (airuntime_common.spawning)
+disable_grpc_fork_handlers()

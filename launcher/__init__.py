@@ -8,8 +8,13 @@ Importable for tests and the demo::
         ... launcher.gateway_url ...
 """
 
-from launcher.core import ChildExit, Launcher, LauncherError
-from launcher.plan import LaunchPlan, PlanError, ServiceSpec, build_plan, isolated_env
+from airuntime_common.spawning import disable_grpc_fork_handlers
+
+# before gRPC is imported: the launcher forks its children (airuntime_common.spawning)
+disable_grpc_fork_handlers()
+
+from launcher.core import ChildExit, Launcher, LauncherError  # noqa: E402
+from launcher.plan import LaunchPlan, PlanError, ServiceSpec, build_plan, isolated_env  # noqa: E402
 
 __all__ = [
     "ChildExit",

@@ -15,7 +15,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from airuntime_common.db import mysql_async_driver
+from airuntime_common.spawning import disable_grpc_fork_handlers
+
+# before gRPC is imported: tests start services and tools as child processes
+disable_grpc_fork_handlers()
+
+from airuntime_common.db import mysql_async_driver  # noqa: E402
 
 
 def _admin_connect():  # type: ignore[no-untyped-def]
