@@ -67,12 +67,31 @@ def _listen_address(value: str) -> str:
     return value
 
 
+def _http_base_url(value: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host (and a port in range, if any),
+    else ValueError."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(value)
+        _ = parts.port  # a port out of range or not a number raises
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http(s) URL with a host, e.g. https://api.deepseek.com")
+    return value
+
+
 #: A gRPC server's listen address (``*_LISTEN``), checked at start: gRPC itself would
 #: take ``:99999`` modulo 65536 and serve on another port.
 ListenAddress = Annotated[str, AfterValidator(_listen_address)]
 
 #: A ``DATABASE_URL``-like setting, checked at start (never echoed: it may hold a password).
 DatabaseUrl = Annotated[str, AfterValidator(_database_url)]
+
+#: A model endpoint's base URL (``DEEPSEEK_BASE_URL``), checked at start: a malformed
+#: one would only show when a worker's model call raised on it (code INTERNAL).
+HttpBaseUrl = Annotated[str, AfterValidator(_http_base_url)]
 
 
 class MissingSetting(SystemExit):

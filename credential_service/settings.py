@@ -14,6 +14,7 @@ from airuntime_common.settings import (
     DEFAULT_CREDENTIAL_DB,
     CommonSettings,
     DatabaseUrl,
+    HttpBaseUrl,
     ListenAddress,
     MissingSetting,
     require,
@@ -45,7 +46,7 @@ class CredentialSettings(CommonSettings):
     CREDENTIAL_DATABASE_URL: DatabaseUrl = DEFAULT_CREDENTIAL_DB
     CREDENTIAL_ENCRYPTION_KEYS: SecretStr = SecretStr("")
     DEEPSEEK_API_KEY: SecretStr | None = None
-    DEEPSEEK_BASE_URL: str = "https://api.deepseek.com"
+    DEEPSEEK_BASE_URL: HttpBaseUrl = "https://api.deepseek.com"
     ALLOW_PLATFORM_KEY_STANDIN: bool = False
     CREDENTIAL_SERVICE_LISTEN: ListenAddress = "[::]:50052"
     CREDENTIAL_SERVICE_METRICS_PORT: int = Field(default=9102, ge=0, le=65535)

@@ -61,6 +61,12 @@ CASES = [
         "sqlite:///var/c.db",
         "the driver must be one of",
     ),
+    # a model base URL no call could use (it failed each job's model call with INTERNAL)
+    *(
+        (CredentialSettings, "DEEPSEEK_BASE_URL", url, "must be an http(s) URL with a host")
+        for url in ("http://[::1", "ftp://api.deepseek.com", "api.deepseek.com", "https://")
+    ),
+    (CredentialSettings, "DEEPSEEK_BASE_URL", "http://h:99999", "http(s) URL"),
     (GatewaySettings, "GATEWAY_PORT", "-1", "greater than or equal to 0"),
     (WorkerSettings, "RUNTIME_WORKER_LISTEN", "[::]:", "port in 0..65535"),
     (WorkerSettings, "HEARTBEAT_INTERVAL_SECONDS", "1e300", "less than or equal to 86400"),
@@ -90,6 +96,8 @@ def test_refused_at_start_with_the_variable_and_the_rule(
         (JobServiceSettings, "LOCK_LEASE_SECONDS", "86400.0"),
         (JobServiceSettings, "JOB_SERVICE_LISTEN", "[::]:0"),
         (CredentialSettings, "CREDENTIAL_DATABASE_URL", "mariadb+aiomysql://u:p@db/creds"),
+        (CredentialSettings, "DEEPSEEK_BASE_URL", "http://127.0.0.1:8600/v1"),
+        (CredentialSettings, "DEEPSEEK_BASE_URL", "http://[::1]:8600"),
     ],
 )
 def test_the_bounds_themselves_are_taken(
