@@ -56,16 +56,19 @@ typecheck: $(STAMP)
 
 # The whole suite. MariaDB tests run when TEST_MYSQL_URL is set, or when a MariaDB
 # answers on 127.0.0.1:3306 as root without a password (this machine's default); then
-# the MariaDB tests but the e2e ones run once more on the other MySQL driver.
+# the MariaDB tests but the e2e ones run once more on the other MySQL driver (also after
+# a failure of the first run, so that both drivers' results are shown; either fails it).
 test: install lint typecheck proto-check buf-check
 	@export TEST_MYSQL_URL="$${TEST_MYSQL_URL:-$$($(BIN)/python scripts/detect_mysql.py)}"; \
 	  echo "TEST_MYSQL_URL=$${TEST_MYSQL_URL:-<unset: MariaDB tests skipped>}"; \
-	  $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) && \
+	  status=0; \
+	  $(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS) || status=$$?; \
 	  if [ -n "$${TEST_MYSQL_URL}" ]; then \
 	    export TEST_MYSQL_URL="$$($(BIN)/python scripts/detect_mysql.py --other-driver "$$TEST_MYSQL_URL")"; \
 	    echo "MariaDB tests once more on the other driver: $${TEST_MYSQL_URL%%://*}"; \
-	    $(BIN)/python -m pytest -q -p no:cacheprovider -m "mysql and not e2e" $(PYTEST_ARGS); \
-	  fi
+	    $(BIN)/python -m pytest -q -p no:cacheprovider -m "mysql and not e2e" $(PYTEST_ARGS) || status=$$?; \
+	  fi; \
+	  exit $$status
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not e2e and not mysql" $(PYTEST_ARGS)
