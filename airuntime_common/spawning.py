@@ -16,22 +16,16 @@ This module imports nothing from gRPC, on purpose.
 from __future__ import annotations
 
 import os
-import sys
 
 #: The grpcio core setting that switches its fork handlers on or off.
 FORK_SUPPORT_VAR = "GRPC_ENABLE_FORK_SUPPORT"
 
 
-def disable_grpc_fork_handlers() -> bool:
+def disable_grpc_fork_handlers() -> None:
     """Turn gRPC's fork handlers off for this process (and its children), unless the
     environment already decided (an operator's ``GRPC_ENABLE_FORK_SUPPORT`` wins).
 
-    Call it before anything imports ``grpc`` (a package's ``__init__``).
-
-    Returns:
-        True if the setting is in force: set here or before, and ``grpc`` was not
-        yet imported (once imported, its core has read the setting; a change
-        would be too late).
+    Call it before anything imports ``grpc`` (a package's ``__init__``): gRPC's core
+    reads the setting once, when it starts.
     """
     os.environ.setdefault(FORK_SUPPORT_VAR, "false")
-    return "grpc" not in sys.modules

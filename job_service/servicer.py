@@ -26,6 +26,7 @@ from airuntime_common.enums import API_KEY_MODE, BREAKER_STATE, JOB_STATUS, JOB_
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import abort
 from airuntime_common.logs import bind, log_context
+from airuntime_common.settings import DAY
 from airuntime_common.timeutil import to_timestamp
 from job_service.convert import (
     _enum,
@@ -169,7 +170,7 @@ MAX_ERROR_MESSAGE = 4000
 #: jobs past it come without theirs, so the answer stays far below the gRPC
 #: message limit (``MAX_MESSAGE_BYTES``, 8 MiB) whatever the snapshots weigh.
 CLAIM_SNAPSHOTS_MAX_BYTES = 2 * 1024 * 1024
-MAX_RETRY_AFTER_SECONDS = 86400.0
+MAX_RETRY_AFTER_SECONDS = float(DAY)
 MAX_MODEL_PROVIDER = 32
 MAX_MODEL_NAME = 64
 MAX_CREDENTIAL_ID = 64

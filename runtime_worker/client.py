@@ -30,6 +30,7 @@ from airuntime_common.enums import JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
+from airuntime_common.settings import DAY
 from runtime_worker import metrics as worker_metrics
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
@@ -48,7 +49,7 @@ RETRY_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
 #: Most leases per HeartbeatLeases call (SPEC §3).
 MAX_LEASES_PER_CALL = 500
 #: Longest retryAfterSeconds a FailJob may carry (job_service refuses more: one day).
-MAX_RETRY_AFTER_SECONDS = 86400.0
+MAX_RETRY_AFTER_SECONDS = float(DAY)
 
 
 def _retryable(exc: grpc.aio.AioRpcError, err: AppError) -> bool:
