@@ -43,7 +43,9 @@ USER_KEY = "sk-user-secret-key-987654321"
 
 
 def bearer(sub: str, role: str = "user", **claims: Any) -> dict[str, str]:
-    payload = {"sub": sub, "role": role, "exp": int(time.time()) + 600, **claims}
+    """A bearer header valid for a day: ADMIN is made at import, and the whole suite
+    can run for more than the ten minutes these tokens once had."""
+    payload = {"sub": sub, "role": role, "exp": int(time.time()) + 86400, **claims}
     return {"Authorization": f"Bearer {jwt.encode(payload, JWT_SECRET, algorithm='HS256')}"}
 
 

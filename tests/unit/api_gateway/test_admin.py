@@ -17,7 +17,7 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 from .conftest import ADMIN, OWNER, T0, Backends, bearer, make_token, settings, start_worker
 
-A = bearer(make_token(ADMIN, "admin"))
+A = bearer(make_token(ADMIN, "admin", exp_in=86400))  # made at import: outlives the suite
 
 
 async def test_admin_create_with_overrides(client: httpx.AsyncClient, backends: Backends) -> None:

@@ -13,7 +13,7 @@ from api_gateway.app import create_app
 
 from .conftest import OWNER, Backends, bearer, make_token, runtime_headers, settings
 
-USER = bearer(make_token(OWNER, "user"))
+USER = bearer(make_token(OWNER, "user", exp_in=86400))  # made at import: outlives the suite
 
 
 @pytest.mark.parametrize("code", sorted(c for c in TRANSPORT if c not in ("UNAUTHENTICATED",)))

@@ -13,7 +13,7 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from .conftest import OWNER, Backends, bearer, full_job, make_token, sparse_job
 
 JOB_FIELDS = set(JOB_KEYS)
-USER = bearer(make_token(OWNER, "user", plan="pro"))
+USER = bearer(make_token(OWNER, "user", plan="pro", exp_in=86400))  # made at import
 
 
 async def test_job_json_has_every_field_and_nulls_for_absent_values(
