@@ -360,7 +360,11 @@ async def worker_kill(system: System, profile: Profile) -> ScenarioResult:
     run = Run(system, profile, "worker_kill")
     await run.standin({"delayMs": 800})
     run.start_sampler()
-    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    # The load goes on until the last kill has landed (and at least profile.jobs
+    # creates): on a slow machine a restart takes seconds, and a fixed-size load
+    # could be drained before the next kill was due, leaving nothing to kill.
+    load_stop = asyncio.Event()
+    loader = asyncio.create_task(run.load.run(profile.jobs * 20, profile.rate, load_stop))
     ids = system.worker_ids()
     by_id = {v: k for k, v in ids.items()}
     recoveries: list[float] = []
@@ -385,6 +389,11 @@ async def worker_kill(system: System, profile: Profile) -> ScenarioResult:
         # Recovery is timed in the background, so the next kill lands while the
         # load (and the killed jobs' retries) are still in flight.
         recovering.append(asyncio.create_task(_recovery(run, victim, held, t0, profile)))
+    while not loader.done():  # then at least profile.jobs creates
+        if len(run.load.stats.job_ids) >= profile.jobs:
+            break
+        await asyncio.sleep(0.1)
+    load_stop.set()
     for outcome in await asyncio.gather(*recovering):
         if outcome is None:
             continue
