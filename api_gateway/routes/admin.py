@@ -131,7 +131,12 @@ async def admin_rerun_job(
     jobId: JobId,
     body: Annotated[RerunBody | None, Body()] = None,
 ) -> dict[str, Any]:
-    """Re-run a failed job as a new job with ``retriedFromJobId`` (else 409)."""
+    """Re-run a failed job as a new job with ``retriedFromJobId`` (else 409).
+
+    The new job is refused as a create of its user would be: 403 AI_NOT_AUTHORIZED,
+    422 INVALID_CREDENTIAL (no usable key; it takes the user's current one), 429/503
+    for the platform budget and breaker (SPEC §2.3, §6).
+    """
     resp = await call(
         call.job.RerunJob,
         rr.RerunJobRequest(

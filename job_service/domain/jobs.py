@@ -597,6 +597,20 @@ def _check_granted(granted: Any) -> None:
         )
 
 
+def _check_rerunnable(job: JobRecord) -> None:
+    """Refuse a re-run of a job that is not ``failed`` (SPEC §2.3, §3.2).
+
+    Raises:
+        AppError: INVALID_JOB_STATE.
+    """
+    if job.status != FAILED:
+        raise AppError(
+            ErrorCode.INVALID_JOB_STATE,
+            "only failed jobs can be re-run",
+            {"jobId": job.job_id, "status": job.status},
+        )
+
+
 def _check_quota(quota: int, used: Any) -> None:
     """Refuse once the user's jobs of the day reached ``quota`` (SPEC §6).
 
@@ -2643,19 +2657,41 @@ class JobDomain:
     async def rerun(self, job_id: str, *, rebuild_snapshot: bool, actor: str) -> JobRecord:
         """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (SPEC §2.3).
 
+        The new job passes the create-time checks a create of its user would (SPEC
+        §6): the user's AI switch (serialised with a revoke by the user's admission
+        lock, as a create is), a usable key of the job's ``apiKeyMode`` (the user's
+        *current* credential is recorded, not the failed job's, which may have been
+        replaced or marked invalid since) and, for the platform key, the budget and
+        the breaker. Like an admin create, it is not held to the user's daily
+        quota.
+
         Raises:
-            AppError: JOB_NOT_FOUND, INVALID_JOB_STATE (not failed), PLATFORM_CIRCUIT_OPEN,
-                PLATFORM_BUDGET_EXCEEDED, NOT_FOUND (target gone, when rebuilding).
+            AppError: JOB_NOT_FOUND, INVALID_JOB_STATE (not failed), AI_NOT_AUTHORIZED,
+                INVALID_CREDENTIAL, PLATFORM_CIRCUIT_OPEN, PLATFORM_BUDGET_EXCEEDED,
+                NOT_FOUND (target gone, when rebuilding).
         """
+        # A failed job is terminal: what this read sees of it cannot change.
+        seen = await self.get(job_id)
+        _check_rerunnable(seen)
+        credential_id = await self.credentials.check(seen.user_id, seen.api_key_mode)
+        await self._ensure_admission_row(seen.user_id)
 
         async def body(session: AsyncSession) -> JobRecord:
-            old = await self._must_get(session, job_id)
-            if old.status != FAILED:
-                raise AppError(
-                    ErrorCode.INVALID_JOB_STATE,
-                    "only failed jobs can be re-run",
-                    {"jobId": job_id, "status": old.status},
+            if not self.clock.is_sqlite:
+                # The user's admission lock first, as create and set_authorization
+                # take it: no re-run slips a pending job past a revoke.
+                await session.execute(
+                    select(admission_locks.c.user_id)
+                    .where(admission_locks.c.user_id == seen.user_id)
+                    .with_for_update()
                 )
+            old = await self._must_get(session, job_id)
+            _check_rerunnable(old)
+            granted = await session.execute(
+                sqlcache.statement(("admission_granted", self.clock.dialect), _granted_stmt),
+                {"a_user": old.user_id},
+            )
+            _check_granted(granted.scalar_one_or_none())
             if old.api_key_mode == "platform_key":
                 await self._platform_guards(session)
             snapshot_id = old.snapshot_id
@@ -2679,7 +2715,7 @@ class JobDomain:
                 snapshot_id=snapshot_id,
                 params=old.params,
                 api_key_mode=old.api_key_mode,
-                credential_id=old.credential_id,
+                credential_id=credential_id,
                 idempotency_key=None,
                 priority=old.priority,
                 max_retry_count=old.max_retry_count,

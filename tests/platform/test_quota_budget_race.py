@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
+from airuntime_common.enums import JOB_STATUS
 from airuntime_common.errors import AppError, ErrorCode
 from job_service.models import jobs
 from tests.platform.conftest import Replicas, expect_refused, unique_user
@@ -138,3 +139,52 @@ async def test_revoke_racing_creates_leaves_no_pending_job(
     assert "pending" not in statuses, statuses
     # New creates stay refused until granted again.
     await expect_refused(r.a.create(user_id=user), ErrorCode.AI_NOT_AUTHORIZED)
+
+
+async def test_revoke_racing_reruns_leaves_no_pending_job(
+    make_replicas: Callable[..., Any],
+) -> None:
+    """SPEC §6 with §2.3: an admin re-run makes a new job, so it is refused once a
+    revoke has committed, like a create; re-runs racing the revoke on both replicas
+    leave none of the user's jobs pending (they take the user's lock as creates do)."""
+    r: Replicas = await make_replicas(USER_DAILY_JOB_QUOTA=0, MAX_RETRY_COUNT=0)
+    user = unique_user()
+    for _ in range(20):
+        await r.a.create(user_id=user)
+    mine = [job for job in await r.a.claim(limit=100) if job.user_id == user]
+    assert len(mine) == 20
+    for job in mine:
+        assert JOB_STATUS.to_str((await r.a.fail(job, "MODEL_BAD_REQUEST")).status) == "failed"
+    failed_ids = [job.job_id for job in mine]
+
+    first_answer = asyncio.Event()
+
+    async def rerun(i: int) -> str:
+        rep = r.a if i % 2 else r.b
+        try:
+            return str((await rep.rerun(failed_ids[i])).job.job_id)
+        finally:
+            first_answer.set()
+
+    async def revoke() -> None:  # once one re-run is in, while the others are in flight
+        await first_answer.wait()
+        await r.b.app.domain.set_authorization(user, False)
+
+    reruns = asyncio.ensure_future(
+        asyncio.gather(*(rerun(i) for i in range(len(failed_ids))), return_exceptions=True)
+    )
+    await revoke()
+    answers = await reruns
+    created = [a for a in answers if isinstance(a, str)]
+    refused = [a.code for a in answers if isinstance(a, AppError)]
+    assert len(created) + len(refused) == len(failed_ids), answers
+    assert set(refused) <= {ErrorCode.AI_NOT_AUTHORIZED}
+    async with r.a.app.sessions() as session:
+        statuses = (
+            (await session.execute(select(jobs.c.status).where(jobs.c.user_id == user)))
+            .scalars()
+            .all()
+        )
+    assert len(statuses) == len(failed_ids) + len(created)
+    assert "pending" not in statuses, statuses
+    await expect_refused(r.a.rerun(failed_ids[0]), ErrorCode.AI_NOT_AUTHORIZED)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from airuntime_common.errors import AppError
+from airuntime_common.errors import AppError, ErrorCode
 from job_service.domain.jobs import JobDomain, backoff_seconds
 from job_service.domain.statemachine import Lease
 from job_service.models import jobs
@@ -238,6 +238,62 @@ async def test_rerun_only_from_failed(domain: JobDomain) -> None:
     with pytest.raises(AppError) as err:
         await domain.rerun("nope", rebuild_snapshot=False, actor="admin:a")
     assert err.value.code == "JOB_NOT_FOUND"
+
+
+class KeyRing:
+    """A credential checker whose users' current key ids the test sets (None: no usable key)."""
+
+    def __init__(self) -> None:
+        self.current: dict[str, str | None] = {}
+
+    async def check(self, user_id: str, api_key_mode: str) -> str | None:
+        if api_key_mode == "platform_key":
+            return None
+        cred = self.current.get(user_id)
+        if cred is None:
+            raise AppError(ErrorCode.INVALID_CREDENTIAL, "no usable model credential", None)
+        return cred
+
+    async def mark_invalid(self, credential_id: str, reason: str) -> None:
+        pass
+
+
+async def _jobs_of(domain: JobDomain, user_id: str) -> int:
+    async with domain.sessions() as session:
+        rows = await session.execute(select(jobs.c.job_id).where(jobs.c.user_id == user_id))
+        return len(rows.all())
+
+
+async def test_rerun_passes_the_checks_of_a_create(domain: JobDomain) -> None:
+    """SPEC §6: a re-run is a new job, refused like a create when the user turned AI off
+    or has no usable key, and it runs on the user's current key, not the failed job's."""
+    keys = KeyRing()
+    keys.current["u1"] = "cred-old"
+    domain.credentials = keys
+    job = await new_job(domain, api_key_mode="user_deepseek_key")
+    assert job.credential_id == "cred-old"
+    await domain.claim("w1", CAPS, 1, 0)
+    await domain.fail(
+        Lease(job.job_id, "w1", 1), error_code="INVALID_CREDENTIAL", error_message="x"
+    )
+    keys.current["u1"] = None  # marked invalid, or deleted: no usable key
+    with pytest.raises(AppError) as err:
+        await domain.rerun(job.job_id, rebuild_snapshot=False, actor="admin:a")
+    assert err.value.code == "INVALID_CREDENTIAL"
+    assert await _jobs_of(domain, "u1") == 1
+    keys.current["u1"] = "cred-new"  # the user stored a new key
+    await domain.set_authorization("u1", False)
+    with pytest.raises(AppError) as err:
+        await domain.rerun(job.job_id, rebuild_snapshot=False, actor="admin:a")
+    assert err.value.code == "AI_NOT_AUTHORIZED"
+    assert await _jobs_of(domain, "u1") == 1
+    await domain.set_authorization("u1", True)
+    new = await domain.rerun(job.job_id, rebuild_snapshot=False, actor="admin:a")
+    assert (new.status, new.credential_id, new.retried_from_job_id) == (
+        "pending",
+        "cred-new",
+        job.job_id,
+    )
 
 
 async def test_jittered_backoffs_share_one_compiled_statement(
