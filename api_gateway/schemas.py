@@ -21,6 +21,10 @@ ID = Field(min_length=1, max_length=128)
 #: length is the backend's 404 ``JOB_NOT_FOUND`` (SPEC §3), never a 400
 #: (the body size limit bounds it).
 JOB_REF = Field(min_length=1)
+#: An id in a body naming an existing resource (material, block, knowledge point,
+#: job target): like :data:`JOB_REF`, no length limit, so an unknown one of any
+#: length is the backend's 404 ``NOT_FOUND`` (SPEC §3 "any unknown id → 404, never 400").
+REF = Field(min_length=1)
 
 JobType = Literal[
     "learning_state_analysis",
@@ -90,7 +94,7 @@ class MaterialCreate(Body):
 class KnowledgePointCreate(Body):
     """``POST /v1/knowledge-points``."""
 
-    materialId: str = ID
+    materialId: str = REF
     name: str = Field(min_length=1, max_length=500)
     blockIds: list[str] = Field(default_factory=list, max_length=1000)
 
@@ -100,9 +104,9 @@ class LearningEventIn(Body):
 
     eventId: str = ID
     type: Literal["reading", "quiz_attempt"]
-    materialId: str | None = Field(default=None, min_length=1, max_length=128)
-    blockId: str | None = Field(default=None, min_length=1, max_length=128)
-    knowledgePointId: str | None = Field(default=None, min_length=1, max_length=128)
+    materialId: str | None = Field(default=None, min_length=1)  # ids: unknown → 404 (SPEC §3)
+    blockId: str | None = Field(default=None, min_length=1)
+    knowledgePointId: str | None = Field(default=None, min_length=1)
     dwellSeconds: float | None = Field(default=None, ge=0, le=86400)  # one day, as job_service
     correct: bool | None = None
     occurredAt: Rfc3339 | None = None
@@ -120,7 +124,7 @@ class JobCreate(Body):
 
     jobType: JobType
     targetType: TargetType
-    targetId: str | None = Field(default=None, max_length=128)
+    targetId: str | None = None  # an id: unknown, of any length → 404 (SPEC §3)
     params: dict[str, Any] | None = None
     apiKeyMode: ApiKeyMode = "platform_key"
 

@@ -475,9 +475,12 @@ class LearningEventIn(BaseModel):
 
     eventId: str = Field(min_length=1, max_length=128)
     type: Literal["reading", "quiz_attempt"]
-    materialId: str | None = Field(default=None, max_length=64)
-    blockId: str | None = Field(default=None, max_length=64)
-    knowledgePointId: str | None = Field(default=None, max_length=64)
+    # Ids of existing rows: no length limit, so an unknown one of any length is
+    # 404 NOT_FOUND (SPEC §3 "any unknown id → 404, never 400"); only ids found
+    # among the user's rows are ever written.
+    materialId: str | None = None
+    blockId: str | None = None
+    knowledgePointId: str | None = None
     dwellSeconds: float | None = Field(default=None, ge=0.0, le=MAX_DWELL_SECONDS)
     correct: bool | None = None
     occurredAt: datetime | None = None

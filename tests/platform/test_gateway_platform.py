@@ -277,6 +277,33 @@ async def test_quota_over_rest_by_plan(stack: RuntimeStack) -> None:
     assert (await create(stack, "u1", plan="pro")).status_code == 429
 
 
+async def test_unknown_ids_of_any_length_in_bodies_are_404(stack: RuntimeStack) -> None:
+    """SPEC §3: "Ids are opaque strings: any unknown id → 404 ... never 400", in a body
+    too, whatever its length (no stored id is that long, so none can be found)."""
+    user = bearer("u1")
+    made = await stack.http.post(
+        "/v1/materials", json={"title": "T", "content": "One. Two."}, headers=user
+    )
+    assert made.status_code == 201, made.text
+    block = made.json()["blocks"][0]["blockId"]
+    for long_id in ("x" * 65, "x" * 129, "x" * 5000):
+        reading = {"eventId": "e1", "type": "reading"}
+        quiz = {"eventId": "e1", "type": "quiz_attempt", "correct": True}
+        cases = [
+            ("/v1/knowledge-points", {"materialId": long_id, "name": "n", "blockIds": [block]}),
+            ("/v1/learning-events", {"events": [{**reading, "blockId": long_id}]}),
+            ("/v1/learning-events", {"events": [{**reading, "materialId": long_id}]}),
+            ("/v1/learning-events", {"events": [{**quiz, "knowledgePointId": long_id}]}),
+            (
+                "/v1/ai/jobs",
+                {"jobType": "quiz_generation", "targetType": "material", "targetId": long_id},
+            ),
+        ]
+        for path, body in cases:
+            got = await stack.http.post(path, json=body, headers=user)
+            assert (got.status_code, got.json()["code"]) == (404, "NOT_FOUND"), (path, got.text)
+
+
 # -------------------------------------------------------------- observability
 
 

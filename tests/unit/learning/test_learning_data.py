@@ -224,6 +224,14 @@ INVALID = ErrorCode.INVALID_ARGUMENT
             "events[1].knowledgePointId",
             NOT_FOUND,
         ),
+        # ids are opaque: an unknown one longer than any stored id is 404 too
+        ({"blockId": "b" * 65}, "events[1].blockId", NOT_FOUND),
+        ({"materialId": "m" * 5000}, "events[1].materialId", NOT_FOUND),
+        (
+            {"type": "quiz_attempt", "knowledgePointId": "k" * 65, "correct": True},
+            "events[1].knowledgePointId",
+            NOT_FOUND,
+        ),
         # the user's own ids that do not fit together, and bad fields, are 400
         (
             {"blockId": "OWN_BLOCK", "materialId": "OTHER_OWN_MATERIAL"},
