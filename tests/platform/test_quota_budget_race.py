@@ -33,6 +33,13 @@ async def race(r: Replicas, n: int, **kw: Any) -> tuple[list[str], list[str]]:
     return created, refused
 
 
+async def statuses_of(r: Replicas, user_id: str) -> list[str]:
+    """The status of every job of ``user_id``."""
+    async with r.a.app.sessions() as session:
+        stmt = select(jobs.c.status).where(jobs.c.user_id == user_id)
+        return list((await session.execute(stmt)).scalars().all())
+
+
 async def jobs_of(r: Replicas, user_id: str) -> int:
     async with r.a.app.sessions() as session:
         stmt = select(func.count()).select_from(jobs).where(jobs.c.user_id == user_id)
@@ -129,12 +136,7 @@ async def test_revoke_racing_creates_leaves_no_pending_job(
     await revoke()
     created, refused = await created_task
     assert set(refused) <= {ErrorCode.AI_NOT_AUTHORIZED}
-    async with r.a.app.sessions() as session:
-        statuses = (
-            (await session.execute(select(jobs.c.status).where(jobs.c.user_id == user)))
-            .scalars()
-            .all()
-        )
+    statuses = await statuses_of(r, user)
     assert len(statuses) == len(created)
     assert "pending" not in statuses, statuses
     # New creates stay refused until granted again.
@@ -179,12 +181,7 @@ async def test_revoke_racing_reruns_leaves_no_pending_job(
     refused = [a.code for a in answers if isinstance(a, AppError)]
     assert len(created) + len(refused) == len(failed_ids), answers
     assert set(refused) <= {ErrorCode.AI_NOT_AUTHORIZED}
-    async with r.a.app.sessions() as session:
-        statuses = (
-            (await session.execute(select(jobs.c.status).where(jobs.c.user_id == user)))
-            .scalars()
-            .all()
-        )
+    statuses = await statuses_of(r, user)
     assert len(statuses) == len(failed_ids) + len(created)
     assert "pending" not in statuses, statuses
     await expect_refused(r.a.rerun(failed_ids[0]), ErrorCode.AI_NOT_AUTHORIZED)
