@@ -17,13 +17,10 @@ INT32_MAX = 2**31 - 1
 #: Counters (tokens, ms) stay within the integers JSON tools handle exactly.
 INT64_MAX = 2**53
 ID = Field(min_length=1, max_length=128)
-#: A job id the shim forwards as is: ids are opaque, so an unknown one of any
-#: length is the backend's 404 ``JOB_NOT_FOUND`` (SPEC §3), never a 400
-#: (the body size limit bounds it).
-JOB_REF = Field(min_length=1)
-#: An id in a body naming an existing resource (material, block, knowledge point,
-#: job target): like :data:`JOB_REF`, no length limit, so an unknown one of any
-#: length is the backend's 404 ``NOT_FOUND`` (SPEC §3 "any unknown id → 404, never 400").
+#: An id in a body naming an existing resource (a job, material, block, knowledge
+#: point, job target), forwarded as is: ids are opaque, so an unknown one of any
+#: length is the backend's 404 (``JOB_NOT_FOUND`` or ``NOT_FOUND``, SPEC §3 "any
+#: unknown id → 404, never 400"), not a length error (the body size limit bounds it).
 REF = Field(min_length=1)
 
 JobType = Literal[
@@ -185,7 +182,7 @@ class AttemptBody(Body):
 class LeaseRefIn(Body):
     """One lease of a batched heartbeat."""
 
-    jobId: str = JOB_REF
+    jobId: str = REF
     attemptNo: int = AttemptNo
 
 
@@ -198,7 +195,7 @@ class LeasesBody(Body):
 class ResolveBody(Body):
     """``POST /internal/runtime/model-credentials/resolve``."""
 
-    jobId: str = JOB_REF
+    jobId: str = REF
     attemptNo: int = AttemptNo
 
 
@@ -223,7 +220,7 @@ class FailBody(Body):
 class InvocationBody(Body):
     """``POST /internal/runtime/invocation-logs``: one model call, never the key."""
 
-    jobId: str = JOB_REF
+    jobId: str = REF
     attemptNo: int = AttemptNo
     modelProvider: str = Field(min_length=1, max_length=32)
     modelName: str = Field(min_length=1, max_length=64)

@@ -597,20 +597,6 @@ def _check_granted(granted: Any) -> None:
         )
 
 
-def _check_rerunnable(job: JobRecord) -> None:
-    """Refuse a re-run of a job that is not ``failed`` (SPEC §2.3, §3.2).
-
-    Raises:
-        AppError: INVALID_JOB_STATE.
-    """
-    if job.status != FAILED:
-        raise AppError(
-            ErrorCode.INVALID_JOB_STATE,
-            "only failed jobs can be re-run",
-            {"jobId": job.job_id, "status": job.status},
-        )
-
-
 def _check_quota(quota: int, used: Any) -> None:
     """Refuse once the user's jobs of the day reached ``quota`` (SPEC §6).
 
@@ -1039,10 +1025,7 @@ class JobDomain:
         """
         dialect = self.clock.dialect
         user = {"a_user": req.user_id}
-        granted = await session.execute(
-            sqlcache.statement(("admission_granted", dialect), _granted_stmt), user
-        )
-        _check_granted(granted.scalar_one_or_none())
+        await self._check_ai_granted(session, req.user_id)
         quota = self._quota(req)
         if quota > 0:
             used = await session.execute(
@@ -1051,6 +1034,28 @@ class JobDomain:
             _check_quota(quota, used.scalar_one())
         if req.api_key_mode == "platform_key":
             await self._platform_guards(session)
+
+    async def _lock_admission(self, session: DbExec, user_id: str) -> None:
+        """Take the user's admission lock (MySQL/MariaDB; SQLite runs one write
+        transaction at a time). Creates, re-runs and AI switch changes of one user
+        take it first, so none slips a pending job past a revoke (SPEC §6)."""
+        if not self.clock.is_sqlite:
+            await session.execute(
+                sqlcache.statement(("admission_lock", self.clock.dialect), _admission_lock_stmt),
+                {"a_user": user_id},
+            )
+
+    async def _check_ai_granted(self, session: DbExec, user_id: str) -> None:
+        """Refuse when the user turned AI off (SPEC §6).
+
+        Raises:
+            AppError: AI_NOT_AUTHORIZED.
+        """
+        granted = await session.execute(
+            sqlcache.statement(("admission_granted", self.clock.dialect), _granted_stmt),
+            {"a_user": user_id},
+        )
+        _check_granted(granted.scalar_one_or_none())
 
     async def _admission_batched(
         self, conn: AsyncConnection, req: CreateJobInput
@@ -2575,14 +2580,7 @@ class JobDomain:
         await self._ensure_admission_row(user_id)
 
         async def body(session: DbExec) -> AuthorizationView:
-            if not self.clock.is_sqlite:
-                # Serialise with this user's creates (same lock, same order as
-                # create_job), so no create can slip a pending job past a revoke.
-                await session.execute(
-                    select(admission_locks.c.user_id)
-                    .where(admission_locks.c.user_id == user_id)
-                    .with_for_update()
-                )
+            await self._lock_admission(session, user_id)  # serialised with creates
             exists = (
                 await session.execute(
                     self._for_update(
@@ -2671,27 +2669,19 @@ class JobDomain:
                 NOT_FOUND (target gone, when rebuilding).
         """
         # A failed job is terminal: what this read sees of it cannot change.
-        seen = await self.get(job_id)
-        _check_rerunnable(seen)
-        credential_id = await self.credentials.check(seen.user_id, seen.api_key_mode)
-        await self._ensure_admission_row(seen.user_id)
+        old = await self.get(job_id)
+        if old.status != FAILED:
+            raise AppError(
+                ErrorCode.INVALID_JOB_STATE,
+                "only failed jobs can be re-run",
+                {"jobId": job_id, "status": old.status},
+            )
+        credential_id = await self.credentials.check(old.user_id, old.api_key_mode)
+        await self._ensure_admission_row(old.user_id)
 
         async def body(session: AsyncSession) -> JobRecord:
-            if not self.clock.is_sqlite:
-                # The user's admission lock first, as create and set_authorization
-                # take it: no re-run slips a pending job past a revoke.
-                await session.execute(
-                    select(admission_locks.c.user_id)
-                    .where(admission_locks.c.user_id == seen.user_id)
-                    .with_for_update()
-                )
-            old = await self._must_get(session, job_id)
-            _check_rerunnable(old)
-            granted = await session.execute(
-                sqlcache.statement(("admission_granted", self.clock.dialect), _granted_stmt),
-                {"a_user": old.user_id},
-            )
-            _check_granted(granted.scalar_one_or_none())
+            await self._lock_admission(session, old.user_id)
+            await self._check_ai_granted(session, old.user_id)
             if old.api_key_mode == "platform_key":
                 await self._platform_guards(session)
             snapshot_id = old.snapshot_id
