@@ -107,12 +107,29 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str, ensure_ascii=False)
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler writing to ``sys.stderr`` as it is when a record is emitted,
+    not as it was when the handler was made (as :data:`logging.lastResort` does).
+
+    A service started in-process while ``sys.stderr`` was a replaced stream (a test
+    capture, closed when its test ends) keeps logging to the current stderr instead
+    of failing every record with "I/O operation on closed file".
+    """
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+
 def setup_logging(service: str, level: str = "INFO") -> None:
     """Route all logging to stderr as JSON lines through the redaction filter."""
     import time
 
     logging.Formatter.converter = time.gmtime
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(JsonFormatter(service))
     handler.addFilter(RedactionFilter())
     root = logging.getLogger()

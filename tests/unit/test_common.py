@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import logging
+import sys
 
 import grpc
 import pytest
@@ -105,3 +107,22 @@ def test_the_drivers_server_warnings_stay_out_of_the_log(
         logging.getLogger("asyncmy").setLevel(logging.NOTSET)
     assert "Duplicate entry" not in err
     assert "a driver error" in err and "an own warning" in err
+
+
+def test_logging_follows_the_current_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service set up while stderr was a stream closed since (a test's capture) logs to
+    the stderr of now, not "--- Logging error --- I/O operation on closed file"."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    first, now = io.StringIO(), io.StringIO()
+    try:
+        monkeypatch.setattr(sys, "stderr", first)
+        logs.setup_logging("t", "INFO")
+        first.close()
+        monkeypatch.setattr(sys, "stderr", now)
+        logging.getLogger("job_service.x").warning("after the swap")
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    assert "after the swap" in now.getvalue()
+    assert "Logging error" not in now.getvalue()
