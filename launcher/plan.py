@@ -6,7 +6,7 @@ environment into one :class:`ServiceSpec` per child process, in start order:
 ====================  ===============================  =====================================
 service               command                          listens (default)
 ====================  ===============================  =====================================
-standin               python -m runtime_worker.standin  HTTP 127.0.0.1:8600 (``STANDIN_PORT``)
+standin               python -m model_standin  HTTP 127.0.0.1:8600 (``STANDIN_PORT``)
 job_service           python -m job_service             gRPC ``JOB_SERVICE_LISTEN`` :50051
 credential_service    python -m credential_service      gRPC ``CREDENTIAL_SERVICE_LISTEN`` :50052
 runtime_worker[-i]    python -m runtime_worker          gRPC ``RUNTIME_WORKER_LISTEN`` :50053+i
@@ -542,7 +542,7 @@ def build_plan(
         add(
             "standin",
             "standin",
-            ["runtime_worker.standin", "--host", LOCAL_HOST, "--port", str(standin_port)],
+            ["model_standin", "--host", LOCAL_HOST, "--port", str(standin_port)],
             {},
             "http",
             f"{standin_url}/_standin/stats",

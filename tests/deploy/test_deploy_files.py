@@ -131,6 +131,19 @@ def test_dockerfile_is_multi_stage_non_root_and_builds_stubs() -> None:
     assert "grpcio-tools" not in runtime_stage
 
 
+def test_the_model_stand_in_is_a_dev_tool_outside_the_image() -> None:
+    """The stand-in (``model_standin/``) serves tests, the demo and the dev launcher:
+    no service imports it and the production image copies only the services."""
+    services = ("airuntime_common", "api_gateway", "job_service", "credential_service",
+                "runtime_worker")  # fmt: skip
+    for service in services:
+        for path in (ROOT / service).rglob("*.py"):
+            assert "model_standin" not in path.read_text(), path
+    copied = re.findall(r"^COPY (?!--from)(\S+)", (ROOT / "Dockerfile").read_text(), re.M)
+    assert "model_standin" not in " ".join(copied)
+    assert {"job_service", "runtime_worker"} <= {c.rstrip("/") for c in copied}
+
+
 def test_kubernetes_manifests_validate() -> None:
     files = sorted(str(p) for p in (ROOT / "deploy" / "k8s").glob("*.yaml"))
     proc = subprocess.run(

@@ -127,7 +127,7 @@ def test_load_never_echoes_a_refused_value(monkeypatch: pytest.MonkeyPatch) -> N
 def test_the_stand_in_refuses_a_bad_loop_with_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runtime_worker.standin.__main__ import main as standin_main
+    from model_standin.__main__ import main as standin_main
 
     monkeypatch.setenv("EVENT_LOOP", "tokio")
     assert standin_main(["--port", "0"]) == 2

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+from model_standin.server import run_standin
 from runtime_worker.app import WorkerApp
 from runtime_worker.providers.deepseek import CONNECTIONS_PER_POOL, DeepSeekProvider
 from runtime_worker.settings import WorkerSettings
-from runtime_worker.standin.server import run_standin
 from tests.unit.runtime_worker.test_rw_provider_deepseek import make_request
 
 CALLS = 150  # more than httpx's default pool of 100, and more than the stand-in's old backlog

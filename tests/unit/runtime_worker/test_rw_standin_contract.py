@@ -19,7 +19,7 @@ from tests.unit.runtime_worker.rw_helpers import (
     worker_settings,
 )
 
-standin_server = pytest.importorskip("runtime_worker.standin.server")
+standin_server = pytest.importorskip("model_standin.server")
 
 PARAMS = {
     "quiz_generation": {"count": 2, "difficulty": "easy", "questionTypes": ["single_choice"]},

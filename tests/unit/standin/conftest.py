@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime_worker.standin import StandIn, run_standin
+from model_standin import StandIn, run_standin
 
 USER_ID = "usr_alice"
 

@@ -12,8 +12,8 @@ import pytest
 
 from airuntime_common.errors import AppError
 from airuntime_common.outputs import validate_output
-from runtime_worker.standin import StandIn
-from runtime_worker.standin.answers import is_cjk, parse_prompt, split_sentences
+from model_standin import StandIn
+from model_standin.answers import is_cjk, parse_prompt, split_sentences
 
 from .conftest import (
     USER_ID,

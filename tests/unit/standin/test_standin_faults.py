@@ -17,7 +17,7 @@ import pytest
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.outputs import validate_output
-from runtime_worker.standin import StandIn, run_standin
+from model_standin import StandIn, run_standin
 
 from .conftest import AUTH, chat_body, make_snapshot, snapshot_ids
 
@@ -389,7 +389,7 @@ async def test_keep_alive_and_chunked_request_body(standin: StandIn) -> None:
 async def test_cli_runs_with_scripted_faults() -> None:
     env = {**os.environ, "STANDIN_FAULTS": json.dumps([{"kind": "status", "status": 503}])}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "runtime_worker.standin", "--port", "0",
+        sys.executable, "-m", "model_standin", "--port", "0",
         cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     try:

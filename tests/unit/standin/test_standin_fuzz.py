@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from airuntime_common.errors import AppError
 from airuntime_common.outputs import validate_output
-from runtime_worker.standin.answers import Prompt, build_answer
+from model_standin.answers import Prompt, build_answer
 
 from .test_standin_answers import TASKS, cited_ids
 

@@ -22,7 +22,7 @@ import pytest
 
 from airuntime_common.outputs import validate_output
 from job_service.domain.markdown_split import split_document
-from runtime_worker.standin.answers import (
+from model_standin.answers import (
     OUTPUT_TOKEN_BUDGET,
     Prompt,
     View,

@@ -3,17 +3,17 @@
 Used only where configured explicitly — the launcher's dev mode, the demo and
 tests (SPEC §5) — never as a fallback for a missing platform key.
 
-Run it as ``python -m runtime_worker.standin --host 127.0.0.1 --port 8600``, or
+Run it as ``python -m model_standin --host 127.0.0.1 --port 8600``, or
 in-process::
 
-    from runtime_worker.standin import run_standin
+    from model_standin import run_standin
 
     async with run_standin(port=0) as standin:
         standin.add_faults([{"kind": "status", "status": 503}])
         ... point the DeepSeek client at standin.base_url ...
 """
 
-from runtime_worker.standin.faults import Fault, FaultBook, error_body
-from runtime_worker.standin.server import StandIn, run_standin
+from model_standin.faults import Fault, FaultBook, error_body
+from model_standin.server import StandIn, run_standin
 
 __all__ = ["Fault", "FaultBook", "StandIn", "error_body", "run_standin"]

@@ -1,4 +1,4 @@
-"""``python -m runtime_worker.standin`` — run the DeepSeek stand-in.
+"""``python -m model_standin`` — run the DeepSeek stand-in.
 
 Options (each also read from the environment):
 
@@ -24,15 +24,13 @@ import sys
 from pydantic import ValidationError
 
 from airuntime_common import aio
-from runtime_worker.standin.faults import FAULT_LIST, Fault
-from runtime_worker.standin.server import StandIn
+from model_standin.faults import FAULT_LIST, Fault
+from model_standin.server import StandIn
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     env = os.environ
-    p = argparse.ArgumentParser(
-        prog="python -m runtime_worker.standin", description=__doc__.splitlines()[0]
-    )
+    p = argparse.ArgumentParser(prog="python -m model_standin", description=__doc__.splitlines()[0])
     p.add_argument("--host", default=env.get("STANDIN_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("STANDIN_PORT", "8600")))
     p.add_argument("--fault-rate", type=float, default=float(env.get("STANDIN_FAULT_RATE", "0")))

@@ -12,7 +12,7 @@ Endpoints:
 * ``POST /chat/completions`` (also ``/v1/chat/completions``) — DeepSeek's
   OpenAI-compatible chat completion; ``Authorization: Bearer <key>`` required
   (keys starting ``sk-invalid`` → 401); JSON answers built by
-  :mod:`runtime_worker.standin.answers`; ``"stream": true`` answers as SSE.
+  :mod:`model_standin.answers`; ``"stream": true`` answers as SSE.
 * ``GET /models`` (also ``/v1/models``).
 * ``POST /_standin/faults`` (a JSON list of faults, or
   ``{"faults": [...], "faultRate": x, "delayMs": n}``), ``GET /_standin/faults``,
@@ -38,10 +38,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runtime_worker.standin import answers
-from runtime_worker.standin.faults import FAULT_LIST, RANDOM_500, Fault, FaultBook, error_body
+from model_standin import answers
+from model_standin.faults import FAULT_LIST, RANDOM_500, Fault, FaultBook, error_body
 
-log = logging.getLogger("runtime_worker.standin")
+log = logging.getLogger("model_standin")
 
 #: Pending connections the listening socket queues (the kernel caps it at somaxconn).
 LISTEN_BACKLOG = 4096
