@@ -12,27 +12,18 @@ from typing import Final
 
 from google.protobuf.internal.enum_type_wrapper import EnumTypeWrapper
 
+from airuntime_common import jobtypes
 from airuntime_common.errors import invalid_argument
+from airuntime_common.states import TERMINAL, JobStatus
 from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import message_pb2 as job_msg_pb2
 
-JOB_TYPES: Final = (
-    "learning_state_analysis",
-    "weak_point_analysis",
-    "next_action_planning",
-    "quiz_generation",
-    "flashcard_generation",
-)
-JOB_STATUSES: Final = (
-    "pending",
-    "locked",
-    "running",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "expired",
-)
-TERMINAL_STATUSES: Final = frozenset({"succeeded", "failed", "cancelled"})
+#: The job types registered when this module was first imported (the built-in
+#: five, SPEC §2.1): for static schemas. Checks at run time ask
+#: :mod:`airuntime_common.jobtypes`, which also knows types registered later.
+JOB_TYPES: Final = jobtypes.names()
+JOB_STATUSES: Final = tuple(JobStatus)
+TERMINAL_STATUSES: Final = frozenset(TERMINAL)
 TARGET_TYPES: Final = ("user", "material", "knowledge_point")
 API_KEY_MODES: Final = ("platform_key", "user_deepseek_key")
 
@@ -101,7 +92,43 @@ class EnumMap:
         return self.to_str(number)
 
 
-JOB_TYPE = EnumMap(common_pb2.JobType, "JOB_TYPE_", "jobType")
+class JobTypeMap(EnumMap):
+    """:class:`EnumMap` of ``JobType`` read from the job-type registry, so a type
+    registered after import maps too (by its :attr:`~jobtypes.JobTypeSpec.wire` number)."""
+
+    def __init__(self) -> None:
+        super().__init__(common_pb2.JobType, "JOB_TYPE_", "jobType")
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        return jobtypes.names()
+
+    def to_proto(self, value: str) -> int:
+        spec = jobtypes.find(value) if isinstance(value, str) else None
+        if spec is None:
+            raise invalid_argument(
+                f"{self.field} must be one of {', '.join(jobtypes.names())}",
+                field=self.field,
+                value=value,
+            )
+        return spec.wire
+
+    def to_str(self, number: int) -> str:
+        spec = jobtypes.by_wire(number)
+        if spec is None:
+            raise invalid_argument(
+                f"{self.field} is required and must be one of {', '.join(jobtypes.names())}",
+                field=self.field,
+                value=number,
+            )
+        return spec.name
+
+    def to_str_or_none(self, number: int) -> str | None:
+        spec = jobtypes.by_wire(number)
+        return spec.name if spec is not None else None
+
+
+JOB_TYPE = JobTypeMap()
 JOB_STATUS = EnumMap(common_pb2.JobStatus, "JOB_STATUS_", "status")
 TARGET_TYPE = EnumMap(common_pb2.TargetType, "TARGET_TYPE_", "targetType")
 API_KEY_MODE = EnumMap(common_pb2.ApiKeyMode, "API_KEY_MODE_", "apiKeyMode")

@@ -115,23 +115,17 @@ class FlashcardList(_Model):
     items: list[Flashcard] = Field(min_length=1, max_length=50)
 
 
-#: (jobType, outputSchemaVersion) → output model.
-OUTPUT_MODELS: dict[tuple[str, str], type[_Model]] = {
-    ("learning_state_analysis", "v1"): AiLearningAnalysis,
-    ("weak_point_analysis", "v1"): WeakPointList,
-    ("next_action_planning", "v1"): NextActionList,
-    ("quiz_generation", "v1"): QuizQuestionList,
-    ("flashcard_generation", "v1"): FlashcardList,
-}
-
 CURRENT_OUTPUT_SCHEMA_VERSION = "v1"
 
 
-def validate_output(job_type: str, schema_version: str, output: Any) -> _Model:
+def validate_output(job_type: str, schema_version: str, output: Any) -> BaseModel:
     """Validate a result's ``output`` against its job type's schema.
 
+    The models come from the job-type registry
+    (:attr:`airuntime_common.jobtypes.JobTypeSpec.outputs`).
+
     Args:
-        job_type: one of the five job types.
+        job_type: a registered job type.
         schema_version: ``outputSchemaVersion`` of the result, e.g. ``"v1"``.
         output: the parsed JSON output.
 
@@ -142,7 +136,10 @@ def validate_output(job_type: str, schema_version: str, output: Any) -> _Model:
         AppError: ``INVALID_SCHEMA`` with the first errors in ``details`` when the
         version is unknown or the output does not match.
     """
-    model = OUTPUT_MODELS.get((job_type, schema_version))
+    from airuntime_common import jobtypes  # the registry imports these models
+
+    spec = jobtypes.find(job_type)
+    model = spec.outputs.get(schema_version) if spec is not None else None
     if model is None:
         raise AppError(
             ErrorCode.INVALID_SCHEMA,

@@ -61,13 +61,6 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-#: The params model of each job type that takes params (any other: :class:`NoParams`).
-_MODELS: dict[str, type[BaseModel]] = {
-    "quiz_generation": QuizParams,
-    "flashcard_generation": FlashcardParams,
-}
-
-
 def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, Any]:
     """Validate ``params`` for ``job_type`` and fill the defaults.
 
@@ -75,11 +68,13 @@ def normalize_params(job_type: str, params: dict[str, Any] | None) -> dict[str, 
         The stored params: full quiz/flashcard params; ``{}`` for the analysis types.
 
     Raises:
-        AppError: ``INVALID_ARGUMENT`` with ``details.fields``, one
+        AppError: ``INVALID_ARGUMENT`` for an unknown job type; with ``details.fields``, one
             ``{"field": "params.count", "message", "type"}`` per offending field (the
             shape of every other body field's refusal).
     """
-    model = _MODELS.get(job_type, NoParams)
+    from airuntime_common import jobtypes  # the registry imports these models
+
+    model = jobtypes.get(job_type).params
     try:
         return model.model_validate(dict(params or {})).model_dump()
     except ValidationError as exc:

@@ -31,7 +31,7 @@ HEX_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 
 def split_statements(text: str) -> list[str]:
     """The statements of one round trip: a multi-statement batch is sent joined by
-    ``";\\n"`` (:mod:`job_service.domain.batch`); anything else is one statement."""
+    ``";\\n"`` (:mod:`job_service.store.batch`); anything else is one statement."""
     return [part for part in text.split(";\n") if part.strip()]
 
 

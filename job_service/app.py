@@ -16,20 +16,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from airuntime_common.db import make_sessionmaker
 from airuntime_common.grpc_server import GrpcServer
 from airuntime_common.settings import require
-from job_service.db import make_job_engine
-from job_service.domain import breaker as breaker_mod
-from job_service.domain.clock import DbClock
-from job_service.domain.jobs import JobDomain
-from job_service.domain.ports import (
-    CredentialChecker,
-    GrpcCredentialChecker,
-    LearningPort,
-    ModuleLearningPort,
-)
-from job_service.domain.reaper import Reaper
+from job_service.learning.port import LearningModulePort
+from job_service.maintenance import breaker as breaker_mod
+from job_service.maintenance.reaper import Reaper
 from job_service.migrate import upgrade_head_async
-from job_service.servicer import JobServiceServicer
+from job_service.rpc import JobServiceServicer
+from job_service.services.domain import JobDomain
+from job_service.services.ports import CredentialChecker, GrpcCredentialChecker, LearningPort
 from job_service.settings import JobServiceSettings
+from job_service.store.clock import DbClock
+from job_service.store.engine import make_job_engine
 from zhixi.airuntime.job.v1 import service_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -107,8 +103,8 @@ async def serve(
             settings.RUNTIME_SERVICE_TOKEN,
             settings.GRPC_TLS_CA_FILE,
         )
-    domain = JobDomain(sessions, clock, settings, learning or ModuleLearningPort(), credentials)
-    servicer = JobServiceServicer(domain, sessions, settings)
+    domain = JobDomain(sessions, clock, settings, learning or LearningModulePort(), credentials)
+    servicer = JobServiceServicer(domain)
     server = GrpcServer(
         token=settings.RUNTIME_SERVICE_TOKEN,
         address=settings.JOB_SERVICE_LISTEN,
@@ -127,7 +123,7 @@ async def serve(
                 "metrics port busy", extra={"fields": {"port": settings.JOB_SERVICE_METRICS_PORT}}
             )
     await server.start()
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     app = JobServiceApp(settings, engine, sessions, domain, server, reaper)
     app.reaper_task = asyncio.create_task(reaper.run(app.stop_event), name="reaper")
     app.gauges_task = asyncio.create_task(_refresh_gauges(app), name="metrics-gauges")

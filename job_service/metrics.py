@@ -2,7 +2,7 @@
 
 Counters and histograms are updated where the event happens; the gauges
 (queue depth, breaker state) are database-wide numbers refreshed by
-:meth:`job_service.domain.jobs.JobDomain.refresh_gauges` every
+:meth:`job_service.services.views.Views.refresh_gauges` every
 ``METRICS_REFRESH_SECONDS`` (every replica reports the same values).
 """
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from logging.config import fileConfig
 from typing import Any
@@ -11,14 +10,12 @@ from typing import Any
 from alembic import context
 from sqlalchemy.engine import Connection
 
-import job_service.models
+import job_service.learning.tables
+import job_service.store.tables  # noqa: F401  (the job core's tables)
 from airuntime_common.db import migration_lock
 from airuntime_common.settings import DEFAULT_JOB_DB
-from job_service.db import make_job_engine
-from job_service.db_base import Base
-
-with contextlib.suppress(ImportError):
-    import job_service.learning_models  # noqa: F401  (learning data, snapshots, results)
+from job_service.store.base import Base
+from job_service.store.engine import make_job_engine
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):

@@ -1,6 +1,6 @@
 """Unit tests of the scheduling-path changes made for the benchmarks.
 
-* :class:`job_service.domain.scheduler.PendingProbe`: one shared query per
+* :class:`job_service.maintenance.scheduler.PendingProbe`: one shared query per
   interval for all long-poll waiters, fail-open.
 * :func:`airuntime_common.db._reset_if_in_transaction`: the pool's check-in
   ROLLBACK only when the server says a transaction is open.
@@ -12,7 +12,7 @@ import asyncio
 from dataclasses import dataclass
 
 from airuntime_common.db import _reset_if_in_transaction
-from job_service.domain.scheduler import JobSignal, PendingProbe
+from job_service.maintenance.scheduler import JobSignal, PendingProbe
 
 
 async def test_probe_is_shared_by_concurrent_waiters_and_cached() -> None:

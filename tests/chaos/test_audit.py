@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import create_engine, insert
 from sqlalchemy.engine import make_url
 
-import job_service.learning_models as lm
-import job_service.models as jm
+import job_service.learning.tables as lm
+import job_service.store.tables as jm
 from airuntime_common.canonical import content_hash
 from chaos.audit import AuditConfig, audit
 from chaos.system import pymysql_connector
-from job_service.db_base import Base
+from job_service.store.base import Base
 
 pytestmark = pytest.mark.mysql
 

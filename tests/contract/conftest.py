@@ -42,8 +42,8 @@ from credential_service.app import serve as serve_credentials
 from credential_service.settings import CredentialSettings
 from job_service.app import JobServiceApp
 from job_service.app import serve as serve_jobs
-from job_service.domain.ports import GrpcCredentialChecker
-from job_service.models import jobs, workers
+from job_service.services.ports import GrpcCredentialChecker
+from job_service.store.tables import jobs, workers
 from tests.contract.transports import (
     GrpcTransport,
     RestTransport,

@@ -13,7 +13,7 @@ from google.protobuf import json_format, struct_pb2
 from airuntime_common import metadata
 from airuntime_common.grpc_errors import from_rpc_error
 from job_service.app import JobServiceApp, serve
-from job_service.domain.ports import AllowAllCredentials
+from job_service.services.ports import AllowAllCredentials
 from tests.unit.job_service.conftest import TOKEN, make_settings
 from zhixi.airuntime.common.v1 import message_pb2 as common
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr

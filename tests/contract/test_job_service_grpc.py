@@ -644,9 +644,9 @@ async def test_an_unreachable_database_is_unavailable_not_internal(server: Serve
 
     dead = make_engine("mysql+aiomysql://root@127.0.0.1:1/nothing_listens_here")
     domain = server.domain
-    saved = (domain.sessions, domain._engine)
+    saved = (domain.sessions, domain.store.engine)
     domain.sessions = make_sessionmaker(dead)
-    domain._engine = dead
+    domain.store.engine = dead
     try:
         await expect(
             "UNAVAILABLE",
@@ -661,7 +661,7 @@ async def test_an_unreachable_database_is_unavailable_not_internal(server: Serve
             ),
         )
     finally:
-        domain.sessions, domain._engine = saved
+        domain.sessions, domain.store.engine = saved
         await dead.dispose()
 
 
@@ -728,7 +728,7 @@ async def test_claim_with_snapshots_starts_the_jobs_and_answers_their_snapshots(
 async def test_claim_answers_the_snapshots_that_fit_its_budget(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from job_service import servicer
+    from job_service.rpc import runtime as servicer
 
     first = (await create(server, idempotency_key="b0")).job
     one = await server.stub.ClaimJobs(
@@ -756,7 +756,7 @@ async def test_claim_answers_the_snapshots_that_fit_its_budget(
 async def test_a_snapshot_that_cannot_be_answered_leaves_the_others_in_the_claim(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from job_service.servicer import JobServiceServicer
+    from job_service.rpc import JobServiceServicer
 
     made = [(await create(server, idempotency_key=f"bad{i}")).job for i in range(3)]
     original = JobServiceServicer._snapshot_proto
@@ -778,7 +778,7 @@ async def test_a_snapshot_that_cannot_be_answered_leaves_the_others_in_the_claim
 async def test_verify_leases_fails_one_lease_it_cannot_answer_alone(
     server: Server, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from job_service import servicer
+    from job_service.rpc import runtime as servicer
 
     ok = (await create(server, idempotency_key="v1")).job
     bad = (await create(server, user_id="u2", target_id="u2", idempotency_key="v2")).job

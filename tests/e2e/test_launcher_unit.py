@@ -676,7 +676,7 @@ DOC = textwrap.dedent(
 
 
 def test_kps_one_per_h2_section_from_the_real_splitter() -> None:
-    split = pytest.importorskip("job_service.domain.markdown_split")
+    split = pytest.importorskip("job_service.learning.markdown_split")
     blocks = _blocks([b.text for b in split.split_document(DOC)])
     plans = plan_knowledge_points(DOC, blocks)
     assert [p.name for p in plans] == [

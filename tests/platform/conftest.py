@@ -26,7 +26,7 @@ from airuntime_common.enums import API_KEY_MODE, BREAKER_STATE, JOB_TYPE, TARGET
 from airuntime_common.errors import AppError
 from airuntime_common.grpc_errors import from_rpc_error
 from job_service.app import JobServiceApp, serve
-from job_service.domain.ports import AllowAllCredentials
+from job_service.services.ports import AllowAllCredentials
 from tests.unit.job_service.conftest import TOKEN, FakeLearning, create_schema, make_settings
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc
@@ -175,8 +175,9 @@ async def expect_refused(coro: Any, code: str) -> AppError:
 
 #: Tables wiped between MariaDB tests (everything on the job database's metadata).
 def _all_tables() -> list[str]:
-    from job_service import learning_models, models  # noqa: F401  (register every table)
-    from job_service.db_base import Base
+    from job_service.learning import tables as learning_models  # noqa: F401  (every table)
+    from job_service.store import tables as models  # noqa: F401
+    from job_service.store.base import Base
 
     return [t.name for t in Base.metadata.sorted_tables]
 
@@ -188,7 +189,7 @@ def mariadb_schema() -> Iterator[str]:
         pytest.skip("TEST_MYSQL_URL not set")
     from sqlalchemy import create_engine
 
-    from job_service.db_base import Base
+    from job_service.store.base import Base
 
     _all_tables()
     name = f"airt_platform_{uuid.uuid4().hex[:10]}"

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import update
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.models import breaker as breaker_table
+from job_service.store.tables import breaker as breaker_table
 from tests.platform.conftest import Replica, Replicas, expect_refused
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 

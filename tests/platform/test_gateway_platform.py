@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from sqlalchemy import update
 
 from airuntime_common.logs import JsonFormatter, RedactionFilter
-from job_service.models import invocations
+from job_service.store.tables import invocations
 from tests.contract.conftest import (
     JWT_SECRET,
     TOKEN,

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 
 from airuntime_common.enums import JOB_STATUS
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.models import jobs
+from job_service.store.tables import jobs
 from tests.platform.conftest import Replicas, expect_refused, unique_user
 
 N = 50

@@ -1,4 +1,4 @@
-"""Multi-statement batches on MariaDB (job_service.domain.batch) and the hot paths using them.
+"""Multi-statement batches on MariaDB (job_service.store.batch) and the hot paths using them.
 
 Skipped without TEST_MYSQL_URL. Each test gets its own database.
 """
@@ -20,14 +20,17 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.outputs import validate_output
-from job_service.db import make_job_engine
-from job_service.domain import results, snapshots
-from job_service.domain.batch import FenceBroken, StatementBatch
-from job_service.domain.jobs import JobDomain, ModelCallInput
-from job_service.domain.ports import ModuleLearningPort, SnapshotRead
-from job_service.domain.statemachine import Lease
-from job_service.learning_models import AiResult, AiSnapshot
-from job_service.models import events, invocations, jobs, workers
+from job_service.learning import results
+from job_service.learning.port import LearningModulePort as ModuleLearningPort
+from job_service.learning.tables import AiResult, AiSnapshot
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import ModelCallInput
+from job_service.services.ports import SnapshotRead
+from job_service.store.batch import FenceBroken, new_batch
+from job_service.store.cache import Sql
+from job_service.store.engine import make_job_engine
+from job_service.store.tables import events, invocations, jobs, workers
 from tests.integration.job_service.conftest import *  # noqa: F403
 from tests.unit.job_service.conftest import (
     ANALYSIS_OUTPUT,
@@ -98,15 +101,17 @@ async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncE
     used, before = await _session_counter(engine, "Com_commit")
     async with engine.begin() as conn:
         assert await _driver_connection(conn) is used  # one pooled connection throughout
-        batch = StatementBatch(conn)
-        first = batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
-        second = batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        batch = new_batch(conn)
+        first = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))
+        second = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-b")))
         touched = batch.add(
-            None,
-            lambda: update(workers).where(workers.c.instance_id.in_(["w-a", "w-b", "w-c"])),
-            {"in_flight": 3},
+            Sql(
+                None,
+                lambda: update(workers).where(workers.c.instance_id.in_(["w-a", "w-b", "w-c"])),
+                {"in_flight": 3},
+            )
         )
-        read = batch.add(WORKER_READ_KEY, _read_worker, {"w_id": "w-b"})
+        read = batch.add(Sql(WORKER_READ_KEY, _read_worker, {"w_id": "w-b"}))
         batch.commit()
         out = await batch.run()
     assert [o.rowcount for o in (out[first], out[second], out[touched])] == [1, 1, 2]
@@ -127,9 +132,9 @@ async def test_a_connection_a_batch_committed_goes_back_without_a_rollback(
     for _ in range(3):
         async with engine.begin() as conn:
             assert await _driver_connection(conn) is used
-            batch = StatementBatch(conn)
+            batch = new_batch(conn)
             for _ in range(statements):
-                batch.add(WORKER_READ_KEY, _read_worker, {"w_id": "nobody"})
+                batch.add(Sql(WORKER_READ_KEY, _read_worker, {"w_id": "nobody"}))
             batch.commit()
             await batch.run()
     assert await _session_counter(engine, "Com_rollback") == (used, before)
@@ -137,8 +142,8 @@ async def test_a_connection_a_batch_committed_goes_back_without_a_rollback(
 
 async def test_a_statement_after_the_batch_is_committed_too(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
-        batch = StatementBatch(conn)
-        batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+        batch = new_batch(conn)
+        batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))
         batch.commit()
         await batch.run()
         # a new implicit transaction: the block's COMMIT must be sent for it
@@ -149,15 +154,17 @@ async def test_a_statement_after_the_batch_is_committed_too(engine: AsyncEngine)
 async def test_a_broken_fence_stops_the_batch_before_its_commit(engine: AsyncEngine) -> None:
     with pytest.raises(FenceBroken) as caught:
         async with engine.begin() as conn:
-            batch = StatementBatch(conn)
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-before"))
+            batch = new_batch(conn)
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-before")))
             batch.add(
-                None,
-                lambda: update(workers).where(workers.c.instance_id == "nobody"),
-                {"in_flight": 1},
+                Sql(
+                    None,
+                    lambda: update(workers).where(workers.c.instance_id == "nobody"),
+                    {"in_flight": 1},
+                )
             )
             batch.fence("nobody")
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-after"))
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-after")))
             batch.commit()
             await batch.run()
     assert caught.value.label == "nobody"
@@ -169,14 +176,16 @@ async def test_a_fence_passes_on_exactly_one_row(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await conn.execute(insert(workers).values(**_worker("w-a")))
     async with engine.begin() as conn:
-        batch = StatementBatch(conn)
+        batch = new_batch(conn)
         batch.add(
-            None,
-            lambda: update(workers).where(workers.c.instance_id == "w-a"),
-            {"in_flight": 1},
+            Sql(
+                None,
+                lambda: update(workers).where(workers.c.instance_id == "w-a"),
+                {"in_flight": 1},
+            )
         )
         batch.fence("w-a")
-        batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-b")))
         batch.commit()
         await batch.run()
     assert await _worker_ids(engine) == ["w-a", "w-b"]
@@ -187,10 +196,10 @@ async def test_an_error_mid_batch_is_sqlalchemys_and_runs_nothing_after(
 ) -> None:
     with pytest.raises(IntegrityError) as caught:
         async with engine.begin() as conn:
-            batch = StatementBatch(conn)
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))  # duplicate key
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-c"))
+            batch = new_batch(conn)
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))  # duplicate key
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-c")))
             batch.commit()
             await batch.run()
     assert await _worker_ids(engine) == []
@@ -207,8 +216,8 @@ async def test_a_lost_connection_is_invalidated(engine: AsyncEngine, mysql_url: 
                 thread_id = (await conn.execute(select(func.connection_id()))).scalar_one()
                 async with admin.connect() as other:
                     await other.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
-                batch = StatementBatch(conn)
-                batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+                batch = new_batch(conn)
+                batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))
                 batch.commit()
                 await batch.run()
         assert caught.value.connection_invalidated
@@ -223,15 +232,15 @@ async def test_a_batch_commit_never_skips_a_later_transactions_commit(
     # the block fails after its batch committed: the skip must not outlive it
     with pytest.raises(RuntimeError):
         async with engine.begin() as conn:
-            batch = StatementBatch(conn)
-            batch.add(WORKER_KEY, _insert_worker, _worker("w-a"))
+            batch = new_batch(conn)
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")))
             batch.commit()
             await batch.run()
             raise RuntimeError("after the batch")
     # the same pooled connection, a batch without COMMIT: the block's COMMIT is sent
     async with engine.begin() as conn:
-        batch = StatementBatch(conn)
-        batch.add(WORKER_KEY, _insert_worker, _worker("w-b"))
+        batch = new_batch(conn)
+        batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-b")))
         await batch.run()
     assert await _worker_ids(engine) == ["w-a", "w-b"]
 
@@ -253,16 +262,16 @@ async def test_a_restarted_server_costs_one_failed_batch_not_one_per_connection(
                 await other.exec_driver_sql(f"KILL CONNECTION {int(thread_id)}")
         with pytest.raises(DBAPIError) as caught:
             async with engine.begin() as conn:
-                batch = StatementBatch(conn)
-                batch.add(WORKER_KEY, _insert_worker, _worker("w-lost"))
+                batch = new_batch(conn)
+                batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-lost")))
                 batch.commit()
                 await batch.run()
         assert caught.value.connection_invalidated
         # the pool dropped the other dead connections too: the next batches all run
         for i in range(4):
             async with engine.begin() as conn:
-                batch = StatementBatch(conn)
-                batch.add(WORKER_KEY, _insert_worker, _worker(f"w-{i}"))
+                batch = new_batch(conn)
+                batch.add(Sql(WORKER_KEY, _insert_worker, _worker(f"w-{i}")))
                 batch.commit()
                 await batch.run()
         assert await _worker_ids(engine) == ["w-0", "w-1", "w-2", "w-3"]
@@ -296,14 +305,14 @@ async def test_a_lease_lapsing_after_the_result_read_commits_nothing(
     await domain.start(lease)
     learning = domain.learning
     assert isinstance(learning, FakeLearning)
-    original = learning.accept_result
+    original = learning.prepare_result
 
-    async def slow_accept(session: Any, **kw: Any) -> Any:
+    async def slow_prepare(session: Any, **kw: Any) -> Any:
         # the read has seen the lease live; it lapses before the writes
         await asyncio.sleep(1.3)
         return await original(session, **kw)
 
-    learning.accept_result = slow_accept  # type: ignore[method-assign]
+    learning.prepare_result = slow_prepare  # type: ignore[method-assign]
     call = _call()
     with pytest.raises(AppError) as caught:
         await domain.submit_result(
@@ -341,9 +350,6 @@ def _call() -> ModelCallInput:
 
 class SnapshotTableLearning(FakeLearning):
     """FakeLearning whose snapshots are rows of ``ai_snapshots``, read the batched way."""
-
-    async def load_snapshot(self, session: Any, snapshot_id: str) -> Any:
-        return await snapshots.load_snapshot(session, snapshot_id)
 
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         # the real port's read, never answered from the process's cache
@@ -462,7 +468,7 @@ async def test_verify_leases_judges_each_lease_from_one_read(
         await s.execute(
             update(jobs).where(jobs.c.job_id == lapsed).values(lock_until=domain.clock.plus(-5))
         )
-    used, before = await _session_counter(domain._engine, "Com_commit")
+    used, before = await _session_counter(domain.store.engine, "Com_commit")
     verdicts = await domain.verify_leases(
         [
             Lease(held, "w1", 1),
@@ -472,7 +478,7 @@ async def test_verify_leases_judges_each_lease_from_one_read(
             Lease(held, "w1", 1),
         ]
     )
-    assert await _session_counter(domain._engine, "Com_commit") == (used, before + 1)
+    assert await _session_counter(domain.store.engine, "Com_commit") == (used, before + 1)
     codes = [v.code if isinstance(v, AppError) else v.user_id for v in verdicts]
     assert codes == ["u1", "LOCK_NOT_HELD", "LOCK_NOT_HELD", "JOB_NOT_FOUND", "u1"]
     assert verdicts[2].details == {"jobId": lapsed, "attemptNo": 1, "status": "locked"}  # type: ignore[union-attr]
@@ -566,10 +572,7 @@ class PreparingLearning(FakeLearning):
 
     delay = 0.0
 
-    async def accept_result(self, session: Any, **kw: Any) -> Any:
-        raise AssertionError("a port that prepares its results is not asked to accept them")
-
-    async def prepare_result(self, session: Any, **kw: Any) -> results.PreparedResult:
+    async def prepare_result(self, session: Any, **kw: Any) -> results.PreparedResult:  # type: ignore[override]
         validate_output(kw["job_type"], kw["output_schema_version"], kw["output"])
         await asyncio.sleep(self.delay)
         return results.PreparedResult(
@@ -591,15 +594,11 @@ async def test_business_rows_go_in_the_results_batch(
     domain: JobDomain = await make_domain()
     domain.learning = PreparingLearning()
 
-    async def no_separate_write(self: Any, session: Any) -> Any:
-        raise AssertionError("business rows written outside the result's batch")
-
-    monkeypatch.setattr(results.PreparedResult, "write", no_separate_write)
     job = await new_job(domain)
     await domain.claim("w1", CAPS, 1, 0)
     lease = Lease(job.job_id, "w1", 1)
     await domain.start(lease)
-    used, commits = await _session_counter(domain._engine, "Com_commit")
+    used, commits = await _session_counter(domain.store.engine, "Com_commit")
     out = await domain.submit_result(
         lease,
         prompt_version="learning_state_analysis.v1",
@@ -608,8 +607,8 @@ async def test_business_rows_go_in_the_results_batch(
         calls=[_call()],
     )
     assert out.status == "succeeded"
-    assert await _session_counter(domain._engine, "Com_commit") == (used, commits + 1)
-    assert await _business_rows(domain._engine, job.job_id) == 1
+    assert await _session_counter(domain.store.engine, "Com_commit") == (used, commits + 1)
+    assert await _business_rows(domain.store.engine, job.job_id) == 1
     assert await _result_rows(domain, job.job_id) == 1
 
 
@@ -633,18 +632,20 @@ async def test_a_lease_lapsing_after_the_rows_are_prepared_writes_none_of_them(
             calls=[_call()],
         )
     assert caught.value.code == ErrorCode.LOCK_NOT_HELD
-    assert await _business_rows(domain._engine, job.job_id) == 0
+    assert await _business_rows(domain.store.engine, job.job_id) == 0
     assert await _result_rows(domain, job.job_id) == 0
     assert (await domain.get(job.job_id)).status == "running"
 
 
-def test_a_generation_plans_rows_are_written_on_their_own() -> None:
-    rows = [{"id": "r1"}]
+def test_a_generation_plans_outcome_goes_in_the_results_batch_after_its_rows() -> None:
+    rows = [{"id": "r1"}, {"id": "r2"}]
     quiz = results.PreparedResult("j1", "quiz_generation", "mariadb", workers, rows)
-    assert quiz.statements() is None
+    *inserts, plan = quiz.statements()
+    assert [s.params for s in inserts] == rows
+    assert plan.key is not None and plan.key[0] == "plan_outcome"
+    assert plan.params["p_job_id"] == "j1" and plan.params["p_generated"] == 2
     analysis = results.PreparedResult("j1", "learning_state_analysis", "mariadb", workers, rows)
-    statements = analysis.statements()
-    assert statements is not None and [params for _, _, params in statements] == rows
+    assert [s.params for s in analysis.statements()] == rows
 
 
 async def test_a_call_in_another_key_mode_refuses_the_batched_result_whole(
@@ -668,6 +669,6 @@ async def test_a_call_in_another_key_mode_refuses_the_batched_result_whole(
         )
     assert (err.value.code, err.value.details) == ("INVALID_ARGUMENT", {"field": "apiKeyMode"})
     assert await _result_rows(domain, job.job_id) == 0
-    assert await _business_rows(domain._engine, job.job_id) == 0
+    assert await _business_rows(domain.store.engine, job.job_id) == 0
     assert (await domain.history(job.job_id))[1] == []
     assert (await domain.get(job.job_id)).status in ("locked", "running")

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from sqlalchemy import event
 
-from job_service.domain.jobs import CreateJobInput, JobDomain
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
 from tests.integration.job_service.conftest import *  # noqa: F403
 from tests.unit.job_service.conftest import new_job
 from tests.unit.job_service.test_create_guards import (  # noqa: F401
@@ -40,14 +41,14 @@ async def test_admission_is_one_round_trip(make_domain: Callable[..., Any]) -> N
     def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         sent.append(statement)
 
-    sync = domain._engine.sync_engine
+    sync = domain.store.engine.sync_engine
     event.listen(sync, "before_cursor_execute", seen)
     batched: list[str] = []
     real_query = None
     try:
         driver: Any = (
             importlib.import_module("aiomysql.connection")
-            if domain._engine.dialect.driver == "aiomysql"
+            if domain.store.engine.dialect.driver == "aiomysql"
             else importlib.import_module("asyncmy.connection")
         )
         real_query = driver.Connection.query

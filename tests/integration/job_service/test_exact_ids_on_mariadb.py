@@ -12,9 +12,9 @@ import pytest
 from sqlalchemy import text
 
 from airuntime_common.errors import AppError
-from job_service.domain import learning
-from job_service.domain.jobs import JobDomain
-from job_service.domain.statemachine import Lease
+from job_service import learning
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
 from tests.unit.job_service.conftest import new_job
 
 pytestmark = pytest.mark.mysql

@@ -11,11 +11,13 @@ import pytest
 from sqlalchemy import func, insert, select, text
 
 from airuntime_common.errors import AppError
-from job_service.domain import jobs as jobs_mod
-from job_service.domain.jobs import CreateJobInput, JobDomain, new_id
-from job_service.domain.reaper import Reaper
-from job_service.domain.statemachine import Lease
-from job_service.models import admission_locks, events, jobs
+from job_service.lifecycle import Lease
+from job_service.maintenance.reaper import Reaper
+from job_service.services.core import new_id
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
+from job_service.store import statements
+from job_service.store.tables import admission_locks, events, jobs
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
 
 pytestmark = pytest.mark.mysql
@@ -130,7 +132,9 @@ async def test_explain_uses_index_without_filesort(domain: JobDomain, for_claim:
         # finished jobs dominate a real table
         await s.execute(text("UPDATE ai_runtime_jobs SET status='succeeded' WHERE seq % 10 <> 0"))
         await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
-    q = domain._poll_query(["learning_state_analysis", "quiz_generation"], 50)
+    q = statements.poll_pending.get(domain.clock).params(
+        caps=["learning_state_analysis", "quiz_generation"], n=50
+    )
     if for_claim:
         q = q.with_for_update(skip_locked=True)
     async with domain.sessions() as s:
@@ -143,7 +147,7 @@ async def test_explain_uses_index_without_filesort(domain: JobDomain, for_claim:
 
 async def test_m1_producers_and_claimers_short(make_domain: Callable[..., Any]) -> None:
     domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=2, MAX_RETRY_COUNT=1)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     stop = asyncio.Event()
     created: list[str] = []
 
@@ -274,7 +278,8 @@ async def test_known_admission_rows_are_bounded(
 ) -> None:
     """The per-process memory of admission lock rows is an LRU: a long run with
     ever new users stays bounded, and a forgotten user's next create still works."""
-    monkeypatch.setattr(jobs_mod, "ADMISSION_ROWS_KNOWN", 3)
+    known = domain.admission.admission_rows
+    monkeypatch.setattr(known, "max_entries", 3)
     users = [f"adm-{n}" for n in range(6)]
     for user in [*users, users[0]]:
         await domain.create(
@@ -283,11 +288,11 @@ async def test_known_admission_rows_are_bounded(
                 job_type="learning_state_analysis",
                 target_type="user",
                 target_id=user,
-                idempotency_key=f"k-{user}-{len(domain._admission_rows)}",
+                idempotency_key=f"k-{user}-{len(known)}",
             )
         )
-        assert len(domain._admission_rows) <= 3
-    assert list(domain._admission_rows) == [users[4], users[5], users[0]]
+        assert len(known) <= 3
+    assert list(known.keys()) == [users[4], users[5], users[0]]
     async with domain.sessions() as s:
         rows = (await s.execute(select(func.count()).select_from(admission_locks))).scalar_one()
         created = (await s.execute(select(func.count()).select_from(jobs))).scalar_one()
@@ -299,7 +304,8 @@ async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: in
     """The renew UPDATE of ``held`` leases, among 120 live ones, finds its rows by
     job id: with a single pair, MariaDB's planner used to range over every live
     lease (``ix_jobs_reaper``) for the row constructor, locking them all."""
-    from job_service.domain.statemachine import TRANSITIONS, Op, leases_guard
+    from job_service.lifecycle import TRANSITIONS, Op
+    from job_service.store.transitions import leases_guard
 
     await _bulk_pending(domain, 150, CAPS_A)
     claimed = [j for _ in range(3) for j in await domain.claim("w1", CAPS_A, 40, 0)]
@@ -316,7 +322,7 @@ async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: in
         )
         .values(lock_until=domain.clock.plus(60), updated_at=domain.clock.now())
     )
-    async with domain._engine.connect() as conn:
+    async with domain.store.engine.connect() as conn:
         sql = str(stmt.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
         plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
     assert [row["key"] for row in plan] == ["uq_ai_runtime_jobs_job_id"], plan
@@ -333,7 +339,7 @@ async def _explain_list(domain: JobDomain, **filters: Any) -> tuple[list[Any], s
         if statement.lstrip().upper().startswith("SELECT") and "ai_runtime_jobs" in statement:
             sent.append((statement, parameters))
 
-    sync = domain._engine.sync_engine
+    sync = domain.store.engine.sync_engine
     event.listen(sync, "before_cursor_execute", seen)
     try:
         args: dict[str, Any] = {"user_id": None, "status": None, "job_type": None}
@@ -342,7 +348,7 @@ async def _explain_list(domain: JobDomain, **filters: Any) -> tuple[list[Any], s
     finally:
         event.remove(sync, "before_cursor_execute", seen)
     [(sql, params)] = sent
-    async with domain._engine.connect() as conn:
+    async with domain.store.engine.connect() as conn:
         plan = (await conn.exec_driver_sql("EXPLAIN " + sql, params)).mappings().all()
     return list(plan), token
 

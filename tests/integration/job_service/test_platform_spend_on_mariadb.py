@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from job_service.domain.jobs import JobDomain
+from job_service.services.domain import JobDomain
 from tests.integration.job_service.conftest import *  # noqa: F403
 from tests.unit.job_service.conftest import new_job
 from tests.unit.job_service.test_platform_spend import (  # noqa: F401
@@ -67,7 +67,7 @@ def _budget_sql(sync: Any, domain: JobDomain) -> str:
     """The SQL text of the create path's budget read, as the service sends it."""
     from sqlalchemy import func, select
 
-    from job_service.models import platform_spend
+    from job_service.store.tables import platform_spend
 
     stmt = select(func.coalesce(func.sum(platform_spend.c.cost_usd), 0)).where(
         platform_spend.c.day == domain.clock.today()

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import event, text
 
 from airuntime_common.db import make_sessionmaker
-from job_service.db import make_job_engine
-from job_service.domain import snapshots
+from job_service.learning import snapshots
+from job_service.store.engine import make_job_engine
 from tests.unit.job_service.conftest import create_schema
 
 pytestmark = pytest.mark.mysql

@@ -15,7 +15,7 @@ from sqlalchemy import update
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from credential_service.lease import MAX_CALLS_IN_FLIGHT, GrpcLeaseVerifier
-from job_service.models import jobs
+from job_service.store.tables import jobs
 from tests.unit.job_service.conftest import (  # noqa: F401  (fixtures)
     TOKEN,
     Server,

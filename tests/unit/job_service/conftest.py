@@ -3,6 +3,10 @@
 The learning-data seam is replaced by :class:`FakeLearning` so the core is
 tested on its own; it writes a marker row per accepted result so tests can
 see business rows commit or roll back with the job.
+
+Every test runs on SQLite and, with ``TEST_MYSQL_URL``, again on MariaDB (the
+``db_url`` fixture is parametrized), as River's driver suite runs on every
+driver: one body per operation, the same tests on both databases.
 """
 
 from __future__ import annotations
@@ -15,22 +19,25 @@ from typing import Any
 
 import grpc
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import false, insert, select
 
 from airuntime_common import metadata
 from airuntime_common.db import make_sessionmaker
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.outputs import validate_output
-from job_service import learning_models  # noqa: F401  (all tables on one metadata)
 from job_service.app import JobServiceApp, serve
-from job_service.db import make_job_engine
-from job_service.db_base import Base
-from job_service.domain import breaker as breaker_mod
-from job_service.domain.clock import DbClock
-from job_service.domain.jobs import CreateJobInput, JobDomain, JobRecord
-from job_service.domain.ports import AllowAllCredentials
-from job_service.models import workers
+from job_service.learning import tables as learning_models  # noqa: F401  (all tables on one metadata)
+from job_service.maintenance import breaker as breaker_mod
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
+from job_service.services.ports import AllowAllCredentials, SnapshotRead
 from job_service.settings import JobServiceSettings
+from job_service.store.base import Base
+from job_service.store.cache import Sql, stable
+from job_service.store.clock import DbClock
+from job_service.store.engine import make_job_engine
+from job_service.store.records import JobRecord
+from job_service.store.tables import workers
 from zhixi.airuntime.job.v1 import service_pb2_grpc
 
 TOKEN = "test-token"
@@ -54,6 +61,18 @@ class FakeSnapshot:
     content_hash: str
 
 
+@dataclass(frozen=True)
+class FakePrepared:
+    """A validated output's writes: one marker business row (in ``ai_runtime_workers``)."""
+
+    job_id: str
+
+    def statements(self, clock: Any = None) -> list[Sql]:
+        row = {"instance_id": f"biz-{self.job_id}", "capabilities": [], "in_flight": 0,
+               "last_seen_at": _epoch()}  # fmt: skip
+        return [Sql(("fake_business_row",), lambda: insert(workers), row)]
+
+
 @dataclass
 class FakeLearning:
     """Stand-in for the learning-data module (snapshots, plans, business rows)."""
@@ -70,27 +89,34 @@ class FakeLearning:
         )
         return sid
 
-    async def load_snapshot(self, session: Any, snapshot_id: str) -> FakeSnapshot:
-        return self.snapshots[snapshot_id]
+    def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
+        def missing() -> Exception:
+            return AppError(ErrorCode.NOT_FOUND, "snapshot not found", {"snapshotId": snapshot_id})
 
-    async def create_generation_plan(self, session: Any, **kw: Any) -> None:
+        return SnapshotRead(
+            view=self.snapshots.get(snapshot_id),
+            sql=Sql(
+                ("fake_snapshot_read",), lambda: select(workers.c.instance_id).where(false()), {}
+            ),
+            exists=_NO_SNAPSHOT_ROW,
+            from_row=lambda row: self.snapshots[snapshot_id],
+            not_found=missing,
+        )
+
+    def generation_plan(self, clock: Any, **kw: Any) -> Sql | None:
         if kw["job_type"] in ("quiz_generation", "flashcard_generation"):
             self.plans.append(kw["job_id"])
+        return None
 
-    async def accept_result(self, session: Any, **kw: Any) -> dict[str, int]:
-        # A business row first, so a later refusal proves the rollback.
-        await session.execute(
-            insert(workers).values(
-                instance_id=f"biz-{kw['job_id']}",
-                capabilities=[],
-                in_flight=0,
-                last_seen_at=_epoch(),
-            )
-        )
+    async def prepare_result(self, db: Any, **kw: Any) -> FakePrepared:
         validate_output(kw["job_type"], kw["output_schema_version"], kw["output"])
         if kw["output"].get("summary") == "forbidden":
             raise AppError(ErrorCode.INVALID_SCHEMA, "cites a block outside the snapshot", None)
-        return {"written": 1}
+        return FakePrepared(kw["job_id"])
+
+
+#: A snapshot missing from the fake is missing from the database too.
+_NO_SNAPSHOT_ROW = stable(false())
 
 
 def _epoch() -> Any:
@@ -134,9 +160,13 @@ async def create_schema(url: str) -> None:
     await engine.dispose()
 
 
-@pytest.fixture
-def db_url(sqlite_url: str) -> str:
-    return sqlite_url
+@pytest.fixture(params=["sqlite", pytest.param("mariadb", marks=pytest.mark.mysql)])
+def db_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """A fresh database: SQLite, then MariaDB (its own database; skipped without
+    ``TEST_MYSQL_URL``)."""
+    if request.param == "sqlite":
+        return sqlite_url
+    return str(request.getfixturevalue("mysql_url"))
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A batch statement's text from its kept rendering equals SQLAlchemy's own expansion.
 
-:mod:`job_service.domain.batch` expands each statement shape once per set of
+:mod:`job_service.store.batch` expands each statement shape once per set of
 IN-list lengths and fills in later calls' values itself; these tests hold the
 text to what SQLAlchemy's per-call expansion gives, for the hot path's shapes
 and for values the driver must escape. No database: MariaDB runs these
@@ -20,11 +20,28 @@ from hypothesis import strategies as st
 from sqlalchemy import Integer, String, bindparam, insert, literal_column, select, tuple_, update
 from sqlalchemy.dialects.mysql import aiomysql
 
-from job_service.domain import batch
-from job_service.domain.jobs import RUNNING, _claim_events_stmt, _claim_read_stmt, results
-from job_service.models import invocations, jobs
+from job_service.lifecycle import LOCKED, RUNNING
+from job_service.store import mysql_batch as batch
+from job_service.store import statements
+from job_service.store.clock import DbClock
+from job_service.store.statements import results
+from job_service.store.tables import invocations, jobs
+from job_service.store.transitions import events_from_rows
 
 DIALECT = aiomysql.dialect()
+CLOCK = DbClock("mysql")
+
+
+def _claim_read_stmt(status: str) -> Any:
+    """A claim's read of the rows it moved."""
+    return statements.claimed_rows.get(CLOCK, status)
+
+
+def _claim_events_stmt(status: str) -> Any:
+    """A claim's event rows, read from the rows it moved."""
+    return events_from_rows(
+        CLOCK, from_status=LOCKED, to_status=status, at="started_at", params={"e_actor": "a"}
+    ).build()
 
 
 def escape(value: Any) -> str:

@@ -10,10 +10,11 @@ import pytest
 from sqlalchemy import update
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain.clock import DbClock
-from job_service.domain.jobs import JobDomain
-from job_service.domain.statemachine import Lease, Op, transition_many_sql
-from job_service.models import jobs
+from job_service.lifecycle import Lease, Op
+from job_service.services.domain import JobDomain
+from job_service.store.clock import DbClock
+from job_service.store.tables import jobs
+from job_service.store.transitions import transition_many_sql
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
 
 CAPS = ["learning_state_analysis"]

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain.jobs import CreateJobInput, JobDomain, cost_usd
-from job_service.domain.params import normalize_params
-from job_service.domain.statemachine import Lease
+from job_service.lifecycle import Lease
+from job_service.services.accounting import cost_usd
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
+from job_service.services.params import normalize_params
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
 
 

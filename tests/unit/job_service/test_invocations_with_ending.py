@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from airuntime_common.errors import AppError
-from job_service.domain.jobs import JobDomain, ModelCallInput
-from job_service.domain.statemachine import Lease
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import ModelCallInput
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
 
 CAPS = ["learning_state_analysis"]

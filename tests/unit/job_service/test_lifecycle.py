@@ -9,9 +9,9 @@ from sqlalchemy import select, update
 
 from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError
-from job_service.domain.jobs import JobDomain
-from job_service.domain.statemachine import Lease
-from job_service.models import jobs
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
+from job_service.store.tables import jobs
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, business_rows, new_job
 
 CAPS = ["learning_state_analysis"]

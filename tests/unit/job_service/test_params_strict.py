@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from airuntime_common.errors import AppError
-from job_service.domain.params import normalize_params
+from job_service.services.params import normalize_params
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,10 @@ import pytest
 from sqlalchemy import func, insert, select
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain.jobs import JobDomain, ModelCallInput
-from job_service.domain.statemachine import Lease
-from job_service.models import PLATFORM_SPEND_SHARDS, invocations, platform_spend
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import ModelCallInput
+from job_service.store.tables import PLATFORM_SPEND_SHARDS, invocations, platform_spend
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
 
 CAPS = ["learning_state_analysis"]

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select, update
 
 from airuntime_common.errors import AppError
-from job_service.domain.jobs import JobDomain
-from job_service.domain.reaper import Reaper
-from job_service.domain.statemachine import Lease
-from job_service.models import jobs, workers
+from job_service.lifecycle import Lease
+from job_service.maintenance.reaper import Reaper
+from job_service.services.domain import JobDomain
+from job_service.store.tables import jobs, workers
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, business_rows, new_job
 
 CAPS = ["learning_state_analysis"]
@@ -33,7 +33,7 @@ async def test_l1_long_job_with_heartbeats_is_never_relocked(
     make_domain: Callable[..., Any],
 ) -> None:
     domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=1.0)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     job = await new_job(domain)
     await domain.claim("w1", CAPS, 1, 0)
     lease = Lease(job.job_id, "w1", 1)
@@ -51,7 +51,7 @@ async def test_l1_long_job_with_heartbeats_is_never_relocked(
 
 async def test_l2_l3_paused_worker_loses_to_the_next(make_domain: Callable[..., Any]) -> None:
     domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=5)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     job = await new_job(domain)
     await domain.claim("A", CAPS, 1, 0)
     a = Lease(job.job_id, "A", 1)
@@ -98,7 +98,7 @@ async def test_l5_hard_kill_batch_returns_to_pending(make_domain: Callable[..., 
     claimed = await domain.claim("killed", CAPS, 10, 0)
     assert {j.job_id for j in claimed} == ids
     await asyncio.sleep(0.4)
-    assert await Reaper(domain).sweep() == 5
+    assert await Reaper(domain.core).sweep() == 5
     for job_id in ids:
         j = await domain.get(job_id)
         assert (j.status, j.retry_count) == ("pending", 1)
@@ -108,7 +108,7 @@ async def test_l5_hard_kill_batch_returns_to_pending(make_domain: Callable[..., 
 
 async def test_l6_poison_job_attempted_max_plus_one_times(make_domain: Callable[..., Any]) -> None:
     domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=0.2, MAX_RETRY_COUNT=2)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     job = await new_job(domain)
     attempts = 0
     for _ in range(6):
@@ -139,7 +139,7 @@ async def test_job_timeout_from_started_at(make_domain: Callable[..., Any]) -> N
     await domain.claim("w", CAPS, 1, 0)
     lease = Lease(job.job_id, "w", 1)
     await domain.start(lease)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     assert await reaper.sweep() == 0
     async with domain.sessions() as s, s.begin():
         await s.execute(
@@ -170,7 +170,7 @@ async def test_retry_is_timed_from_its_own_start_not_the_last_attempts(
             .where(jobs.c.job_id == job.job_id)
             .values(started_at=domain.clock.plus(-11))
         )
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     assert await reaper.sweep() == 1  # attempt 1 timed out: retried
     async with domain.sessions() as s, s.begin():  # its backoff has passed
         await s.execute(
@@ -195,7 +195,7 @@ async def test_expiry_with_cancel_requested_ends_cancelled(domain: JobDomain) ->
     await domain.claim("w", CAPS, 1, 0)
     await domain.cancel(job.job_id, user_id="u1", actor="user:u1")
     await _age_lease(domain, job.job_id)
-    assert await Reaper(domain).sweep() == 1
+    assert await Reaper(domain.core).sweep() == 1
     final = await domain.get(job.job_id)
     assert final.status == "cancelled" and final.retry_count == 0
 
@@ -203,10 +203,10 @@ async def test_expiry_with_cancel_requested_ends_cancelled(domain: JobDomain) ->
 async def test_reaper_leaves_a_renewed_lease_alone(domain: JobDomain) -> None:
     job = await new_job(domain)
     await domain.claim("w", CAPS, 1, 0)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     # the reaper saw a candidate, but the job moved before its guarded UPDATE
     async with domain.sessions() as s, s.begin():
-        assert await reaper._expire(s, job_id=job.job_id) is False
+        assert await reaper._expire(s, job_id=job.job_id) is None
     assert (await domain.get(job.job_id)).status == "locked"
 
 
@@ -223,7 +223,7 @@ async def test_l7_worker_clock_skew_does_not_matter(
     remaining = (claimed.lock_until - db_now).total_seconds()
     assert 29 <= remaining <= 30.5  # LOCK_LEASE_SECONDS=30 on the database clock
     await domain.heartbeat(Lease(job.job_id, "fast-clock", 1))
-    assert await Reaper(domain).sweep() == 0
+    assert await Reaper(domain.core).sweep() == 0
     assert (await domain.get(job.job_id)).status == "running"
 
 
@@ -232,7 +232,7 @@ async def test_reaper_task_runs_on_interval(make_domain: Callable[..., Any]) -> 
     job = await new_job(domain)
     await domain.claim("w", CAPS, 1, 0)
     stop = asyncio.Event()
-    task = asyncio.create_task(Reaper(domain).run(stop))
+    task = asyncio.create_task(Reaper(domain.core).run(stop))
     try:
         for _ in range(40):
             await asyncio.sleep(0.05)
@@ -253,7 +253,7 @@ async def test_departed_workers_are_purged_unless_they_hold_a_lease(
     """``ai_runtime_workers`` does not grow with every restarted instance: rows unseen
     for ``WORKER_RETENTION_SECONDS`` go, except an instance still holding a lease."""
     domain: JobDomain = await make_domain(WORKER_RETENTION_SECONDS=3600)
-    reaper = Reaper(domain)
+    reaper = Reaper(domain.core)
     job = await new_job(domain)
     await domain.claim("holder", CAPS, 1, 0)  # leases the job
     for instance in ("holder", "gone", "fresh"):

@@ -9,10 +9,9 @@ import pytest
 from sqlalchemy import select
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain.jobs import JobDomain, backoff_seconds
-from job_service.domain.statemachine import Lease
-from job_service.models import jobs
-from job_service.settings import JobServiceSettings
+from job_service.lifecycle import Lease, RetryPolicy, backoff_seconds
+from job_service.services.domain import JobDomain
+from job_service.store.tables import jobs
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, business_rows, new_job
 
 CAPS = ["learning_state_analysis"]
@@ -28,7 +27,7 @@ async def _seconds_until_available(domain: JobDomain, job_id: str) -> float:
 
 
 def test_backoff_formula() -> None:
-    s = JobServiceSettings(RETRY_BACKOFF_BASE_SECONDS=5, RETRY_BACKOFF_MAX_SECONDS=300)
+    s = RetryPolicy(base_seconds=5, max_seconds=300)  # RETRY_BACKOFF_*_SECONDS
     mid = lambda: 0.5  # noqa: E731  (no jitter)
     assert backoff_seconds(s, 1, "MODEL_TIMEOUT", None, mid) == pytest.approx(5)
     assert backoff_seconds(s, 2, "MODEL_TIMEOUT", None, mid) == pytest.approx(10)

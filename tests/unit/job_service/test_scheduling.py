@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from airuntime_common.errors import AppError
-from job_service.domain.jobs import JobDomain
+from job_service.services.domain import JobDomain
 from tests.unit.job_service.conftest import new_job
 
 ALL = ["learning_state_analysis", "quiz_generation"]
@@ -186,8 +186,8 @@ async def test_a_crafted_page_token_is_refused_not_a_500(domain: JobDomain, raw:
 
 def test_registry_writes_on_change_or_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """A busy worker's claims do not each upsert its registry row; new facts do at once."""
-    from job_service.domain import scheduler
-    from job_service.domain.clock import DbClock
+    from job_service.maintenance import workers as scheduler
+    from job_service.store.clock import DbClock
 
     now = [100.0]
     monkeypatch.setattr(scheduler.time, "monotonic", lambda: now[0])

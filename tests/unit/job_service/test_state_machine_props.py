@@ -15,13 +15,14 @@ from sqlalchemy import select, update
 
 from airuntime_common.db import make_sessionmaker
 from airuntime_common.errors import AppError
-from job_service.db import make_job_engine
-from job_service.domain.clock import DbClock
-from job_service.domain.jobs import CreateJobInput, JobDomain
-from job_service.domain.ports import AllowAllCredentials
-from job_service.domain.reaper import Reaper
-from job_service.domain.statemachine import LEASED, TERMINAL, TRANSITIONS, Lease
-from job_service.models import events, jobs, workers
+from job_service.lifecycle import LEASED, TERMINAL, TRANSITIONS, Lease
+from job_service.maintenance.reaper import Reaper
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
+from job_service.services.ports import AllowAllCredentials
+from job_service.store.clock import DbClock
+from job_service.store.engine import make_job_engine
+from job_service.store.tables import events, jobs, workers
 from tests.unit.job_service.conftest import (
     ANALYSIS_OUTPUT,
     FakeLearning,
@@ -59,7 +60,7 @@ class JobMachine(RuleBasedStateMachine):
             FakeLearning(),
             AllowAllCredentials(),
         )
-        self.reaper = Reaper(self.domain)
+        self.reaper = Reaper(self.domain.core)
         self.terminal: dict[str, str] = {}
 
     def run(self, coro: Any) -> Any:

@@ -14,11 +14,11 @@ import pytest
 from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-import job_service.learning_models as lm
+import job_service.learning.tables as lm
 from airuntime_common.db import make_sessionmaker
-from job_service.db import WRITE_TX, make_job_engine
-from job_service.db_base import Base
-from job_service.domain import learning
+from job_service import learning
+from job_service.store.base import Base
+from job_service.store.engine import WRITE_TX, make_job_engine
 
 DOCS = Path(__file__).resolve().parents[2] / "fixtures" / "docs"
 

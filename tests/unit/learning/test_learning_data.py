@@ -11,8 +11,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.db import retry_transient
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain import learning
-from job_service.learning_models import LearningEvent, MaterialBlock
+from job_service import learning
+from job_service.learning.tables import LearningEvent, MaterialBlock
 
 from .conftest import Tx
 

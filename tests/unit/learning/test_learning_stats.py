@@ -15,8 +15,9 @@ from sqlalchemy import case, event, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.db import retry_transient
-from job_service.domain import learning, snapshots
-from job_service.learning_models import (
+from job_service import learning
+from job_service.learning import snapshots
+from job_service.learning.tables import (
     LearningBlockStat,
     LearningEvent,
     LearningKnowledgePointStat,

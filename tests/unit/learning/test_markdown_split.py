@@ -7,7 +7,7 @@ import re
 import pytest
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain.markdown_split import (
+from job_service.learning.markdown_split import (
     MAX_BLOCK_CHARS,
     MAX_CONTENT_BYTES,
     split_document,

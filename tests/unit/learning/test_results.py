@@ -13,10 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from airuntime_common.canonical import content_hash
 from airuntime_common.db import retry_transient
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain import learning, results, snapshots
-from job_service.domain.ports import ModuleLearningPort
-from job_service.domain.results import AcceptOutcome
-from job_service.learning_models import BUSINESS_TABLES
+from job_service import learning
+from job_service.learning import plans, results, snapshots
+from job_service.learning.results import AcceptOutcome
+from job_service.learning.tables import business_kinds
 
 from .conftest import Tx
 
@@ -113,7 +113,7 @@ async def accept(
 
 
 async def rows(tx: Tx, kind: str) -> int:
-    model, _ = BUSINESS_TABLES[kind]
+    model, _ = business_kinds()[kind]
 
     async def count(s: AsyncSession) -> int:
         return int((await s.execute(select(func.count()).select_from(model))).scalar_one())
@@ -124,7 +124,7 @@ async def rows(tx: Tx, kind: str) -> int:
 @pytest.mark.mysql
 async def test_quiz_result_writes_rows_and_counts_duplicates(tx: Tx, world: World) -> None:
     await tx(
-        snapshots.create_generation_plan,
+        plans.create_generation_plan,
         job_id="j1",
         user_id="u1",
         job_type="quiz_generation",
@@ -138,7 +138,7 @@ async def test_quiz_result_writes_rows_and_counts_duplicates(tx: Tx, world: Worl
     assert await accept(tx, "j1", "quiz_generation", world.quiz_snapshot, out) == AcceptOutcome(
         3, 2, 1
     )
-    plan = await tx(snapshots.get_generation_plan, "j1")
+    plan = await tx(plans.get_generation_plan, "j1")
     assert plan is not None
     assert (plan["generated"], plan["written"], plan["skippedDuplicates"]) == (3, 2, 1)
 
@@ -271,7 +271,7 @@ async def test_schema_violations_are_invalid_schema(
 
 async def test_flashcards_and_weak_points(tx: Tx, world: World) -> None:
     await tx(
-        snapshots.create_generation_plan,
+        plans.create_generation_plan,
         job_id="f1",
         user_id="u1",
         job_type="flashcard_generation",
@@ -293,7 +293,7 @@ async def test_flashcards_and_weak_points(tx: Tx, world: World) -> None:
     assert await accept(
         tx, "f1", "flashcard_generation", world.quiz_snapshot, cards
     ) == AcceptOutcome(2, 2, 0)
-    plan = await tx(snapshots.get_generation_plan, "f1")
+    plan = await tx(plans.get_generation_plan, "f1")
     assert plan is not None and (plan["generated"], plan["written"], plan["skippedDuplicates"]) == (
         2,
         2,
@@ -551,9 +551,9 @@ async def test_concurrent_results_with_the_same_items_write_each_once(
 async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commits(
     tx: Tx, world: World
 ) -> None:
-    # JobDomain.submit_result runs accept_result without a savepoint (the port
-    # says it validates before writing) and commits the job's move to failed in
-    # the same transaction: so the refusal itself must have written no row.
+    # The job service's result runs prepare_result without a savepoint and commits
+    # the job's move to failed in the same transaction: so the refusal itself must
+    # have written no row (prepare_result only reads; the port has no other shape).
     good = [question(f"Good {i}?", [world.block(1)]) for i in range(3)]
     bad = question("Bad?", [world.other_material.blocks[0].block_id])
 
@@ -574,4 +574,3 @@ async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commit
 
     assert await tx(accept_and_commit) == ErrorCode.INVALID_SCHEMA
     assert await rows(tx, "questions") == 0
-    assert ModuleLearningPort.validates_before_write is True

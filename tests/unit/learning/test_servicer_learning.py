@@ -4,23 +4,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import datetime
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import json_format
-from sqlalchemy import Column, MetaData, String, Table, func, insert, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
-import job_service.learning_models as lm
+import job_service.learning.tables as lm
 from airuntime_common import metadata
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import GrpcServer
-from job_service.domain import results, snapshots
-from job_service.domain.clock import DbClock
-from job_service.domain.jobs import JobDomain
-from job_service.servicer_learning import LearningRpcsMixin
+from job_service.learning import results, snapshots
+from job_service.rpc.learning import LearningRpcs
+from job_service.services.domain import JobDomain
+from job_service.store.clock import DbClock
+from job_service.store.tables import jobs
 from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
@@ -32,20 +34,26 @@ N, PER = 90, 20
 TOKEN = "learning-test-token-0123456789"
 MD = metadata.outgoing(TOKEN)
 
-#: The columns of the core job table this mixin reads.
-JOBS = Table(
-    "ai_runtime_jobs",
-    MetaData(),
-    Column("job_id", String(64), primary_key=True),
-    Column("user_id", String(128)),
-    Column("job_type", String(32)),
-    Column("status", String(16)),
-    Column("output_schema_version", String(16)),
-    Column("snapshot_id", String(64)),
-)
+#: The core job table (the result RPC reads a job's status and type).
+JOBS = jobs
 
 
-class Servicer(LearningRpcsMixin, service_pb2_grpc.JobServiceServicer):  # type: ignore[misc]
+def job_row(job_id: str, user_id: str, **columns: Any) -> dict[str, Any]:
+    """A job row with every required column (the defaults of a fresh pending job)."""
+    now = datetime(2026, 1, 1)
+    row: dict[str, Any] = {
+        "job_id": job_id, "user_id": user_id, "job_type": "learning_state_analysis",
+        "target_type": "user", "target_id": user_id, "status": "pending", "priority": 0,
+        "params": {}, "api_key_mode": "platform_key", "model_provider": "deepseek",
+        "model_name": "deepseek-chat", "attempt_no": 0, "retry_count": 0,
+        "max_retry_count": 3, "timeout_seconds": 120, "cancel_requested": False,
+        "available_at": now, "created_at": now, "updated_at": now,
+    }  # fmt: skip
+    row.update(columns)
+    return row
+
+
+class Servicer(LearningRpcs, service_pb2_grpc.JobServiceServicer):  # type: ignore[misc]
     def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
         self.sessions = sessions
         self.settings = None
@@ -227,22 +235,22 @@ async def test_job_results_and_result_items(
         await s.execute(
             insert(JOBS),
             [
-                {
-                    "job_id": "done",
-                    "user_id": "u1",
-                    "job_type": "flashcard_generation",
-                    "status": "succeeded",
-                    "output_schema_version": "v1",
-                    "snapshot_id": snap,
-                },
-                {
-                    "job_id": "busy",
-                    "user_id": "u1",
-                    "job_type": "flashcard_generation",
-                    "status": "running",
-                    "output_schema_version": None,
-                    "snapshot_id": snap,
-                },
+                job_row(
+                    "done",
+                    "u1",
+                    job_type="flashcard_generation",
+                    status="succeeded",
+                    output_schema_version="v1",
+                    snapshot_id=snap,
+                ),
+                job_row(
+                    "busy",
+                    "u1",
+                    job_type="flashcard_generation",
+                    status="running",
+                    output_schema_version=None,
+                    snapshot_id=snap,
+                ),
             ],
         )
         output = {
@@ -351,7 +359,7 @@ async def test_concurrent_event_batches_all_land(
         """The job operations' own writes (claims, heartbeats, reports) meanwhile."""
         for k in range(n):
             await servicer.domain.tx(
-                lambda s, k=k: s.execute(insert(JOBS).values(job_id=f"j{k}", user_id="u9"))
+                lambda s, k=k: s.execute(insert(JOBS).values(**job_row(f"j{k}", "u9")))
             )
 
     *answers, _ = await asyncio.gather(

@@ -12,9 +12,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.domain import learning, snapshots
-from job_service.domain.snapshots import BlockMeta, select_blocks, spread_order
-from job_service.learning_models import AiSnapshot
+from airuntime_common.jobtypes import ANALYSIS_SNAPSHOT, GENERATION_SNAPSHOT
+from job_service import learning
+from job_service.learning import plans, snapshots
+from job_service.learning.payload import BlockMeta, select_blocks, spread_order
+from job_service.learning.tables import AiSnapshot
 
 from .conftest import Tx
 
@@ -238,7 +240,7 @@ async def test_quiz_snapshot_of_a_material_carries_params_and_its_blocks(
     assert [m["materialId"] for m in p["materials"]] == [photosynthesis.material_id]
     assert [b["blockId"] for b in p["blocks"]] == [b.block_id for b in photosynthesis.blocks]
     assert other.material_id not in {b["materialId"] for b in p["blocks"]}
-    assert p["stats"]["blockBudgetChars"] == snapshots.GENERATION_BUDGET_CHARS
+    assert p["stats"]["blockBudgetChars"] == GENERATION_SNAPSHOT.chars
 
 
 async def test_flashcard_snapshot_of_a_knowledge_point_has_only_its_blocks(
@@ -337,7 +339,7 @@ async def test_budget_rule_on_a_large_material(tx: Tx) -> None:
     blocks = material.blocks
     assert len(blocks) == 80
     total = sum(len(b.text) for b in blocks)
-    assert total > 2 * snapshots.GENERATION_BUDGET_CHARS
+    assert total > 2 * GENERATION_SNAPSHOT.chars
     weak = await tx(
         learning.create_knowledge_point,
         "u1",
@@ -374,7 +376,7 @@ async def test_budget_rule_on_a_large_material(tx: Tx) -> None:
     )
     p = await _payload(tx, **kw)
     chosen = [b["ordinal"] for b in p["blocks"]]
-    assert sum(len(b["text"]) for b in p["blocks"]) <= snapshots.GENERATION_BUDGET_CHARS
+    assert sum(len(b["text"]) for b in p["blocks"]) <= GENERATION_SNAPSHOT.chars
     assert chosen == sorted(chosen)  # ordinal order kept
     assert {50, 51, 77} <= set(chosen)  # knowledge-point blocks first
     assert 0 in chosen  # then the even spread starts at the beginning…
@@ -399,7 +401,7 @@ async def test_budget_rule_on_a_large_material(tx: Tx) -> None:
     )
     # analysis types get a smaller sample
     a = await _payload(tx, **{**kw, "job_type": "next_action_planning", "params": {}})
-    assert sum(len(b["text"]) for b in a["blocks"]) <= snapshots.ANALYSIS_BUDGET_CHARS
+    assert sum(len(b["text"]) for b in a["blocks"]) <= ANALYSIS_SNAPSHOT.chars
     assert {50, 51} <= {b["ordinal"] for b in a["blocks"]}
     included = {b["blockId"] for b in a["blocks"]}
     [wide_entry] = [
@@ -436,7 +438,7 @@ def test_select_blocks_rules() -> None:
 
 async def test_generation_plans(tx: Tx) -> None:
     await tx(
-        snapshots.create_generation_plan,
+        plans.create_generation_plan,
         job_id="j1",
         user_id="u1",
         job_type="quiz_generation",
@@ -445,7 +447,7 @@ async def test_generation_plans(tx: Tx) -> None:
         params={"count": 7, "difficulty": "easy", "questionTypes": ["true_false", "short_answer"]},
     )
     await tx(
-        snapshots.create_generation_plan,
+        plans.create_generation_plan,
         job_id="j2",
         user_id="u1",
         job_type="flashcard_generation",
@@ -454,7 +456,7 @@ async def test_generation_plans(tx: Tx) -> None:
         params={},
     )
     await tx(
-        snapshots.create_generation_plan,
+        plans.create_generation_plan,
         job_id="j3",
         user_id="u1",
         job_type="weak_point_analysis",
@@ -462,7 +464,7 @@ async def test_generation_plans(tx: Tx) -> None:
         target_id="u1",
         params={},
     )
-    quiz = await tx(snapshots.get_generation_plan, "j1")
+    quiz = await tx(plans.get_generation_plan, "j1")
     assert quiz is not None
     assert (quiz["requestedCount"], quiz["difficulty"], quiz["questionTypes"]) == (
         7,
@@ -470,9 +472,9 @@ async def test_generation_plans(tx: Tx) -> None:
         ["true_false", "short_answer"],
     )
     assert quiz["generated"] is None and quiz["written"] is None
-    cards = await tx(snapshots.get_generation_plan, "j2")
+    cards = await tx(plans.get_generation_plan, "j2")
     assert cards is not None and cards["requestedCount"] == 5 and "difficulty" not in cards
-    assert await tx(snapshots.get_generation_plan, "j3") is None
+    assert await tx(plans.get_generation_plan, "j3") is None
 
 
 async def test_a_user_without_any_data_gets_an_empty_snapshot(tx: Tx) -> None:

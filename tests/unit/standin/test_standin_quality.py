@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from airuntime_common.outputs import validate_output
-from job_service.domain.markdown_split import split_document
+from job_service.learning.markdown_split import split_document
 from model_standin.answers import (
     OUTPUT_TOKEN_BUDGET,
     Prompt,

@@ -1,1 +1,0 @@
-"""job_service domain: state machine, scheduling, reaper, guards, results, learning data."""

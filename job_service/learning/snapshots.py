@@ -1,0 +1,189 @@
+"""Snapshots: the immutable input of a job, built at create and stored once (SPEC §2.3, §5).
+
+The payload is :mod:`job_service.learning.payload`'s. Its content hash is
+:func:`airuntime_common.canonical.content_hash` of the payload; a snapshot is
+stored once per (user, hash) and reused (UNIQUE(user_id, content_hash), written
+with insert-or-ignore, so concurrent creates converge on one row). A stored
+snapshot never changes, so loaded views are kept in a process-wide cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import String, bindparam, exists, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from airuntime_common.canonical import content_hash
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.lru import LruCache
+from job_service.learning.common import db_now, insert_ignore, new_id
+from job_service.learning.payload import build_payload
+from job_service.learning.tables import AiSnapshot
+from job_service.services.ports import SnapshotRead
+from job_service.store import cache
+from job_service.store.cache import Sql
+from job_service.store.engine import DbExec
+
+SNAPSHOT_SCHEMA_VERSION: Final = "v1"
+#: Snapshot views kept per process (least recently used dropped).
+MAX_CACHED_SNAPSHOTS: Final = 256
+
+
+@dataclass(frozen=True)
+class SnapshotView:
+    """A stored snapshot (SPEC §3 ``GET …/snapshot``)."""
+
+    snapshot_id: str
+    schema_version: str
+    target_type: str
+    target_id: str
+    payload: dict[str, Any]
+    content_hash: str
+
+    def to_json(self) -> dict[str, Any]:
+        """camelCase view: ``{"snapshotId","schemaVersion","targetType","targetId","payload"}``."""
+        return {
+            "snapshotId": self.snapshot_id,
+            "schemaVersion": self.schema_version,
+            "targetType": self.target_type,
+            "targetId": self.target_id,
+            "payload": self.payload,
+        }
+
+
+#: The process's snapshot views by id (job_service reads a job's snapshot for
+#: GetSnapshot and again to validate its result). The views are shared: callers
+#: treat ``payload`` as read-only.
+SNAPSHOT_CACHE: LruCache[str, SnapshotView] = LruCache(MAX_CACHED_SNAPSHOTS)
+
+
+async def build_snapshot(
+    session: AsyncSession,
+    *,
+    user_id: str,
+    job_type: str,
+    target_type: str,
+    target_id: str,
+    params: dict[str, Any] | None,
+) -> str:
+    """Build the snapshot payload v1 for a new job and store it once (SPEC §2.3, §5).
+
+    Args:
+        session: the caller's session (the job-create transaction); not committed.
+        user_id: the job's user.
+        job_type: a registered job type.
+        target_type: ``user | material | knowledge_point``.
+        target_id: the target's id (for ``user``: the user's own id).
+        params: the job's normalised params, copied into the payload.
+
+    Returns:
+        The snapshot id (an existing one when the same payload was stored for
+        this user before).
+
+    Raises:
+        AppError: ``NOT_FOUND`` when the target does not exist or is not the
+        user's; ``INVALID_ARGUMENT`` for an unknown job or target type.
+    """
+    payload = await build_payload(
+        session,
+        user_id=user_id,
+        job_type=job_type,
+        target_type=target_type,
+        target_id=target_id,
+        params=params,
+    )
+    digest = content_hash(payload)
+    await insert_ignore(
+        session,
+        AiSnapshot.__table__,  # type: ignore[arg-type]
+        [
+            {
+                "snapshot_id": new_id(),
+                "user_id": user_id,
+                "job_type": job_type,
+                "target_type": target_type,
+                "target_id": target_id,
+                "schema_version": SNAPSHOT_SCHEMA_VERSION,
+                "payload": payload,
+                "content_hash": digest,
+                "created_at": db_now(),
+            }
+        ],
+    )
+    snapshot_id = (
+        await session.execute(
+            select(AiSnapshot.snapshot_id).where(
+                AiSnapshot.user_id == user_id, AiSnapshot.content_hash == digest
+            )
+        )
+    ).scalar_one()
+    return str(snapshot_id)
+
+
+def _read_stmt() -> Any:
+    """``SELECT`` of one snapshot's view columns by ``snapshot_id`` (bound: ``s_id``)."""
+    table = AiSnapshot.__table__
+    return select(
+        table.c.snapshot_id,
+        table.c.schema_version,
+        table.c.target_type,
+        table.c.target_id,
+        table.c.payload,
+        table.c.content_hash,
+    ).where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+
+
+def snapshot_exists() -> Any:
+    """``EXISTS`` (a snapshot row with ``snapshot_id = :s_id``), one shared registered
+    expression, for a statement that must not happen without the snapshot."""
+
+    def build() -> Any:
+        table = AiSnapshot.__table__
+        return cache.stable(
+            exists().where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+        )
+
+    return cache.statement(("snapshot_exists",), build)
+
+
+def snapshot_from_row(row: Sequence[Any]) -> SnapshotView:
+    """The view of a snapshot read's row, kept in :data:`SNAPSHOT_CACHE`."""
+    view = SnapshotView(*row)
+    SNAPSHOT_CACHE.put(view.snapshot_id, view)
+    return view
+
+
+def snapshot_not_found(snapshot_id: str) -> AppError:
+    """``NOT_FOUND`` for a snapshot id with no row."""
+    return AppError(
+        ErrorCode.NOT_FOUND, f"snapshot {snapshot_id!r} not found", {"snapshotId": snapshot_id}
+    )
+
+
+def snapshot_read(snapshot_id: str) -> SnapshotRead:
+    """A snapshot as a transaction reads it: the cached view, or the statement that reads it."""
+    return SnapshotRead(
+        view=SNAPSHOT_CACHE.get(snapshot_id),
+        sql=Sql(("load_snapshot",), _read_stmt, {"s_id": snapshot_id}),
+        exists=snapshot_exists(),
+        from_row=snapshot_from_row,
+        not_found=lambda: snapshot_not_found(snapshot_id),
+    )
+
+
+async def load_snapshot(session: DbExec, snapshot_id: str) -> SnapshotView:
+    """Read a stored snapshot (through :data:`SNAPSHOT_CACHE`).
+
+    Raises:
+        AppError: ``NOT_FOUND`` when no snapshot has this id.
+    """
+    read = snapshot_read(snapshot_id)
+    if read.view is not None:
+        return read.view  # type: ignore[return-value]
+    row = (await session.execute(read.sql.statement(), dict(read.sql.params))).first()
+    if row is None:
+        raise read.not_found()
+    return snapshot_from_row(tuple(row))

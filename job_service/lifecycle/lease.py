@@ -1,0 +1,19 @@
+"""The fencing token of SPEC §3."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease holder: ``(jobId, X-Runtime-Instance-Id, attemptNo)`` (SPEC §3).
+
+    A worker whose lease expired and whose job was locked again by another
+    worker no longer matches: it can no longer heartbeat, read the snapshot or
+    key, submit or fail.
+    """
+
+    job_id: str
+    instance_id: str
+    attempt_no: int

@@ -1,0 +1,38 @@
+"""``zhixi.airuntime.job.v1.JobService``: the servicers, proto ↔ domain translation only (SPEC §3).
+
+One servicer class answers every RPC; each area's RPCs live in their own module
+and are combined here: :mod:`.jobs` (users' and admins' jobs), :mod:`.runtime`
+(the runtime contract), :mod:`.learning` (the learner's data and results) and
+:mod:`.admin` (costs, the breaker, runtime health). Request checks and the
+error mapping shared by all are in :mod:`.common`.
+"""
+
+from __future__ import annotations
+
+from job_service.rpc.admin import AdminRpcs
+from job_service.rpc.jobs import JobRpcs
+from job_service.rpc.learning import LearningRpcs
+from job_service.rpc.runtime import RuntimeRpcs
+from job_service.services.domain import JobDomain
+from zhixi.airuntime.job.v1 import service_pb2_grpc
+
+
+class JobServiceServicer(
+    JobRpcs,
+    RuntimeRpcs,
+    LearningRpcs,
+    AdminRpcs,
+    service_pb2_grpc.JobServiceServicer,  # type: ignore[misc]
+):
+    """Every JobService RPC.
+
+    Args:
+        domain: the job core.
+    """
+
+    def __init__(self, domain: JobDomain) -> None:
+        RuntimeRpcs.__init__(self)
+        self.domain = domain
+
+
+__all__ = ["JobServiceServicer"]

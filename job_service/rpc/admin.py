@@ -1,0 +1,74 @@
+"""JobService RPCs of the admin views (SPEC §3, §3.1): costs, the breaker, runtime health.
+Proto ↔ domain translation only."""
+
+from __future__ import annotations
+
+from airuntime_common.enums import BREAKER_STATE
+from airuntime_common.timeutil import to_timestamp
+from job_service.maintenance.breaker import BreakerView
+from job_service.rpc.common import Ctx, rpc
+from job_service.rpc.convert import _enum, worker_to_proto
+from job_service.services.domain import JobDomain
+from zhixi.airuntime.job.v1 import message_pb2 as msg
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+
+def _breaker(view: BreakerView) -> msg.CircuitBreaker:
+    out = msg.CircuitBreaker(
+        state=_enum(BREAKER_STATE.to_proto(view.state)),
+        consecutive_failures=view.consecutive_failures,
+    )
+    for name in ("opened_at", "half_open_at"):
+        ts = to_timestamp(getattr(view, name))
+        if ts is not None:
+            getattr(out, name).CopyFrom(ts)
+    return out
+
+
+class AdminRpcs:
+    """``GetCosts, GetCircuitBreaker, ResetCircuitBreaker, GetRuntimeHealth``."""
+
+    domain: JobDomain
+
+    @rpc
+    async def GetCosts(self, request: rr.GetCostsRequest, context: Ctx) -> rr.GetCostsResponse:
+        rows = await self.domain.costs(
+            request.from_date, request.to_date, request.group_by or "day"
+        )
+        return rr.GetCostsResponse(
+            rows=[
+                msg.CostRow(
+                    key=r["key"],
+                    calls=r["calls"],
+                    prompt_tokens=r["promptTokens"],
+                    completion_tokens=r["completionTokens"],
+                    cache_hit_tokens=r["cacheHitTokens"],
+                    cost_usd=r["costUsd"],
+                )
+                for r in rows
+            ]
+        )
+
+    @rpc
+    async def GetCircuitBreaker(
+        self, request: rr.GetCircuitBreakerRequest, context: Ctx
+    ) -> rr.GetCircuitBreakerResponse:
+        return rr.GetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_view()))
+
+    @rpc
+    async def ResetCircuitBreaker(
+        self, request: rr.ResetCircuitBreakerRequest, context: Ctx
+    ) -> rr.ResetCircuitBreakerResponse:
+        return rr.ResetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_reset()))
+
+    # ---- runtime contract
+
+    @rpc
+    async def GetRuntimeHealth(
+        self, request: rr.GetRuntimeHealthRequest, context: Ctx
+    ) -> rr.GetRuntimeHealthResponse:
+        serving, found = await self.domain.health()
+        return rr.GetRuntimeHealthResponse(
+            status="SERVING" if serving else "NOT_SERVING",
+            workers=[worker_to_proto(w) for w in found],
+        )

@@ -1,0 +1,117 @@
+"""JobService RPCs of users and admins on jobs (SPEC §3.1): create, read, list, cancel,
+re-run, and the AI switch. Proto ↔ domain translation only."""
+
+from __future__ import annotations
+
+from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.timeutil import to_timestamp
+from job_service.rpc.common import Ctx, job_id_of, rpc
+from job_service.rpc.convert import (
+    event_to_proto,
+    from_struct,
+    invocation_to_proto,
+    job_to_proto,
+)
+from job_service.services.domain import JobDomain
+from job_service.services.inputs import CreateJobInput
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+
+class JobRpcs:
+    """``CreateJob, GetJob, ListJobs, CancelJob, RerunJob, GetAiAuthorization,
+    SetAiAuthorization``."""
+
+    domain: JobDomain
+
+    @rpc
+    async def CreateJob(self, request: rr.CreateJobRequest, context: Ctx) -> rr.CreateJobResponse:
+        req = CreateJobInput(
+            user_id=request.user_id,
+            job_type=JOB_TYPE.to_str(request.job_type),
+            target_type=TARGET_TYPE.to_str(request.target_type),
+            target_id=request.target_id,
+            params=from_struct(request.params, "params"),
+            api_key_mode=API_KEY_MODE.optional(request.api_key_mode) or "platform_key",
+            idempotency_key=request.idempotency_key
+            if request.HasField("idempotency_key")
+            else None,
+            priority=request.priority if request.HasField("priority") else None,
+            max_retry_count=request.max_retry_count
+            if request.HasField("max_retry_count")
+            else None,
+            timeout_seconds=request.timeout_seconds
+            if request.HasField("timeout_seconds")
+            else None,
+            plan=request.plan if request.HasField("plan") else None,
+            actor=request.actor,
+        )
+        job, replayed = await self.domain.create(req)
+        return rr.CreateJobResponse(job=job_to_proto(job), replayed=replayed)
+
+    @rpc
+    async def GetJob(self, request: rr.GetJobRequest, context: Ctx) -> rr.GetJobResponse:
+        user_id = request.user_id if request.HasField("user_id") else None
+        job = await self.domain.get(job_id_of(request.job_id), user_id)
+        out = rr.GetJobResponse(job=job_to_proto(job))
+        if request.include_history:
+            evs, invs = await self.domain.history(job.job_id)
+            out.events.extend(event_to_proto(e) for e in evs)
+            out.invocations.extend(invocation_to_proto(i) for i in invs)
+        return out
+
+    @rpc
+    async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
+        rows, token = await self.domain.list_jobs(
+            user_id=request.user_id if request.HasField("user_id") else None,
+            status=JOB_STATUS.optional(request.status),
+            job_type=JOB_TYPE.optional(request.job_type),
+            page_size=request.page_size,
+            page_token=request.page_token,
+        )
+        return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in rows], next_page_token=token)
+
+    @rpc
+    async def CancelJob(self, request: rr.CancelJobRequest, context: Ctx) -> rr.CancelJobResponse:
+        user_id = request.user_id if request.HasField("user_id") else None
+        job = await self.domain.cancel(
+            job_id_of(request.job_id),
+            user_id=user_id,
+            actor=request.actor or (f"user:{user_id}" if user_id else "admin"),
+        )
+        return rr.CancelJobResponse(job=job_to_proto(job))
+
+    @rpc
+    async def RerunJob(self, request: rr.RerunJobRequest, context: Ctx) -> rr.RerunJobResponse:
+        job = await self.domain.rerun(
+            job_id_of(request.job_id),
+            rebuild_snapshot=request.rebuild_snapshot,
+            actor=request.actor or "admin",
+        )
+        return rr.RerunJobResponse(job=job_to_proto(job))
+
+    @rpc
+    async def GetAiAuthorization(
+        self, request: rr.GetAiAuthorizationRequest, context: Ctx
+    ) -> rr.GetAiAuthorizationResponse:
+        if not request.user_id:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
+        view = await self.domain.get_authorization(request.user_id)
+        out = rr.GetAiAuthorizationResponse(granted=view.granted)
+        ts = to_timestamp(view.changed_at)
+        if ts is not None:
+            out.changed_at.CopyFrom(ts)
+        return out
+
+    @rpc
+    async def SetAiAuthorization(
+        self, request: rr.SetAiAuthorizationRequest, context: Ctx
+    ) -> rr.SetAiAuthorizationResponse:
+        view = await self.domain.set_authorization(request.user_id, request.granted)
+        out = rr.SetAiAuthorizationResponse(
+            granted=view.granted, cancelled=view.cancelled, cancel_requested=view.cancel_requested
+        )
+        ts = to_timestamp(view.changed_at)
+        if ts is not None:
+            out.changed_at.CopyFrom(ts)
+        return out

@@ -1,0 +1,419 @@
+"""Admission: creating jobs and re-running failed ones, with every create-time check
+(SPEC §2.3 create, §2.5 idempotency, §6 authorization, quota, budget, breaker).
+
+A create is one transaction on both databases: the admission checks read
+together in one batch (the user's admission lock first on MySQL/MariaDB, so one
+create per user runs at a time on every replica and the day's count sees every
+job committed before it), then the snapshot, then the job row, its first event
+and its generation plan in a second batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from airuntime_common import jobtypes
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.lru import LruCache
+from job_service import metrics
+from job_service.lifecycle import FAILED, PENDING
+from job_service.maintenance import breaker
+from job_service.services.core import Core, new_id
+from job_service.services.inputs import CreateJobInput
+from job_service.services.params import check_range, normalize_params
+from job_service.store import statements as st
+from job_service.store.batch import new_batch, run_one
+from job_service.store.engine import DbExec
+from job_service.store.records import JobRecord, job_of
+from job_service.store.transitions import event_params, event_row
+
+log = logging.getLogger("job_service.admission")
+
+#: How many users' admission lock rows a process remembers as existing (LRU, about
+#: 170 bytes each); a user who fell out costs one more ``INSERT IGNORE``.
+ADMISSION_ROWS_KNOWN = 10_000
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """The columns of a job about to be inserted that are not defaults (see
+    :meth:`Admission.insert_job`); None for priority and the limits = the settings'."""
+
+    job_id: str
+    user_id: str
+    job_type: str
+    target_type: str
+    target_id: str
+    snapshot_id: str | None
+    params: dict[str, Any]
+    api_key_mode: str
+    credential_id: str | None
+    idempotency_key: str | None
+    priority: int | None
+    max_retry_count: int | None
+    timeout_seconds: int | None
+    retried_from_job_id: str | None
+    model_provider: str = "deepseek"
+    model_name: str = "deepseek-chat"
+
+
+class Admission:
+    """Creates jobs (SPEC §2.3, §2.5, §6).
+
+    Args:
+        core: the shared core.
+    """
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        #: users whose admission lock row is known to exist (MySQL/MariaDB)
+        self.admission_rows: LruCache[str, bool] = LruCache(ADMISSION_ROWS_KNOWN)
+
+    async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
+        """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).
+
+        Returns:
+            ``(job, replayed)``.
+
+        Raises:
+            AppError: INVALID_ARGUMENT, NOT_FOUND (target), AI_NOT_AUTHORIZED,
+                QUOTA_EXCEEDED, PLATFORM_BUDGET_EXCEEDED, PLATFORM_CIRCUIT_OPEN,
+                INVALID_CREDENTIAL.
+        """
+        _check_request(req)
+        if req.idempotency_key is not None:
+            existing = await self.by_scope(req)
+            if existing is not None:  # whatever its params, even invalid ones (SPEC §2.5)
+                return existing, True
+        params = normalize_params(req.job_type, req.params)
+        credential_id = await self.core.credentials.check(req.user_id, req.api_key_mode)
+        await self.ensure_admission_row(req.user_id)
+
+        async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
+            existing = await self.admit(
+                session,
+                req.user_id,
+                scope=req,
+                quota=self.quota(req),
+                platform=req.api_key_mode == "platform_key",
+            )
+            if existing is not None:
+                return existing, True
+            snapshot_id = await self.core.learning.build_snapshot(
+                session,
+                user_id=req.user_id,
+                job_type=req.job_type,
+                target_type=req.target_type,
+                target_id=req.target_id,
+                params=params,
+            )
+            new = NewJob(
+                new_id(), req.user_id, req.job_type, req.target_type, req.target_id,
+                snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
+                req.priority, req.max_retry_count, req.timeout_seconds, None,
+            )  # fmt: skip
+            job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
+            return job, False
+
+        try:
+            job, replayed = await self.core.store.tx(body)
+        except IntegrityError:
+            if req.idempotency_key is None:
+                raise
+            existing = await self.by_scope(req)
+            if existing is None:
+                raise
+            return existing, True
+        if not replayed:
+            self.created(job)
+        return job, replayed
+
+    async def rerun(self, job_id: str, *, rebuild_snapshot: bool, actor: str) -> JobRecord:
+        """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (SPEC §2.3).
+
+        The new job passes the create-time checks a create of its user would (SPEC
+        §6): the user's AI switch (serialised with a revoke by the user's admission
+        lock, as a create is), a usable key of the job's ``apiKeyMode`` (the user's
+        *current* credential is recorded, not the failed job's, which may have been
+        replaced or marked invalid since) and, for the platform key, the budget and
+        the breaker. Like an admin create, it is not held to the user's daily quota.
+
+        Raises:
+            AppError: JOB_NOT_FOUND, INVALID_JOB_STATE (not failed), AI_NOT_AUTHORIZED,
+                INVALID_CREDENTIAL, PLATFORM_CIRCUIT_OPEN, PLATFORM_BUDGET_EXCEEDED,
+                NOT_FOUND (target gone, when rebuilding).
+        """
+        # A failed job is terminal: what this read sees of it cannot change.
+        async with self.core.store.sessions() as session:
+            old = await self.core.must_get_job(session, job_id)
+        if old.status != FAILED:
+            raise AppError(
+                ErrorCode.INVALID_JOB_STATE,
+                "only failed jobs can be re-run",
+                {"jobId": job_id, "status": old.status},
+            )
+        credential_id = await self.core.credentials.check(old.user_id, old.api_key_mode)
+        await self.ensure_admission_row(old.user_id)
+
+        async def body(session: AsyncSession) -> JobRecord:
+            platform = old.api_key_mode == "platform_key"
+            await self.admit(session, old.user_id, scope=None, quota=0, platform=platform)
+            snapshot_id = old.snapshot_id
+            if rebuild_snapshot or not snapshot_id:
+                snapshot_id = await self.core.learning.build_snapshot(
+                    session,
+                    user_id=old.user_id,
+                    job_type=old.job_type,
+                    target_type=old.target_type,
+                    target_id=old.target_id,
+                    params=old.params,
+                )
+            new = NewJob(
+                new_id(), old.user_id, old.job_type, old.target_type, old.target_id,
+                snapshot_id, old.params, old.api_key_mode, credential_id, None,
+                old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
+                old.model_provider, old.model_name,
+            )  # fmt: skip
+            return await self.insert_job(session, new, actor=actor or "admin")
+
+        job = await self.core.store.tx(body)
+        self.created(job)
+        return job
+
+    def created(self, job: JobRecord) -> None:
+        """After a new job committed: count it, wake this process's long polls, log it."""
+        metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
+        self.core.signal.notify()
+        log.info(
+            "job created",
+            extra={
+                "fields": {
+                    "jobId": job.job_id,
+                    "jobType": job.job_type,
+                    "apiKeyMode": job.api_key_mode,
+                    "userId": job.user_id,
+                }
+            },
+        )
+
+    async def ensure_admission_row(self, user_id: str) -> None:
+        """Make sure the user's admission lock row exists (MySQL/MariaDB only).
+
+        Inserted in its own short transaction (``INSERT IGNORE``), never in the
+        create transaction: an ignored duplicate takes a shared lock there, and
+        two of those upgrading to the exclusive lock would deadlock.
+        """
+        if self.core.clock.is_sqlite or self.admission_rows.get(user_id):
+            return
+        sql = st.ensure_admission_row.sql(self.core.clock, {"user_id": user_id})
+        await self.core.store.lean_tx(lambda conn: run_one(conn, sql))
+        self.admission_rows.put(user_id, True)
+
+    async def by_scope(self, req: CreateJobInput) -> JobRecord | None:
+        """The job of ``req``'s idempotency scope (SPEC §2.5), or None."""
+        sql = st.scope_job.sql(self.core.clock, _scope_params(req))
+        found = await self.core.store.read(lambda conn: run_one(conn, sql))
+        return job_of(found.rows[0]) if found.rows else None
+
+    async def admit(
+        self,
+        db: DbExec,
+        user_id: str,
+        *,
+        scope: CreateJobInput | None,
+        quota: int,
+        platform: bool,
+    ) -> JobRecord | None:
+        """The admission checks of a new job, in the caller's transaction (SPEC §6).
+
+        One batch reads, in order: the user's admission row ``FOR UPDATE`` (one
+        create per user at a time on every replica), the job of ``scope``'s
+        idempotency scope (a racing repeat that lost the pre-check gets the
+        original, not a quota refusal), the AI switch, the day's job count
+        (``quota`` > 0), the day's platform spend and the breaker's state
+        (``platform``). They are then judged in that order; a breaker that is not
+        closed goes through :func:`breaker.admit_new_job` (its locking read and
+        transitions).
+
+        Returns:
+            The original job of ``scope``, else None (admitted).
+
+        Raises:
+            AppError: AI_NOT_AUTHORIZED, QUOTA_EXCEEDED, PLATFORM_BUDGET_EXCEEDED,
+                PLATFORM_CIRCUIT_OPEN.
+        """
+        clock = self.core.clock
+        user = {"a_user": user_id}
+        batch = new_batch(db)
+        batch.add(st.admission_lock.sql(clock, user))
+        found = None
+        if scope is not None and scope.idempotency_key is not None:
+            found = batch.add(st.scope_job.sql(clock, _scope_params(scope)))
+        granted = batch.add(st.ai_granted.sql(clock, user))
+        used = batch.add(st.jobs_created_today.sql(clock, user)) if quota > 0 else None
+        spent = state = None
+        if platform:
+            spent = batch.add(st.platform_spent_today.sql(clock, {}))
+            state = batch.add(breaker.row_sql(lock=False))
+        out = await batch.run()
+        if found is not None and out[found].rows:
+            return job_of(out[found].rows[0])
+        check_granted(out[granted].rows[0][0] if out[granted].rows else None)
+        if used is not None:
+            check_quota(quota, out[used].rows[0][0])
+        if spent is not None and state is not None:
+            self.check_budget(out[spent].rows[0][0])
+            rows = out[state].rows
+            if not rows or rows[0][0] != "closed":
+                await breaker.admit_new_job(db, clock, self.core.settings)
+        return None
+
+    def quota(self, req: CreateJobInput) -> int:
+        """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""
+        plans = self.core.settings.PLAN_DAILY_JOB_QUOTAS
+        if req.plan and req.plan in plans:
+            return plans[req.plan]
+        return self.core.settings.USER_DAILY_JOB_QUOTA
+
+    def check_budget(self, spent: Any) -> None:
+        """Refuse a platform-key job once the day's spend reached the budget (SPEC §6).
+
+        Raises:
+            AppError: PLATFORM_BUDGET_EXCEEDED.
+        """
+        budget = self.core.settings.PLATFORM_DAILY_BUDGET_USD
+        if Decimal(str(spent)) >= Decimal(str(budget)):
+            raise AppError(
+                ErrorCode.PLATFORM_BUDGET_EXCEEDED,
+                "the platform's daily AI budget is used up",
+                {"budgetUsd": budget, "spentUsd": float(spent)},
+            )
+
+    async def insert_job(self, db: DbExec, new: NewJob, *, actor: str) -> JobRecord:
+        """Insert a pending job, its first event and its generation plan (quiz/flashcard)
+        in the caller's transaction, in one batch; returns the job as stored.
+
+        The batch does not end in COMMIT: a create run again after a lost
+        connection would make a second job, so the create's own COMMIT follows alone.
+
+        Raises:
+            sqlalchemy.exc.IntegrityError: a job of the same idempotency scope exists.
+        """
+        clock, s = self.core.clock, self.core.settings
+        values = {
+            "job_id": new.job_id,
+            "user_id": new.user_id,
+            "job_type": new.job_type,
+            "target_type": new.target_type,
+            "target_id": new.target_id,
+            "snapshot_id": new.snapshot_id,
+            "params": new.params,
+            "api_key_mode": new.api_key_mode,
+            "credential_id": new.credential_id,
+            "idempotency_key": new.idempotency_key,
+            "retried_from_job_id": new.retried_from_job_id,
+            "model_provider": new.model_provider,
+            "model_name": new.model_name,
+            "status": PENDING,
+            "priority": s.DEFAULT_PRIORITY if new.priority is None else new.priority,
+            "attempt_no": 0,
+            "retry_count": 0,
+            "max_retry_count": _or(new.max_retry_count, s.MAX_RETRY_COUNT),
+            "timeout_seconds": _or(new.timeout_seconds, s.JOB_TIMEOUT_SECONDS),
+            "cancel_requested": False,
+        }
+        first_event = event_params(
+            job_id=new.job_id, from_status=None, to_status=PENDING, actor=actor, attempt_no=0
+        )
+        plan = self.core.learning.generation_plan(
+            clock,
+            job_id=new.job_id,
+            user_id=new.user_id,
+            job_type=new.job_type,
+            target_type=new.target_type,
+            target_id=new.target_id,
+            params=new.params,
+        )
+        batch = new_batch(db)
+        batch.add(st.insert_job.sql(clock, values))
+        batch.add(event_row(clock, first_event))
+        if plan is not None:
+            batch.add(plan)
+        read = batch.add(st.get_job.sql(clock, {"g_job_id": new.job_id}, False))
+        out = await batch.run()
+        return job_of(out[read].rows[0])
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _check_request(req: CreateJobInput) -> None:
+    """The checks of a create that need no database (SPEC §2.1, §2.5, §3.1).
+
+    Raises:
+        AppError: INVALID_ARGUMENT; NOT_FOUND for a ``user`` target that is not the caller.
+    """
+    jobtypes.get(req.job_type)
+    if not req.user_id:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
+    if req.target_type == "user":
+        if not req.target_id:
+            req.target_id = req.user_id
+        elif req.target_id != req.user_id:
+            raise AppError(ErrorCode.NOT_FOUND, "target not found", {"targetId": req.target_id})
+    if not req.target_id:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, "targetId is required", {"field": "targetId"})
+    if req.idempotency_key is not None and not 1 <= len(req.idempotency_key) <= 255:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "idempotency key must be 1..255 characters",
+            {"field": "idempotencyKey"},
+        )
+    check_range("maxRetryCount", req.max_retry_count, 0, 10)
+    check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
+    if req.priority is not None:
+        check_range("priority", req.priority, 0, 1000)
+
+
+def _scope_params(req: CreateJobInput) -> dict[str, Any]:
+    """:data:`~job_service.store.statements.scope_job`'s values for ``req``."""
+    return {
+        "a_user": req.user_id,
+        "a_type": req.job_type,
+        "a_target_type": req.target_type,
+        "a_target": req.target_id,
+        "a_key": req.idempotency_key,
+    }
+
+
+def check_granted(granted: Any) -> None:
+    """Refuse when the user turned AI off (``granted`` false; no row = granted, SPEC §6).
+
+    Raises:
+        AppError: AI_NOT_AUTHORIZED.
+    """
+    if granted is not None and not granted:
+        raise AppError(
+            ErrorCode.AI_NOT_AUTHORIZED, "AI features are turned off for this user", None
+        )
+
+
+def check_quota(quota: int, used: Any) -> None:
+    """Refuse once the user's jobs of the day reached ``quota`` (SPEC §6).
+
+    Raises:
+        AppError: QUOTA_EXCEEDED.
+    """
+    if used >= quota:
+        raise AppError(
+            ErrorCode.QUOTA_EXCEEDED,
+            "daily AI job quota reached",
+            {"quota": quota, "used": int(used)},
+        )

@@ -1,0 +1,321 @@
+"""Claiming: poll, claim, lock and the long poll (SPEC §2.6, §3).
+
+A claim is poll + lock of up to ``limit`` jobs in one short transaction: the
+pick (``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB, so concurrent claimers get
+disjoint batches; SQLite's single writer needs no lock), then one batch with
+the lock UPDATE, the event rows read from the rows it locked (their new
+``attemptNo``), for a claim with start the start UPDATE and its events, and
+the read of the claimed rows and of the snapshots not cached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airuntime_common import jobtypes
+from airuntime_common.errors import AppError, ErrorCode
+from job_service.lifecycle import LOCKED, PENDING, RUNNING, TERMINAL, Op
+from job_service.maintenance.scheduler import RECHECK_SECONDS
+from job_service.services.core import Core, observe_pickup, runtime_actor
+from job_service.services.ports import SnapshotRead, SnapshotView
+from job_service.store import statements as st
+from job_service.store.batch import StatementBatch, new_batch, run_one
+from job_service.store.cache import Sql
+from job_service.store.engine import DbExec
+from job_service.store.records import JobRecord, job_of
+from job_service.store.transitions import (
+    NEXT_ATTEMPT,
+    events_from_rows,
+    lock_guard,
+    transition_many_sql,
+    transition_sql,
+)
+
+MAX_POLL_LIMIT = 50
+DEFAULT_POLL_LIMIT = 10
+MAX_WAIT_MS = 20_000
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim returns: the jobs (locked, or running for a claim with start) and,
+    for a claim with start, their snapshots by job id (a job whose snapshot row is
+    missing has none: its GetSnapshot answers as usual)."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    snapshots: dict[str, SnapshotView] = field(default_factory=dict)
+
+
+def check_poll_args(capabilities: Sequence[str], limit: int, wait_ms: int) -> int:
+    """Validate poll/claim arguments (SPEC §2.6); returns the effective limit.
+
+    Raises:
+        AppError: ``INVALID_ARGUMENT`` for empty/unknown capabilities, limit < 0
+            (0 means the default 10) or ``waitMs`` outside 0..20000.
+    """
+    if not capabilities:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT, "capabilities must not be empty", {"field": "capabilities"}
+        )
+    unknown = [c for c in capabilities if jobtypes.find(c) is None]
+    if unknown:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "unknown capabilities",
+            {"field": "capabilities", "value": unknown},
+        )
+    if limit < 0:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, "limit must be ≥ 1", {"field": "limit"})
+    if not 0 <= wait_ms <= MAX_WAIT_MS:
+        raise AppError(ErrorCode.INVALID_ARGUMENT, "waitMs must be 0..20000", {"field": "waitMs"})
+    return min(limit or DEFAULT_POLL_LIMIT, MAX_POLL_LIMIT)
+
+
+class Claiming:
+    """Hands pending jobs to runtime instances.
+
+    Args:
+        core: the shared core.
+    """
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def poll(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
+    ) -> list[JobRecord]:
+        """Pending jobs the caller can run, not locked (SPEC §2.6), long-polling up to ``wait_ms``."""
+        n = check_poll_args(capabilities, limit, wait_ms)
+        sql = st.poll_pending.sql(self.core.clock, {"caps": list(capabilities), "n": n})
+
+        async def once() -> list[JobRecord]:
+            found = await self.core.store.read(lambda conn: run_one(conn, sql))
+            return [job_of(row) for row in found.rows]
+
+        return await self.long_poll(once, wait_ms)
+
+    async def claim(
+        self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int, *, start: bool
+    ) -> Claimed:
+        """Poll + lock up to ``limit`` jobs in one short transaction (SPEC §3 claim),
+        long-polling up to ``wait_ms`` for the first.
+
+        With ``start`` each claimed job is also started in the same transaction
+        (pending → locked → running, two event rows: the start is the one a
+        snapshot read implies, SPEC §2.3) and its snapshot read: what a claim then
+        GetSnapshot for every job would do, without a call per job.
+
+        Raises:
+            AppError: INVALID_ARGUMENT (bad ``limit``, ``waitMs`` or capabilities).
+        """
+        n = check_poll_args(capabilities, limit, wait_ms)
+        caps = sorted(set(capabilities))
+        result = Claimed()
+
+        async def once() -> list[JobRecord]:
+            nonlocal result
+            result = await self.core.store.lean_tx(
+                lambda conn: self.claim_in(conn, instance_id, caps, n, start=start)
+            )
+            return result.jobs
+
+        await self.long_poll(once, wait_ms)
+        for job in result.jobs:
+            observe_pickup(job)
+        if not start:
+            for job in result.jobs:
+                if job.snapshot_id:
+                    self.core.claimed_snapshots.put(job.job_id, job.snapshot_id)
+        return result
+
+    def pick_sql(self, caps: list[str], n: int) -> Sql:
+        """The claim's pick (``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB), for a batch."""
+        return st.claim_pick.sql(self.core.clock, {"caps": caps, "n": n})
+
+    async def claim_in(
+        self,
+        db: DbExec,
+        instance_id: str,
+        caps: list[str],
+        n: int,
+        *,
+        start: bool,
+        picked: Sequence[Sequence[Any]] | None = None,
+        commit: bool = False,
+    ) -> Claimed:
+        """A claim's statements inside the caller's transaction (module doc).
+
+        Args:
+            caps: the capabilities, sorted and without repeats.
+            n: how many jobs at most (checked by :func:`check_poll_args`).
+            start: also start each job and read its snapshot.
+            picked: the pick's rows when the caller already ran it (in a batch of
+                its own); None runs it here.
+            commit: end the batch with the COMMIT, for a caller whose transaction
+                converges when run again (a result's claim: run again, it replays
+                and claims nothing). A plain claim run again would lock other
+                jobs, so its COMMIT goes alone.
+        """
+        if picked is None:
+            picked = (await run_one(db, self.pick_sql(caps, n))).rows
+        if not picked:
+            return Claimed()
+        ids = [str(row[0]) for row in picked]
+        snapshot_ids = {str(row[0]): str(row[1]) for row in picked if row[1]} if start else {}
+        batch = new_batch(db)
+        read = self._queue_moves(batch, ids, instance_id, start=start)
+        views: dict[str, SnapshotView] = {}
+        reads: dict[str, tuple[int, SnapshotRead]] = {}
+        for sid in set(snapshot_ids.values()):
+            snap = self.core.learning.snapshot_read(sid)
+            if snap.view is not None:
+                views[sid] = snap.view
+            else:
+                reads[sid] = (batch.add(snap.sql), snap)
+        if commit:
+            batch.commit()
+        out = await batch.run()
+        claimed = [job_of(row) for row in out[read].rows]
+        for sid, (index, snap) in reads.items():
+            if out[index].rows:
+                views[sid] = snap.from_row(out[index].rows[0])
+        by_job = {
+            job.job_id: views[snapshot_ids[job.job_id]]
+            for job in claimed
+            if snapshot_ids.get(job.job_id) in views
+        }
+        return Claimed(claimed, by_job)
+
+    def _queue_moves(
+        self, batch: StatementBatch, ids: list[str], instance_id: str, *, start: bool
+    ) -> int:
+        """Queue a claim's lock (and, with ``start``, start) of ``ids`` with their event rows
+        and the read of the rows it moved; returns the read's index."""
+        clock = self.core.clock
+        moved = {"ids": ids, "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
+        lock = transition_many_sql(
+            clock,
+            Op.LOCK,
+            job_ids=ids,
+            where=lock_guard(clock),
+            values=self._lock_values(instance_id),
+        )
+        batch.add(lock)
+        batch.add(
+            events_from_rows(
+                clock, from_status=PENDING, to_status=LOCKED, at="locked_at", params=moved
+            )
+        )
+        status = LOCKED
+        if start:
+            status = RUNNING
+            begin = transition_many_sql(
+                clock, Op.START, job_ids=ids, values={"started_at": clock.now()}, holder=instance_id
+            )
+            batch.add(begin)
+            batch.add(
+                events_from_rows(
+                    clock, from_status=LOCKED, to_status=RUNNING, at="started_at", params=moved
+                )
+            )
+        return batch.add(
+            st.claimed_rows.sql(clock, {"ids": ids, "instance_id": instance_id}, status)
+        )
+
+    def _lock_values(self, instance_id: str) -> dict[str, Any]:
+        """pending → locked: a new attempt, its lease, and no ``startedAt`` yet (a retried
+        job's old one would let the reaper time the new attempt out before it starts)."""
+        clock = self.core.clock
+        return {
+            "attempt_no": NEXT_ATTEMPT,
+            "started_at": None,
+            "locked_by": instance_id,
+            "locked_at": clock.now(),
+            "lock_until": clock.plus(self.core.settings.LOCK_LEASE_SECONDS),
+        }
+
+    async def lock(self, job_id: str, instance_id: str) -> JobRecord:
+        """pending → locked for the caller (SPEC §2.3 lock).
+
+        Raises:
+            AppError: JOB_NOT_FOUND; INVALID_JOB_STATE (terminal/cancelled);
+                JOB_ALREADY_LOCKED (leased, or a pending job whose old lease has not lapsed).
+        """
+        clock = self.core.clock
+        sql = transition_sql(
+            clock,
+            Op.LOCK,
+            job_id=job_id,
+            actor=runtime_actor(instance_id),
+            where=lock_guard(clock),
+            values=self._lock_values(instance_id),
+            record=False,  # its attemptNo is the one the UPDATE grants: read from the row
+        )
+        assert sql is not None
+        moved = {"ids": [job_id], "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
+
+        async def body(db: DbExec) -> JobRecord:
+            batch = new_batch(db)
+            locked = batch.add(sql.update)
+            batch.add(
+                events_from_rows(
+                    clock,
+                    from_status=PENDING,
+                    to_status=LOCKED,
+                    at="locked_at",
+                    params=moved,
+                    if_matched=True,
+                )
+            )
+            read = batch.add(st.get_job.sql(clock, {"g_job_id": job_id}, False))
+            out = await batch.run()
+            if not out[read].rows:
+                raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
+            job = job_of(out[read].rows[0])
+            if out[locked].rowcount != 1:
+                if job.status in TERMINAL:
+                    raise AppError(
+                        ErrorCode.INVALID_JOB_STATE,
+                        f"job is {job.status}",
+                        {"jobId": job_id, "status": job.status},
+                    )
+                raise AppError(
+                    ErrorCode.JOB_ALREADY_LOCKED,
+                    "job is already locked",
+                    {"jobId": job_id, "status": job.status},
+                )
+            return job
+
+        job = await self.core.store.lean_tx(body)
+        observe_pickup(job)
+        return job
+
+    async def long_poll(
+        self, once: Callable[[], Awaitable[list[JobRecord]]], wait_ms: int
+    ) -> list[JobRecord]:
+        """Run ``once`` until it finds jobs or ``wait_ms`` pass (SPEC §2.6 long poll).
+
+        Between tries it waits for a local wake-up (:class:`JobSignal`) or asks the
+        shared probe (one query per process per :data:`RECHECK_SECONDS`) instead of
+        re-running the caller's query; when the wait ends with the probe still
+        saying "nothing", it answers empty without a last query of its own (the
+        caller polls again anyway).
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000.0
+        while True:
+            found = await once()
+            remaining = deadline - loop.time()
+            if found or remaining <= 0:
+                return found
+            while True:
+                if await self.core.signal.wait(min(RECHECK_SECONDS, remaining)):
+                    break
+                if await self.core.probe.claimable():
+                    break
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return []

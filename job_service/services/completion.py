@@ -1,0 +1,539 @@
+"""Completion: an attempt's result or fail (SPEC §2.3, §2.4, §2.5, §5).
+
+A result is one transaction: one locking read answers the replay, the lease
+and the run time; then the output is validated (schema, ownership: reads
+only); then everything left is decided and goes in one batch (business rows,
+model calls, the result row, the succeed UPDATE behind a fence, its event, and
+with ``claim_next`` the next job's pick). An invalid output ends the attempt
+as a fail would (:func:`job_service.lifecycle.end_attempt`), committed, and
+only then is ``INVALID_SCHEMA`` raised to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from airuntime_common.canonical import content_hash
+from airuntime_common.errors import AppError, ErrorCode
+from job_service import metrics
+from job_service.lifecycle import PENDING, SUCCEEDED, TERMINAL, Lease, Op, end_attempt
+from job_service.maintenance import breaker
+from job_service.services.accounting import Accounting
+from job_service.services.claiming import Claimed, Claiming, check_poll_args
+from job_service.services.core import (
+    MAX_ERROR_MESSAGE,
+    Core,
+    lease_refusal,
+    new_id,
+    observe_finished,
+    observe_pickup,
+    runtime_actor,
+)
+from job_service.services.inputs import ClaimNext, ModelCallInput, SubmitOutcome
+from job_service.services.ports import PreparedResult
+from job_service.store import statements as st
+from job_service.store.batch import FenceBroken, new_batch, run_one
+from job_service.store.engine import DbExec
+from job_service.store.records import RESULT_FACTS, JobRecord, ResultFacts, job_of
+from job_service.store.tables import jobs
+from job_service.store.transitions import ending_values, lease_params, transition_sql
+
+log = logging.getLogger("job_service.completion")
+
+
+def result_key(job_id: str, attempt_no: int, output_hash: str) -> str:
+    """A result's idempotency key, ``jobId:attemptNo:outputHash`` (SPEC §2.5)."""
+    return f"{job_id}:{attempt_no}:{output_hash}"
+
+
+@dataclass(frozen=True)
+class _Submission:
+    """A result submission, checked, as the transaction body needs it."""
+
+    lease: Lease
+    prompt_version: str | None
+    output_schema_version: str
+    output: Any
+    output_hash: str
+    calls: Sequence[ModelCallInput]
+    next_caps: list[str]
+    next_n: int
+
+    @property
+    def key(self) -> str:
+        return result_key(self.lease.job_id, self.lease.attempt_no, self.output_hash)
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    """What the result's transaction did: its answer, the job as read, the database's
+    now at the read, and the INVALID_SCHEMA refusal to raise once committed."""
+
+    outcome: SubmitOutcome
+    facts: ResultFacts
+    db_now: datetime
+    invalid: AppError | None = None
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """What a fail's transaction did: the job after it, whether it repeated the fail that
+    ended this attempt, and a user credential the model refused (to mark invalid)."""
+
+    job: JobRecord
+    repeated: bool = False
+    refused_credential: str | None = None
+
+
+@dataclass
+class _Read:
+    """SubmitResult's locking read, split."""
+
+    facts: ResultFacts
+    lease_held: bool
+    prior_result_id: str | None
+    db_now: datetime
+    breaker_peek: tuple[str | None, int | None] = field(default=(None, None))
+
+
+class Completion:
+    """Ends attempts.
+
+    Args:
+        core: the shared core.
+        claiming: claims the next job of a result with ``claim_next``.
+        accounting: logs the attempt's model calls.
+    """
+
+    def __init__(self, core: Core, claiming: Claiming, accounting: Accounting) -> None:
+        self.core = core
+        self.claiming = claiming
+        self.accounting = accounting
+
+    async def submit_result(
+        self,
+        lease: Lease,
+        *,
+        prompt_version: str | None,
+        output_schema_version: str,
+        output: Any,
+        calls: Sequence[ModelCallInput] = (),
+        claim_next: ClaimNext | None = None,
+    ) -> SubmitOutcome:
+        """Accept an attempt's output (SPEC §2.3 result, §2.5 idempotency, §5 validation).
+
+        Order: exact replay (200) → already succeeded with another hash
+        (RESULT_ALREADY_EXISTS) → lease (LOCK_NOT_HELD) → validation (INVALID_SCHEMA:
+        no business rows, job → failed (cancelled when a cancel was requested),
+        committed, then raised).
+
+        ``calls`` (the attempt's model calls) are logged in the same transaction
+        when the result is accepted or fails validation; a replay or a refusal
+        logs none (the caller then uses RecordInvocation).
+
+        With ``claim_next``, a result accepted now also claims, in the same
+        transaction, up to ``claim_next.limit`` jobs for the caller as a claim with
+        start would (no long poll). A replay or an INVALID_SCHEMA ending claims
+        nothing. Sent again after a lost answer, the call replays without
+        claiming; jobs the lost answer claimed go back to pending when their lease
+        expires (as a lost ClaimJobs answer's do).
+
+        Raises:
+            AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA;
+                INVALID_ARGUMENT for a bad call or ``claim_next`` (nothing changed).
+        """
+        for call in calls:
+            call.check()
+        caps, n = _claim_next_args(claim_next)
+        sub = _Submission(
+            lease,
+            prompt_version,
+            output_schema_version,
+            output,
+            content_hash(output),
+            calls,
+            caps,
+            n,
+        )
+        done = await self.core.store.lean_tx(lambda db: self._submit(db, sub))
+        for job in done.outcome.claimed:
+            observe_pickup(job)
+        if done.invalid is not None or not done.outcome.replayed:
+            self._attempt_ended(sub, done)
+        if done.invalid is not None:
+            raise AppError(ErrorCode.INVALID_SCHEMA, done.invalid.message, done.invalid.details)
+        return done.outcome
+
+    async def _submit(self, db: DbExec, sub: _Submission) -> _Submitted:
+        read = await self._read(db, sub)
+        facts = read.facts
+        if read.prior_result_id is not None:
+            outcome = SubmitOutcome(
+                facts.job_id, facts.status, read.prior_result_id, sub.output_hash, True
+            )
+            return _Submitted(outcome, facts, read.db_now)
+        if facts.status == SUCCEEDED:
+            replay = await self._replay_after_race(db, facts, sub)
+            if replay is not None:
+                return _Submitted(replay, facts, read.db_now)
+        if not read.lease_held:
+            metrics.LEASE_LOSSES.labels("result").inc()
+            raise lease_refusal(sub.lease, facts.status)
+        try:
+            prepared = await self._prepare(db, facts, sub)
+        except AppError as err:
+            if err.code != ErrorCode.INVALID_SCHEMA:
+                raise
+            return await self._end_invalid(db, read, sub, err)
+        return await self._accept(db, read, sub, prepared)
+
+    async def _read(self, db: DbExec, sub: _Submission) -> _Read:
+        """The locking read: the job's result facts, whether the lease is live, a prior
+        result with this idempotency key, the database's now and the breaker's peek."""
+        sql = st.submit_read.sql(self.core.clock, {**lease_params(sub.lease), "r_key": sub.key})
+        rows = (await run_one(db, sql)).rows
+        if not rows:
+            raise lease_refusal(sub.lease, None)
+        row = rows[0]
+        facts = ResultFacts(*row[: len(RESULT_FACTS)])
+        lease_held, prior, db_now, state, failures = row[len(RESULT_FACTS) :]
+        return _Read(facts, bool(lease_held), prior, db_now, (state, failures))
+
+    async def _replay_after_race(
+        self, db: DbExec, facts: ResultFacts, sub: _Submission
+    ) -> SubmitOutcome | None:
+        """A job that already succeeded: a replay of its result, or a conflict.
+
+        A racing identical submit won: the locking read waited for its commit and
+        then saw the job succeeded, but on MySQL/MariaDB the prior-result subquery
+        read the snapshot taken before that wait (READ COMMITTED: one read view
+        per statement). This newer statement sees the winner's row: still a
+        replay (SPEC §2.5). The same output from another attempt is not "another
+        result": the lease check answers it (SPEC §2.5 order).
+
+        Raises:
+            AppError: RESULT_ALREADY_EXISTS (another output succeeded).
+        """
+        stored = (
+            await run_one(db, st.results_of_job.sql(self.core.clock, {"r_job_id": facts.job_id}))
+        ).rows
+        for result_id, idempotency_key, _ in stored:
+            if idempotency_key == sub.key:
+                return SubmitOutcome(facts.job_id, facts.status, result_id, sub.output_hash, True)
+        if sub.output_hash not in {r[2] for r in stored}:
+            raise AppError(
+                ErrorCode.RESULT_ALREADY_EXISTS,
+                "the job already has a different result",
+                {"jobId": facts.job_id},
+            )
+        return None
+
+    async def _prepare(self, db: DbExec, facts: ResultFacts, sub: _Submission) -> PreparedResult:
+        """Validate the output (schema, ownership; reads only) and build its writes.
+
+        Raises:
+            AppError: INVALID_SCHEMA; INVALID_SNAPSHOT.
+        """
+        if not isinstance(sub.output, dict):
+            raise AppError(ErrorCode.INVALID_SCHEMA, "output must be a JSON object", None)
+        return await self.core.learning.prepare_result(
+            db,
+            job_id=facts.job_id,
+            user_id=facts.user_id,
+            job_type=facts.job_type,
+            snapshot_id=facts.snapshot_id or "",
+            output_schema_version=sub.output_schema_version,
+            output=sub.output,
+        )
+
+    async def _end_invalid(
+        self, db: DbExec, read: _Read, sub: _Submission, err: AppError
+    ) -> _Submitted:
+        """An invalid output ends the attempt as a fail with ``INVALID_SCHEMA`` would
+        (SPEC §2.3: failed, or cancelled when a cancel was requested); its calls are logged."""
+        clock, facts, lease = self.core.clock, read.facts, sub.lease
+        ending = end_attempt(
+            cancel_requested=bool(facts.cancel_requested),
+            retry_count=0,  # INVALID_SCHEMA is final: the counters do not matter
+            max_retry_count=0,
+            code=ErrorCode.INVALID_SCHEMA,
+            retry_after=None,
+            policy=self.core.retry_policy,
+        )
+        values = {
+            **ending_values(clock, ending, (err.message or "invalid output")[:MAX_ERROR_MESSAGE]),
+            "prompt_version": sub.prompt_version,
+            "output_schema_version": sub.output_schema_version,
+        }
+        end = transition_sql(
+            clock,
+            ending.ending.op(),
+            job_id=facts.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            from_state=facts.status,
+            error_code=ErrorCode.INVALID_SCHEMA,
+            values=values,
+        )
+        if end is None:
+            raise lease_refusal(lease, facts.status)
+        batch = new_batch(db)
+        end.queue_fenced(batch, "end")
+        self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        try:
+            await batch.run()
+        except FenceBroken:
+            raise lease_refusal(lease, facts.status) from None
+        if facts.api_key_mode == "platform_key":
+            # Neutral for the breaker, but it frees a half-open probe slot.
+            await breaker.record_ending(db, clock, self.core.settings, ErrorCode.INVALID_SCHEMA)
+        outcome = SubmitOutcome(facts.job_id, ending.ending.to_state, "", sub.output_hash, False)
+        return _Submitted(outcome, facts, read.db_now, invalid=err)
+
+    async def _accept(
+        self, db: DbExec, read: _Read, sub: _Submission, prepared: PreparedResult
+    ) -> _Submitted:
+        """Everything left is decided: one batch, the COMMIT included. The fence stops
+        it before the event and COMMIT if the lease lapsed since the read; run again
+        after a lost connection, the transaction replays by the idempotency key."""
+        clock, facts, lease = self.core.clock, read.facts, sub.lease
+        if facts.api_key_mode == "platform_key":
+            await breaker.record_ending(db, clock, self.core.settings, None, read.breaker_peek)
+        succeed = transition_sql(
+            clock,
+            Op.SUCCEED,
+            job_id=facts.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            from_state=facts.status,
+            values={
+                "lock_until": None,
+                "finished_at": clock.now(),
+                "prompt_version": sub.prompt_version,
+                "output_schema_version": sub.output_schema_version,
+                "error_code": None,
+                "error_message": None,
+            },
+        )
+        if succeed is None:
+            raise lease_refusal(lease, facts.status)
+        result_id = new_id()
+        batch = new_batch(db)
+        for statement in prepared.statements(clock):
+            batch.add(statement)
+        self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)))
+        succeed.queue_fenced(batch, "succeed")
+        pick = batch.add(self.claiming.pick_sql(sub.next_caps, sub.next_n)) if sub.next_n else None
+        if pick is None:
+            batch.commit()  # else the COMMIT ends the claim's batch
+        try:
+            out = await batch.run()
+        except FenceBroken:
+            raise lease_refusal(lease, facts.status) from None
+        claimed = Claimed()
+        if pick is not None:
+            claimed = await self.claiming.claim_in(
+                db,
+                lease.instance_id,
+                sub.next_caps,
+                sub.next_n,
+                start=True,
+                picked=out[pick].rows,
+                commit=True,  # run again, this transaction replays: no claim
+            )
+        outcome = SubmitOutcome(
+            facts.job_id,
+            SUCCEEDED,
+            result_id,
+            sub.output_hash,
+            False,
+            claimed.jobs,
+            claimed.snapshots,
+        )
+        return _Submitted(outcome, facts, read.db_now)
+
+    def _attempt_ended(self, sub: _Submission, done: _Submitted) -> None:
+        """Metrics and the log line of an attempt a result ended (not of a replay)."""
+        status = done.outcome.status
+        facts = done.facts
+        metrics.JOBS_FINISHED.labels(facts.job_type, status).inc()
+        if facts.started_at is not None:
+            metrics.RUN_TIME.labels(facts.job_type, status).observe(
+                max(0.0, (done.db_now - facts.started_at).total_seconds())
+            )
+        log.info(
+            "attempt ended",
+            extra={
+                "fields": {
+                    "jobId": sub.lease.job_id,
+                    "attemptNo": sub.lease.attempt_no,
+                    "runtimeInstanceId": sub.lease.instance_id,
+                    "status": status,
+                    "errorCode": ErrorCode.INVALID_SCHEMA if done.invalid else None,
+                }
+            },
+        )
+
+    async def fail(
+        self,
+        lease: Lease,
+        *,
+        error_code: str,
+        error_message: str,
+        retry_after_seconds: float | None = None,
+        calls: Sequence[ModelCallInput] = (),
+    ) -> JobRecord:
+        """End an attempt with a failure (SPEC §2.3, §2.4; :func:`end_attempt` decides).
+
+        cancelRequested or ``CANCELLED`` → cancelled; a retryable code with retries
+        left → pending (``retryCount+1``, ``availableAt = now + backoff``); otherwise
+        failed. A repeat of the fail that ended this attempt answers the current state.
+
+        ``calls`` (the attempt's model calls) are logged in the fail's transaction;
+        a repeated or refused fail logs none.
+
+        Raises:
+            AppError: INVALID_ARGUMENT (empty code, bad call), JOB_NOT_FOUND, LOCK_NOT_HELD.
+        """
+        for call in calls:
+            call.check()
+        if not error_code:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT, "errorCode is required", {"field": "errorCode"}
+            )
+        if retry_after_seconds is not None and retry_after_seconds < 0:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "retryAfterSeconds must be ≥ 0",
+                {"field": "retryAfterSeconds"},
+            )
+        code = error_code[:64]
+        message = (error_message or "")[:MAX_ERROR_MESSAGE]
+        done = await self.core.store.lean_tx(
+            lambda db: self._fail(db, lease, code, message, retry_after_seconds, calls)
+        )
+        job = done.job
+        if done.repeated:
+            return job
+        if done.refused_credential is not None:
+            await self.core.credentials.mark_invalid(
+                done.refused_credential, "model refused the key"
+            )
+        if job.status == PENDING:
+            self.core.signal.notify()
+        elif job.status in TERMINAL:
+            observe_finished(job)
+        log.info(
+            "attempt failed",
+            extra={
+                "fields": {
+                    "jobId": job.job_id,
+                    "attemptNo": lease.attempt_no,
+                    "runtimeInstanceId": lease.instance_id,
+                    "errorCode": code,
+                    "status": job.status,
+                    "retryCount": job.retry_count,
+                }
+            },
+        )
+        return job
+
+    async def _fail(
+        self,
+        db: DbExec,
+        lease: Lease,
+        code: str,
+        message: str,
+        retry_after: float | None,
+        calls: Sequence[ModelCallInput],
+    ) -> _Failed:
+        clock = self.core.clock
+        rows = (await run_one(db, st.get_leased_for_update.sql(clock, lease_params(lease)))).rows
+        if not rows:
+            job = await self.core.get_job(db, lease.job_id)
+            if job is not None and await self._attempt_ended_by(db, lease, code):
+                return _Failed(job, repeated=True)
+            metrics.LEASE_LOSSES.labels("fail").inc()
+            raise lease_refusal(lease, None if job is None else job.status)
+        job = job_of(rows[0])
+        ending = end_attempt(
+            cancel_requested=bool(job.cancel_requested),
+            retry_count=job.retry_count,
+            max_retry_count=job.max_retry_count,
+            code=code,
+            retry_after=retry_after,
+            policy=self.core.retry_policy,
+        )
+        end = transition_sql(
+            clock,
+            ending.ending.op(),
+            job_id=job.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            from_state=job.status,
+            error_code=code,
+            values=ending_values(clock, ending, message),
+            where=jobs.c.retry_count == job.retry_count,
+        )
+        if end is None:
+            raise lease_refusal(lease, job.status)
+        batch = new_batch(db)
+        end.queue_fenced(batch, "end")
+        self.accounting.queue_calls(batch, job, lease.attempt_no, calls)
+        read = batch.add(st.get_job.sql(clock, {"g_job_id": job.job_id}, False))
+        try:
+            out = await batch.run()
+        except FenceBroken:
+            raise lease_refusal(lease, job.status) from None
+        refused = None
+        if job.api_key_mode == "platform_key":
+            await breaker.record_ending(db, clock, self.core.settings, code)
+        elif code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
+            refused = job.credential_id
+        return _Failed(job_of(out[read].rows[0]), refused_credential=refused)
+
+    async def _attempt_ended_by(self, db: DbExec, lease: Lease, code: str) -> bool:
+        """Whether the lease's holder ended its attempt with ``code`` (its event row): a
+        fail repeating it answers 200 even after the job moved on (SPEC §2.3)."""
+        params = {
+            "e_job_id": lease.job_id,
+            "e_attempt": lease.attempt_no,
+            "e_actor": runtime_actor(lease.instance_id)[:160],
+            "e_code": code,
+        }
+        return bool((await run_one(db, st.attempt_ended_by.sql(self.core.clock, params))).rows)
+
+
+def _claim_next_args(claim_next: ClaimNext | None) -> tuple[list[str], int]:
+    """The capabilities and count of a result's ``claim_next`` (``([], 0)`` without one).
+
+    Raises:
+        AppError: INVALID_ARGUMENT (a limit < 1; capabilities as ClaimJobs checks them).
+    """
+    if claim_next is None:
+        return [], 0
+    if claim_next.limit < 1:  # slots to fill: no "0 = the default" here
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT, "claimNext.limit must be ≥ 1", {"field": "claimNext.limit"}
+        )
+    n = check_poll_args(claim_next.capabilities, claim_next.limit, 0)
+    return sorted(set(claim_next.capabilities)), n
+
+
+def _result_row(result_id: str, sub: _Submission) -> dict[str, Any]:
+    """The ``ai_results`` row of an accepted result."""
+    return {
+        "result_id": result_id,
+        "idempotency_key": sub.key,
+        "job_id": sub.lease.job_id,
+        "attempt_no": sub.lease.attempt_no,
+        "output_hash": sub.output_hash,
+        "prompt_version": sub.prompt_version,
+        "output_schema_version": sub.output_schema_version,
+        "output": sub.output,
+    }

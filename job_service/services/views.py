@@ -1,0 +1,157 @@
+"""Read views of jobs and the runtime: a job, its history, job lists, health, gauges and the
+breaker (SPEC §3, §3.1)."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from datetime import datetime
+
+from airuntime_common import jobtypes
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.states import LIVE
+from job_service import metrics
+from job_service.maintenance import breaker
+from job_service.maintenance.workers import WorkerView
+from job_service.services.core import Core
+from job_service.store import statements as st
+from job_service.store.records import EventRecord, InvocationRecord, JobRecord
+
+log = logging.getLogger("job_service.views")
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+
+
+class Views:
+    """Reads jobs, their history and the runtime's state.
+
+    Args:
+        core: the shared core.
+    """
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def get(self, job_id: str, user_id: str | None = None) -> JobRecord:
+        """One job; another user's job is ``JOB_NOT_FOUND`` (SPEC §4)."""
+        async with self.core.store.sessions() as session:
+            return await self.core.must_get_job(session, job_id, user_id=user_id)
+
+    async def history(self, job_id: str) -> tuple[list[EventRecord], list[InvocationRecord]]:
+        """Events (oldest first) and invocations of a job (admin view)."""
+        async with self.core.store.sessions() as session:
+            ev = (await session.execute(st.events_of_job(job_id))).all()
+            inv = (await session.execute(st.invocations_of_job(job_id))).all()
+        return [EventRecord.from_row(r) for r in ev], [InvocationRecord.from_row(r) for r in inv]
+
+    async def list_jobs(
+        self,
+        *,
+        user_id: str | None,
+        status: str | None,
+        job_type: str | None,
+        page_size: int,
+        page_token: str,
+    ) -> tuple[list[JobRecord], str]:
+        """Jobs newest first with an opaque page token (SPEC §3.1 paging).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a page size outside 1..100 or a bad token.
+        """
+        if page_size == 0:
+            page_size = DEFAULT_PAGE_SIZE
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "pageSize must be between 1 and 100",
+                {"field": "pageSize", "value": page_size},
+            )
+        after = decode_list_token(page_token) if page_token else None
+        stmt = st.list_jobs(
+            user_id=user_id, status=status, job_type=job_type, after=after, limit=page_size + 1
+        )
+        async with self.core.store.sessions() as session:
+            rows = [JobRecord.from_row(r) for r in (await session.execute(stmt)).all()]
+        token = ""
+        if len(rows) > page_size:
+            rows = rows[:page_size]
+            last = rows[-1]
+            token = encode_list_token(last.created_at if user_id is not None else None, last.seq)
+        return rows, token
+
+    async def health(self) -> tuple[bool, list[WorkerView]]:
+        """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""
+        alive = self.core.settings.worker_alive_seconds()
+        async with self.core.store.sessions() as session:
+            found = await self.core.registry.list_workers(session, alive)
+        return any(w.status == "alive" for w in found), found
+
+    async def refresh_gauges(self) -> dict[tuple[str, str], int]:
+        """Re-read the database-wide gauges: queue depth by state/type and the breaker.
+
+        Returns:
+            ``{(state, jobType): count}`` of the non-terminal jobs (also published
+            as ``airt_jobs_queue_depth``; pairs that emptied are set to 0).
+        """
+        cooldown = self.core.settings.BREAKER_COOLDOWN_SECONDS
+        async with self.core.store.sessions() as session:
+            rows = (await session.execute(st.queue_depth())).all()
+            view = await breaker.read(session, self.core.clock, cooldown)
+        depth = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
+        for state in sorted(LIVE):
+            for job_type in jobtypes.names():
+                metrics.QUEUE_DEPTH.labels(state, job_type).set(depth.get((state, job_type), 0))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        return depth
+
+    async def breaker_view(self) -> breaker.BreakerView:
+        """The platform circuit breaker (SPEC §3.1 admin)."""
+        cooldown = self.core.settings.BREAKER_COOLDOWN_SECONDS
+        view = await self.core.store.tx(lambda s: breaker.read(s, self.core.clock, cooldown))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        return view
+
+    async def breaker_reset(self) -> breaker.BreakerView:
+        """Close the platform circuit breaker (SPEC §3.1 admin reset)."""
+        view = await self.core.store.tx(lambda s: breaker.reset(s, self.core.clock))
+        metrics.set_breaker(view.state, view.consecutive_failures)
+        log.info("circuit breaker reset")
+        return view
+
+
+def encode_list_token(created_at: datetime | None, seq: int) -> str:
+    """A job list's opaque page token: ``s:<seq>``, or ``t:<created_at>|<seq>`` for
+    lists in (created_at, seq) order (URL-safe base64)."""
+    raw = f"s:{seq}" if created_at is None else f"t:{created_at.isoformat()}|{seq}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def decode_list_token(token: str) -> tuple[datetime | None, int]:
+    """``(created_at or None, seq)`` of a job list's page token.
+
+    The token is opaque (SPEC §3.1) but comes from the caller: a crafted one is
+    held to what :func:`encode_list_token` writes, a naive UTC time and a ``seq``
+    within the column's signed 64-bit range.
+
+    Raises:
+        AppError: INVALID_ARGUMENT (``pageToken``) for anything else.
+    """
+    try:
+        raw = base64.urlsafe_b64decode(token.encode()).decode()
+        at: datetime | None = None
+        if raw.startswith("t:"):
+            stamp, seq_text = raw[2:].rsplit("|", 1)
+            at = datetime.fromisoformat(stamp)
+            if at.tzinfo is not None:
+                raise ValueError("not a database time")
+        else:
+            seq_text = raw.removeprefix("s:")
+        seq = int(seq_text)
+        if not 0 <= seq < 2**63:
+            raise ValueError("seq out of range")
+        return at, seq
+    except (ValueError, UnicodeDecodeError):
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT, "invalid pageToken", {"field": "pageToken"}
+        ) from None

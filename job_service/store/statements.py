@@ -1,0 +1,510 @@
+"""Every SQL statement of the job core, named once (SQL only; the services decide).
+
+Each hot-path statement is a :class:`~job_service.store.cache.Statement`: built
+once per dialect with bound parameters (named in its docstring), run as
+``stmt.sql(clock, params)`` alone or in a batch. The transitions' UPDATEs and
+event rows are in :mod:`job_service.store.transitions`. Lists whose filters
+vary per call (job lists, cost roll-ups) are built per call by the functions
+at the end.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    Select,
+    String,
+    Table,
+    and_,
+    bindparam,
+    case,
+    func,
+    insert,
+    or_,
+    select,
+)
+from sqlalchemy.dialects.mysql import insert as mysql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+from airuntime_common.states import LEASED, LIVE, JobStatus
+from job_service.learning.tables import AiResult
+from job_service.store.cache import Statement
+from job_service.store.clock import DbClock
+from job_service.store.records import RESULT_FACTS
+from job_service.store.tables import (
+    admission_locks,
+    authorizations,
+    events,
+    invocations,
+    jobs,
+    platform_spend,
+    workers,
+)
+from job_service.store.transitions import lease_guard_bound, leases_guard
+
+#: Accepted results (``ai_results``).
+results = cast(Table, AiResult.__table__)
+
+
+def _for_update(clock: DbClock, stmt: Any, **kw: Any) -> Any:
+    """``stmt`` with ``FOR UPDATE`` on MySQL/MariaDB (SQLite's one writer needs none)."""
+    return stmt if clock.is_sqlite else stmt.with_for_update(**kw)
+
+
+# ------------------------------------------------------------------ jobs
+
+
+@Statement
+def get_job(clock: DbClock, lock: bool = False) -> Any:
+    """One job row by id (bound: ``g_job_id``), every column; ``lock``: ``FOR UPDATE``."""
+    stmt = select(jobs).where(jobs.c.job_id == bindparam("g_job_id", type_=String()))
+    return _for_update(clock, stmt) if lock else stmt
+
+
+@Statement
+def get_job_and_lease(clock: DbClock) -> Any:
+    """One job row by id and whether the lease bound as :func:`lease_params` is live on
+    it (bound: ``l_job_id``, ``l_instance_id``, ``l_attempt_no``): every column,
+    then ``lease_held``."""
+    return select(jobs, lease_guard_bound(clock).label("lease_held")).where(
+        jobs.c.job_id == bindparam("l_job_id", type_=String())
+    )
+
+
+@Statement
+def get_leased_for_update(clock: DbClock) -> Any:
+    """The job when the bound lease (``l_*``) is live on it, locked: FailJob's read."""
+    return _for_update(clock, select(jobs).where(lease_guard_bound(clock)))
+
+
+@Statement
+def insert_job(clock: DbClock) -> Any:
+    """INSERT of a job row, its times from one database clock reading (so
+    ``created_at`` = ``available_at`` = ``updated_at``); values: every other column."""
+    now = clock.now()
+    return insert(jobs).values(available_at=now, created_at=now, updated_at=now)
+
+
+@Statement
+def scope_job(clock: DbClock) -> Any:
+    """The job of an idempotency scope (SPEC §2.5; bound: ``a_user``, ``a_type``,
+    ``a_target_type``, ``a_target``, ``a_key``), every column."""
+    return select(jobs).where(
+        jobs.c.user_id == bindparam("a_user", type_=String()),
+        jobs.c.job_type == bindparam("a_type", type_=String()),
+        jobs.c.target_type == bindparam("a_target_type", type_=String()),
+        jobs.c.target_id == bindparam("a_target", type_=String()),
+        jobs.c.idempotency_key == bindparam("a_key", type_=String()),
+    )
+
+
+@Statement
+def live_jobs_of_user(clock: DbClock) -> Any:
+    """``(jobId, status, attemptNo)`` of the user's (``a_user``) pending and leased jobs,
+    locked: a revoke's read (SPEC §6)."""
+    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+        jobs.c.user_id == bindparam("a_user", type_=String()), jobs.c.status.in_(sorted(LIVE))
+    )
+    return _for_update(clock, stmt)
+
+
+# ------------------------------------------------------------- admission
+
+
+@Statement
+def admission_lock(clock: DbClock) -> Any:
+    """The user's (``a_user``) admission row, locked (MySQL/MariaDB; a plain read on
+    SQLite, whose single writer already serialises creates)."""
+    stmt = select(admission_locks.c.user_id).where(
+        admission_locks.c.user_id == bindparam("a_user", type_=String())
+    )
+    return _for_update(clock, stmt)
+
+
+@Statement
+def ensure_admission_row(clock: DbClock) -> Any:
+    """``INSERT IGNORE`` of the user's (``user_id``) admission row (MySQL/MariaDB)."""
+    return mysql_insert(admission_locks).prefix_with("IGNORE")
+
+
+@Statement
+def ai_granted(clock: DbClock) -> Any:
+    """The user's (``a_user``) AI switch (no row: granted, SPEC §6)."""
+    return select(authorizations.c.granted).where(
+        authorizations.c.user_id == bindparam("a_user", type_=String())
+    )
+
+
+@Statement
+def jobs_created_today(clock: DbClock) -> Any:
+    """How many jobs the user (``a_user``) created since the database's UTC midnight."""
+    return (
+        select(func.count())
+        .select_from(jobs)
+        .where(
+            jobs.c.user_id == bindparam("a_user", type_=String()),
+            jobs.c.created_at >= clock.day_start(),
+        )
+    )
+
+
+@Statement
+def platform_spent_today(clock: DbClock) -> Any:
+    """The day's platform-key spend: its running total's rows, by primary key
+    (at most PLATFORM_SPEND_SHARDS), never a sum over the invocation log."""
+    return select(func.coalesce(func.sum(platform_spend.c.cost_usd), 0)).where(
+        platform_spend.c.day == clock.today()
+    )
+
+
+@Statement
+def authorization_row(clock: DbClock) -> Any:
+    """The user's (``a_user``) authorization row: ``granted``, ``changed_at``."""
+    return select(authorizations.c.granted, authorizations.c.changed_at).where(
+        authorizations.c.user_id == bindparam("a_user", type_=String())
+    )
+
+
+@Statement
+def upsert_authorization(clock: DbClock) -> Any:
+    """Set the user's AI switch (values: ``user_id``, ``granted``), ``changed_at`` now."""
+    values = {"changed_at": clock.now()}
+    if clock.is_sqlite:
+        stmt = sqlite_insert(authorizations).values(**values)
+        return stmt.on_conflict_do_update(
+            index_elements=[authorizations.c.user_id],
+            set_={"granted": stmt.excluded.granted, "changed_at": clock.now()},
+        )
+    mstmt = mysql_insert(authorizations).values(**values)
+    return mstmt.on_duplicate_key_update(granted=mstmt.inserted.granted, changed_at=clock.now())
+
+
+# ------------------------------------------------------------- scheduling
+
+
+@Statement
+def poll_pending(clock: DbClock) -> Any:
+    """Pending jobs available now of the bound ``caps`` (list), in priority order, at
+    most ``n`` (SPEC §2.6): every column."""
+    return (
+        select(jobs)
+        .where(
+            jobs.c.status == JobStatus.PENDING,
+            jobs.c.job_type.in_(bindparam("caps", expanding=True)),
+            jobs.c.available_at <= clock.now(),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+        .limit(bindparam("n", type_=Integer()))
+    )
+
+
+@Statement
+def claim_pick(clock: DbClock) -> Any:
+    """A claim's candidates: ``(jobId, snapshotId)`` of pending jobs available now of the
+    bound ``caps`` (list), at most ``n``, in priority order, ``FOR UPDATE SKIP LOCKED``
+    on MySQL/MariaDB (concurrent claimers get disjoint batches, SPEC §2.6)."""
+    q = (
+        select(jobs.c.job_id, jobs.c.snapshot_id)
+        .where(
+            jobs.c.status == JobStatus.PENDING,
+            jobs.c.job_type.in_(bindparam("caps", expanding=True)),
+            jobs.c.available_at <= clock.now(),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+        .limit(bindparam("n", type_=Integer()))
+    )
+    return _for_update(clock, q, skip_locked=True)
+
+
+@Statement
+def claimed_rows(clock: DbClock, status: str) -> Any:
+    """The rows a claim just moved (bound: ``ids`` list, ``instance_id``), now in
+    ``status`` and held by the caller, in pick order: every column."""
+    return (
+        select(jobs)
+        .where(
+            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+            jobs.c.status == status,
+            jobs.c.locked_by == bindparam("instance_id", type_=String()),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+    )
+
+
+@Statement
+def any_claimable(clock: DbClock) -> Any:
+    """Whether some pending job is available now: its ``seq``, at most one row."""
+    return (
+        select(jobs.c.seq)
+        .where(jobs.c.status == JobStatus.PENDING, jobs.c.available_at <= clock.now())
+        .limit(1)
+    )
+
+
+# ----------------------------------------------------------------- leases
+
+
+@Statement
+def verify_lease(clock: DbClock) -> Any:
+    """What credential resolution needs of a job whose bound lease (``l_*``) is live:
+    ``user_id, api_key_mode, credential_id, model_provider, model_name``."""
+    return select(
+        jobs.c.user_id,
+        jobs.c.api_key_mode,
+        jobs.c.credential_id,
+        jobs.c.model_provider,
+        jobs.c.model_name,
+    ).where(lease_guard_bound(clock))
+
+
+@Statement
+def verify_leases(clock: DbClock) -> Any:
+    """Per job of the bound ``ids`` (list): its lease columns, whether the lease is live
+    (``lockUntil ≥ now``, as ``live`` 1/0), and :func:`verify_lease`'s columns."""
+    live = and_(jobs.c.lock_until.is_not(None), jobs.c.lock_until >= clock.now())
+    return select(
+        jobs.c.job_id,
+        jobs.c.status,
+        jobs.c.locked_by,
+        jobs.c.attempt_no,
+        case((live, 1), else_=0).label("live"),
+        jobs.c.user_id,
+        jobs.c.api_key_mode,
+        jobs.c.credential_id,
+        jobs.c.model_provider,
+        jobs.c.model_name,
+    ).where(jobs.c.job_id.in_(bindparam("ids", expanding=True)))
+
+
+def held_leases(clock: DbClock, instance_id: str, refs: list[tuple[str, int]]) -> Any:
+    """``(jobId, attemptNo, status, lockUntil, cancelRequested)`` of each of ``refs``
+    whose live lease ``instance_id`` holds (SPEC §3 HeartbeatLeases)."""
+    return select(
+        jobs.c.job_id, jobs.c.attempt_no, jobs.c.status, jobs.c.lock_until, jobs.c.cancel_requested
+    ).where(leases_guard(clock, instance_id, refs))
+
+
+# ------------------------------------------------------------- completion
+
+
+@Statement
+def submit_read(clock: DbClock) -> Any:
+    """SubmitResult's locking read (bound: ``l_*`` and ``r_key``): the
+    :class:`~job_service.store.records.ResultFacts` columns, then ``lease_held``,
+    ``prior_result_id`` (a result with this idempotency key), ``db_now`` and the
+    breaker's peek (``breaker_state``, ``breaker_failures``)."""
+    from job_service.maintenance.breaker import peek_columns
+
+    stmt = select(
+        *(jobs.c[name] for name in RESULT_FACTS),
+        lease_guard_bound(clock).label("lease_held"),
+        select(results.c.result_id)
+        .where(results.c.idempotency_key == bindparam("r_key", type_=String()))
+        .scalar_subquery()
+        .label("prior_result_id"),
+        clock.now().label("db_now"),
+        *peek_columns(),
+    ).where(jobs.c.job_id == bindparam("l_job_id", type_=String()))
+    return _for_update(clock, stmt)
+
+
+@Statement
+def results_of_job(clock: DbClock) -> Any:
+    """``(resultId, idempotencyKey, outputHash)`` of the job's (``r_job_id``) results."""
+    return select(results.c.result_id, results.c.idempotency_key, results.c.output_hash).where(
+        results.c.job_id == bindparam("r_job_id", type_=String())
+    )
+
+
+@Statement
+def insert_result(clock: DbClock) -> Any:
+    """INSERT of an ``ai_results`` row (values: its columns), ``created_at`` now."""
+    return insert(results).values(created_at=clock.now())
+
+
+@Statement
+def attempt_ended_by(clock: DbClock) -> Any:
+    """Whether the lease holder (``e_actor``) ended attempt ``e_attempt`` of job
+    ``e_job_id`` with code ``e_code``: its event row's ``seq``, at most one."""
+    return (
+        select(events.c.seq)
+        .where(
+            events.c.job_id == bindparam("e_job_id", type_=String()),
+            events.c.attempt_no == bindparam("e_attempt", type_=Integer()),
+            events.c.actor == bindparam("e_actor", type_=String()),
+            events.c.error_code == bindparam("e_code", type_=String()),
+            events.c.from_status.in_(sorted(LEASED)),
+        )
+        .limit(1)
+    )
+
+
+# ------------------------------------------------------------------ reaper
+
+
+def lease_dead(clock: DbClock) -> ColumnElement[bool]:
+    """A lease past its ``lockUntil`` on the database clock (``LEASE_EXPIRED``)."""
+    return and_(jobs.c.lock_until.is_not(None), jobs.c.lock_until < clock.now())
+
+
+def timed_out(clock: DbClock) -> ColumnElement[bool]:
+    """An attempt past ``startedAt + timeoutSeconds`` on the database clock (``JOB_TIMEOUT``)."""
+    deadline = clock.add_seconds(jobs.c.started_at, jobs.c.timeout_seconds)
+    return and_(jobs.c.started_at.is_not(None), deadline < clock.now())
+
+
+@Statement
+def expired_attempts(clock: DbClock) -> Any:
+    """Ids of leased jobs whose lease lapsed or whose attempt timed out, at most ``n``
+    (walks ``ix_jobs_reaper``)."""
+    return (
+        select(jobs.c.job_id)
+        .where(jobs.c.status.in_(sorted(LEASED)), or_(lease_dead(clock), timed_out(clock)))
+        .limit(bindparam("n", type_=Integer()))
+    )
+
+
+@Statement
+def expiring_job(clock: DbClock) -> Any:
+    """The leased job ``x_job_id``, locked, with ``timed_out`` and ``lease_dead`` flags."""
+    stmt = select(
+        jobs, timed_out(clock).label("timed_out"), lease_dead(clock).label("lease_dead")
+    ).where(
+        jobs.c.job_id == bindparam("x_job_id", type_=String()), jobs.c.status.in_(sorted(LEASED))
+    )
+    return _for_update(clock, stmt)
+
+
+# ------------------------------------------------------------- accounting
+
+
+@Statement
+def insert_invocation(clock: DbClock) -> Any:
+    """INSERT of an invocation log row (values: its columns), ``created_at`` now."""
+    return insert(invocations).values(created_at=clock.now())
+
+
+@Statement
+def add_platform_spend(clock: DbClock) -> Any:
+    """Upsert adding ``cost_usd`` and ``calls`` to today's platform-spend row ``shard``."""
+    from job_service.learning.common import adding_upsert
+
+    return adding_upsert(
+        clock.dialect,
+        platform_spend,
+        keys=("day", "shard"),
+        add=("cost_usd", "calls"),
+        replace=("updated_at",),
+        values={"day": clock.today(), "updated_at": clock.now()},
+    )
+
+
+def costs(group: Any, lo: datetime, hi: datetime) -> Select[Any]:
+    """Cost roll-up of invocation logs created in ``[lo, hi)`` grouped by ``group``:
+    ``(key, calls, promptTokens, completionTokens, cacheHitTokens, costUsd)`` rows."""
+    key = group.label("k")
+    return (
+        select(
+            key,
+            func.count(),
+            func.coalesce(func.sum(invocations.c.prompt_tokens), 0),
+            func.coalesce(func.sum(invocations.c.completion_tokens), 0),
+            func.coalesce(func.sum(invocations.c.cache_hit_tokens), 0),
+            func.coalesce(func.sum(invocations.c.cost_usd), 0),
+        )
+        .where(and_(invocations.c.created_at >= lo, invocations.c.created_at < hi))
+        .group_by(key)
+        .order_by(key)
+    )
+
+
+#: ``groupBy`` of ``GET /admin/ai/costs`` → the column it groups by.
+COST_GROUPS: dict[str, Any] = {
+    "day": func.date(invocations.c.created_at),
+    "jobType": invocations.c.job_type,
+    "modelName": invocations.c.model_name,
+    "apiKeyMode": invocations.c.api_key_mode,
+}
+
+
+# ------------------------------------------------------------------ views
+
+
+def list_jobs(
+    *,
+    user_id: str | None,
+    status: str | None,
+    job_type: str | None,
+    after: tuple[datetime | None, int] | None,
+    limit: int,
+) -> Select[Any]:
+    """A page of jobs, newest first (SPEC §3.1 paging).
+
+    One user's jobs come newest first by (created_at, seq), the order of their
+    index (``ix_jobs_user``; InnoDB keys end with the primary key): a page reads
+    about ``limit`` rows however many jobs the user or the table has. By seq
+    alone, MariaDB walks the whole table's primary key backwards to find an old
+    user's rows. Other lists go by seq (the primary key, or
+    ``ix_jobs_status_seq`` with a status).
+
+    Args:
+        after: the last row of the previous page, ``(created_at or None, seq)``.
+    """
+    stmt = select(jobs)
+    if user_id is not None:
+        stmt = stmt.where(jobs.c.user_id == user_id)
+    if status is not None:
+        stmt = stmt.where(jobs.c.status == status)
+    if job_type is not None:
+        stmt = stmt.where(jobs.c.job_type == job_type)
+    by_time = user_id is not None
+    if after is not None:
+        at, before = after
+        if by_time and at is not None:
+            stmt = stmt.where(
+                or_(jobs.c.created_at < at, and_(jobs.c.created_at == at, jobs.c.seq < before))
+            )
+        else:
+            stmt = stmt.where(jobs.c.seq < before)
+    if by_time:
+        stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.seq.desc())
+    else:
+        stmt = stmt.order_by(jobs.c.seq.desc())
+    return stmt.limit(limit)
+
+
+def events_of_job(job_id: str) -> Select[Any]:
+    """A job's event rows, oldest first."""
+    return select(events).where(events.c.job_id == job_id).order_by(events.c.seq)
+
+
+def invocations_of_job(job_id: str) -> Select[Any]:
+    """A job's invocation log rows, oldest first."""
+    return select(invocations).where(invocations.c.job_id == job_id).order_by(invocations.c.seq)
+
+
+def queue_depth() -> Select[Any]:
+    """``(status, jobType, count)`` of the non-terminal jobs."""
+    return (
+        select(jobs.c.status, jobs.c.job_type, func.count())
+        .where(jobs.c.status.in_(sorted(LIVE)))
+        .group_by(jobs.c.status, jobs.c.job_type)
+    )
+
+
+def leases_by_holder() -> Select[Any]:
+    """``(lockedBy, count)`` of live leases per runtime instance."""
+    return (
+        select(jobs.c.locked_by, func.count())
+        .where(jobs.c.status.in_(sorted(LEASED)), jobs.c.locked_by.is_not(None))
+        .group_by(jobs.c.locked_by)
+    )
+
+
+def workers_newest_first() -> Select[Any]:
+    """Every runtime instance's registry row, most recently seen first."""
+    return select(workers).order_by(workers.c.last_seen_at.desc())

@@ -1,0 +1,254 @@
+"""job_service core tables (SPEC §2.2, §3, §5, §6), all on :class:`job_service.store.base.Base`.
+
+Columns are snake_case; the JSON/proto views are camelCase. Every time column
+is ``DATETIME(6)`` on MySQL/MariaDB (microseconds, SPEC §2.2) and is written
+from the database clock only (:mod:`job_service.store.clock`).
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, cast
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Date,
+    DateTime,
+    Index,
+    Integer,
+    Numeric,
+    SmallInteger,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects import mysql
+from sqlalchemy.orm import Mapped, mapped_column
+
+from job_service.store.base import Base
+
+#: ``DATETIME(6)`` on MySQL/MariaDB, plain DATETIME (text with µs) on SQLite.
+Micro = DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+#: Auto-increment BIGINT (INTEGER on SQLite so it aliases the rowid).
+Seq = BigInteger().with_variant(Integer(), "sqlite")
+Id = String(64)
+
+
+class Job(Base):
+    """``ai_runtime_jobs``: one AI job and its lease (SPEC §2.2).
+
+    Indexes: the poll/claim query ``status='pending' AND job_type IN (…) AND
+    available_at <= now ORDER BY priority, created_at, seq`` walks
+    ``ix_jobs_poll`` (status, priority, created_at, seq) in order — no filesort;
+    the reaper walks ``ix_jobs_reaper`` (status, lock_until); user listings and
+    quotas use ``ix_jobs_user`` (user_id, created_at).
+    """
+
+    __tablename__ = "ai_runtime_jobs"
+
+    seq: Mapped[int] = mapped_column(Seq, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(Id, nullable=False, unique=True)
+    user_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    job_type: Mapped[str] = mapped_column(String(32), nullable=False)
+    target_type: Mapped[str] = mapped_column(String(32), nullable=False)
+    target_id: Mapped[str] = mapped_column(String(128), nullable=False)
+    snapshot_id: Mapped[str | None] = mapped_column(Id)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, default="pending")
+    priority: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    params: Mapped[dict[str, Any]] = mapped_column(JSON, nullable=False, default=dict)
+    api_key_mode: Mapped[str] = mapped_column(String(32), nullable=False, default="platform_key")
+    credential_id: Mapped[str | None] = mapped_column(Id)
+    model_provider: Mapped[str] = mapped_column(String(32), nullable=False, default="deepseek")
+    model_name: Mapped[str] = mapped_column(String(64), nullable=False, default="deepseek-chat")
+    prompt_version: Mapped[str | None] = mapped_column(String(64))
+    output_schema_version: Mapped[str | None] = mapped_column(String(16))
+    attempt_no: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    retry_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    max_retry_count: Mapped[int] = mapped_column(Integer, nullable=False, default=3)
+    timeout_seconds: Mapped[int] = mapped_column(Integer, nullable=False, default=120)
+    retried_from_job_id: Mapped[str | None] = mapped_column(Id)
+    locked_by: Mapped[str | None] = mapped_column(String(128))
+    locked_at: Mapped[datetime | None] = mapped_column(Micro)
+    lock_until: Mapped[datetime | None] = mapped_column(Micro)
+    available_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, nullable=False, default=False)
+    started_at: Mapped[datetime | None] = mapped_column(Micro)
+    finished_at: Mapped[datetime | None] = mapped_column(Micro)
+    cancelled_at: Mapped[datetime | None] = mapped_column(Micro)
+    expired_at: Mapped[datetime | None] = mapped_column(Micro)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+    __table_args__ = (
+        CheckConstraint("retry_count >= 0", name="retry_count_nonneg"),
+        CheckConstraint("retry_count <= max_retry_count", name="retry_count_le_max"),
+        CheckConstraint("attempt_no >= 0", name="attempt_no_nonneg"),
+        UniqueConstraint(
+            "user_id",
+            "job_type",
+            "target_type",
+            "target_id",
+            "idempotency_key",
+            name="uq_jobs_idempotency",
+        ),
+        Index("ix_jobs_poll", "status", "priority", "created_at", "seq"),
+        Index("ix_jobs_reaper", "status", "lock_until"),
+        Index("ix_jobs_user", "user_id", "created_at"),
+        Index("ix_jobs_status_seq", "status", "seq"),
+        Index("ix_jobs_locked_by", "locked_by", "status"),
+    )
+
+
+class JobEvent(Base):
+    """``ai_runtime_job_events``: one row per state change, oldest first (SPEC §2.2).
+
+    ``from_status`` is NULL for the creation row. A cancel request on a leased
+    job is recorded too (from = to = the current status).
+    """
+
+    __tablename__ = "ai_runtime_job_events"
+
+    seq: Mapped[int] = mapped_column(Seq, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(Id, nullable=False)
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str] = mapped_column(String(16), nullable=False)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    actor: Mapped[str] = mapped_column(String(160), nullable=False)
+    attempt_no: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+    __table_args__ = (Index("ix_job_events_job", "job_id", "seq"),)
+
+
+class InvocationLog(Base):
+    """``ai_runtime_invocation_logs``: one row per model call (SPEC §5).
+
+    ``cost_usd`` is computed at insert from ``MODEL_PRICES`` (USD per million
+    tokens). Never the key, never the prompt.
+    """
+
+    __tablename__ = "ai_runtime_invocation_logs"
+
+    seq: Mapped[int] = mapped_column(Seq, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(Id, nullable=False, unique=True)
+    job_id: Mapped[str] = mapped_column(Id, nullable=False)
+    job_type: Mapped[str] = mapped_column(String(32), nullable=False)
+    attempt_no: Mapped[int] = mapped_column(Integer, nullable=False)
+    model_provider: Mapped[str] = mapped_column(String(32), nullable=False)
+    model_name: Mapped[str] = mapped_column(String(64), nullable=False)
+    api_key_mode: Mapped[str] = mapped_column(String(32), nullable=False)
+    credential_id: Mapped[str | None] = mapped_column(Id)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    cache_hit_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    latency_ms: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    provider_request_id: Mapped[str | None] = mapped_column(String(128))
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), nullable=False, default=0)
+    created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+    __table_args__ = (
+        Index("ix_invocations_job", "job_id", "seq"),
+        Index("ix_invocations_created", "created_at", "api_key_mode"),
+    )
+
+
+class RuntimeWorker(Base):
+    """``ai_runtime_workers``: runtime instances discovered from their calls (SPEC §3)."""
+
+    __tablename__ = "ai_runtime_workers"
+
+    instance_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    capabilities: Mapped[list[str]] = mapped_column(JSON, nullable=False, default=list)
+    status_address: Mapped[str | None] = mapped_column(String(255))
+    in_flight: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    last_seen_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+class AiAuthorization(Base):
+    """``ai_authorizations``: per-user AI switch; no row = granted (SPEC §6)."""
+
+    __tablename__ = "ai_authorizations"
+
+    user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    granted: Mapped[bool] = mapped_column(Boolean, nullable=False, default=True)
+    changed_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+class CircuitBreakerRow(Base):
+    """``ai_circuit_breaker``: the platform-key breaker shared by all replicas (SPEC §6).
+
+    A single row with ``id = 1``.
+    """
+
+    __tablename__ = "ai_circuit_breaker"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str] = mapped_column(String(16), nullable=False, default="closed")
+    consecutive_failures: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    opened_at: Mapped[datetime | None] = mapped_column(Micro)
+    half_open_at: Mapped[datetime | None] = mapped_column(Micro)
+    probes_in_flight: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
+    updated_at: Mapped[datetime | None] = mapped_column(Micro)
+
+
+jobs = cast(Table, Job.__table__)
+events = cast(Table, JobEvent.__table__)
+invocations = cast(Table, InvocationLog.__table__)
+workers = cast(Table, RuntimeWorker.__table__)
+authorizations = cast(Table, AiAuthorization.__table__)
+breaker = cast(Table, CircuitBreakerRow.__table__)
+
+
+class UserAdmissionLock(Base):
+    """``ai_user_admission_locks``: one row per user, locked by every create (SPEC §6).
+
+    The create transaction takes ``SELECT … FOR UPDATE`` on the caller's row
+    before counting the day's jobs, so concurrent creates of one user (on any
+    replica) are admitted one at a time and the daily quota is never
+    overshot. (SQLite already runs every write transaction alone.)
+    """
+
+    __tablename__ = "ai_user_admission_locks"
+
+    user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+
+
+admission_locks = cast(Table, UserAdmissionLock.__table__)
+
+
+#: Rows per UTC day in :class:`PlatformSpend`: concurrent reports add to different
+#: rows, so they do not queue on one row lock.
+PLATFORM_SPEND_SHARDS = 16
+
+
+class PlatformSpend(Base):
+    """``ai_runtime_platform_spend``: platform-key model cost per UTC day (SPEC §6 budget).
+
+    A running total beside the invocation log: the transaction that logs a
+    platform-key call adds its cost here too, to one of
+    :data:`PLATFORM_SPEND_SHARDS` rows of the day. The budget check at create
+    then sums at most that many rows by primary key, however many calls the day
+    has logged; summing the log itself costs a scan of the day's calls.
+    ``day`` is the database's UTC date when the call was logged.
+    """
+
+    __tablename__ = "ai_runtime_platform_spend"
+
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    shard: Mapped[int] = mapped_column(SmallInteger, primary_key=True, autoincrement=False)
+    cost_usd: Mapped[Decimal] = mapped_column(Numeric(20, 8), nullable=False, default=0)
+    calls: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+    updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+
+
+platform_spend = cast(Table, PlatformSpend.__table__)
