@@ -197,7 +197,7 @@ async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]
     except LauncherError:  # a child that died while starting gets one more try
         await system.launcher.restart_service(name)
     pids = dict(system.launcher.pids())
-    db_pid = mariadb_pid()
+    db_pid = mariadb_pid(system.db_url.render_as_string(hide_password=False))
     if db_pid is not None:
         pids["mariadb (shared)"] = db_pid
     cpu0 = cpu_snapshot(pids)
