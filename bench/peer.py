@@ -355,13 +355,14 @@ async def drain(base_url: str, jobs: int, slots: int, limit_s: float) -> dict[st
 
 
 async def server_info(base_url: str) -> dict[str, str]:
-    """The server's version and the settings that decide a commit's cost."""
+    """The server (``user@host:port``), its version and the settings that decide a
+    commit's cost, as ``SHOW`` prints them (e.g. ``shared_buffers`` ``128MB``)."""
     import psycopg
 
     names = ["server_version", "fsync", "synchronous_commit", "shared_buffers", "wal_level"]
     async with await psycopg.AsyncConnection.connect(base_url, autocommit=True) as conn:
         cur = await conn.execute(
-            "SELECT name, setting || COALESCE(unit, '') FROM pg_settings WHERE name = ANY(%s)",
+            "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
             (names,),
         )
         return {str(k): str(v) for k, v in await cur.fetchall()} | {"server": _safe(base_url)}

@@ -57,8 +57,14 @@ def test_tiny_drain_runs_every_job_once_and_drops_its_database(pg_url: str) -> N
 
 @pytest.mark.postgres
 def test_server_info_names_the_settings_a_commit_costs(pg_url: str) -> None:
+    import psycopg
+
     info = asyncio.run(peer_mod.server_info(pg_url))
     assert {"server_version", "fsync", "synchronous_commit", "server"} <= set(info)
+    with psycopg.connect(pg_url) as conn:
+        for name in ("shared_buffers", "synchronous_commit"):
+            row = conn.execute(f"SHOW {name}").fetchone()
+            assert row is not None and info[name] == row[0], (name, info[name])
     assert ":" in info["server"] and "password" not in info["server"]
 
 
