@@ -270,18 +270,22 @@ def _ours_cpu(cpu: dict[str, float]) -> tuple[float | None, float | None]:
 def side_by_side(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One dict per slot count the ``peer`` scenario ran: ours and the peer's jobs/s,
     their ratio (ours / peer), our DB floor at that concurrency and the CPU ms per job
-    of each side (None where a figure is missing); [] when the peer has no runs.
+    of each side (None where a figure is missing); [] unless both ``throughput`` and
+    ``peer`` have runs.
 
     CPU: ``ours_cpu_ms_per_job`` sums our services but the model stand-in,
     ``ours_db_cpu_ms_per_job`` is the whole MariaDB server (shared);
     ``peer_cpu_ms_per_job`` is the peer's worker process, ``peer_db_cpu_ms_per_job``
     the bench database's PostgreSQL backends plus the server's background processes.
+    A slot count one side has no run for (it failed) has None for its figures.
     """
     r = doc.get("results", {})
     peer_runs = r.get("peer", {}).get("runs", {})
     ours_runs = r.get("throughput", {}).get("runs", {})
     floor_runs = r.get("floor", {}).get("runs", {})
     out: list[dict[str, Any]] = []
+    if not (peer_runs and ours_runs):
+        return out
     for slots, theirs in peer_runs.items():
         ours = ours_runs.get(slots, {})
         ours_jps, peer_jps = ours.get("jobs_per_s"), theirs.get("jobs_per_s")

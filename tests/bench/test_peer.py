@@ -229,7 +229,9 @@ def test_side_by_side_pairs_runs_by_slot_count() -> None:
         assert column in header
     line_1 = next(line for line in text.splitlines() if line.split()[:1] == ["1"])
     assert line_1.split() == ["1", "110", "355", "31%", "600", "7.00", "2.00", "3.00", "1.50"]
-    assert side_by_side({"results": {"throughput": _doc()["results"]["throughput"]}}) == []
+    # one side alone is no comparison
+    for alone in ("throughput", "peer"):
+        assert side_by_side({"results": {alone: _doc()["results"][alone]}}) == []
 
 
 def test_table_lists_the_peer_runs() -> None:
