@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 BUF := node_modules/.bin/buf
 
 .PHONY: help install demo test test-fast lint typecheck proto proto-check buf-check run bench chaos clean
@@ -13,7 +14,7 @@ help:
 	@echo "make test        lint, type-check, proto checks and the whole test suite (SQLite + MariaDB if reachable)"
 	@echo "make run         start every service in the foreground (python -m launcher --dev)"
 	@echo "make proto       regenerate the Python stubs from protos/"
-	@echo "make bench       benchmarks against MariaDB (writes bench-results/)"
+	@echo "make bench       benchmarks against MariaDB, and the procrastinate peer on PostgreSQL (writes bench-results/)"
 	@echo "make chaos       fault harness: real processes on MariaDB, one fault at a time, SQL audit"
 
 $(STAMP): pyproject.toml
@@ -22,11 +23,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
+# The bench's own extras (procrastinate and psycopg for the peer scenario), never the
+# services': `make install`, `make test` and `make bench` install them on top of dev.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	@touch $(BENCH_STAMP)
+
 $(BUF): package.json
 	npm install --no-audit --no-fund --loglevel=error
 	@touch $(BUF)
 
-install: $(STAMP) $(BUF)
+install: $(STAMP) $(BENCH_STAMP) $(BUF)
 
 demo: $(STAMP)
 	$(BIN)/python -m demo $(if $(DEMO_FILE),--file "$(DEMO_FILE)")
@@ -51,7 +58,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(BENCH_STAMP)
 	$(BIN)/mypy
 
 # The whole suite. MariaDB tests run when TEST_MYSQL_URL is set, or when a MariaDB
@@ -73,7 +80,7 @@ test: install lint typecheck proto-check buf-check
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -m "not e2e and not mysql" $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
 # Fault table on MariaDB (real processes): CHAOS_ARGS e.g. "--fault worker_kill --profile long",

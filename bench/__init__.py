@@ -1,6 +1,7 @@
 """Benchmarks of the scheduling path against MariaDB (``python -m bench``).
 
-Scenarios (see :mod:`bench.scenarios`): ``throughput``, ``floor``, ``pickup``,
+Scenarios (see :mod:`bench.scenarios`): ``throughput``, ``peer`` (the same backlog
+through procrastinate on PostgreSQL, :mod:`bench.peer`), ``floor``, ``pickup``,
 ``poll_scale``, ``idle``, ``gateway``, ``worker500``. Every run creates a fresh
 database (dropped afterwards), writes ``bench-results/<timestamp>.json`` and
 prints a table; every figure carries its unit and the run's parameters.

@@ -4,6 +4,9 @@ Runs the scenarios against MariaDB (``BENCH_MYSQL_URL`` or ``TEST_MYSQL_URL``;
 a fresh database per scenario), writes ``<out>/<UTC timestamp>.json`` (default
 ``bench-results/``) and prints a table. Each figure carries its unit; the JSON
 has every scenario's parameters and raw figures (EXPLAIN output, statement lists).
+The ``peer`` scenario runs on PostgreSQL instead (:mod:`bench.peer`); with
+``throughput`` it runs interleaved, and a side-by-side table (``side_by_side`` in
+the JSON) compares the two at each slot count.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import mysql_base_url
-from bench.report import table
-from bench.scenarios import SCENARIOS, Params
+from bench.report import side_by_side, side_by_side_table, table
+from bench.scenarios import SCENARIOS, Params, throughput_and_peer
+
+#: Scenarios that run interleaved, one slot count at a time, when both are selected.
+INTERLEAVED = ("throughput", "peer")
 
 EPILOG = """terms in the table:
   DB floor        one job's SQL, captured from MariaDB's general log and replayed
@@ -36,6 +42,10 @@ EPILOG = """terms in the table:
   errors          replayed statements that failed (a deadlock is retried with
                   its whole transaction, as the services do, and not counted)
   CPU per job     user+system CPU of the services (MariaDB shown, not summed)
+  peer            the throughput backlog drained by procrastinate on PostgreSQL
+                  (BENCH_PG_URL, TEST_PG_URL or postgresql://postgres@127.0.0.1:5432);
+                  with throughput selected too, the two run interleaved per slot
+                  count and a side-by-side table follows
 targets assume the 2-core machine the project is measured on."""
 
 
@@ -54,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run only this scenario (repeatable); default: all",
     )
     p.add_argument("--quick", action="store_true", help="small sizes (a few minutes)")
-    p.add_argument("--jobs", type=int, help="jobs per throughput/floor run")
+    p.add_argument("--jobs", type=int, help="jobs per throughput/floor/peer run")
     p.add_argument("--slots", help="comma-separated worker slot counts, e.g. 1,4,16")
     p.add_argument(
         "--job-services",
@@ -67,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Run the selected scenarios; a failing scenario is recorded, the rest still run."""
-    base = mysql_base_url()
+    names = args.scenario or list(SCENARIOS)
+    base = "" if set(names) <= {"peer"} else mysql_base_url()  # the peer needs no MariaDB
     params = Params.quick(base) if args.quick else Params(base_url=base)
     if args.jobs:
         params = replace(params, jobs=args.jobs)
@@ -75,10 +86,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         params = replace(params, job_services=args.job_services)
     if args.slots:
         params = replace(params, slots=tuple(int(s) for s in args.slots.split(",")))
-    names = args.scenario or list(SCENARIOS)
     started = datetime.now(UTC)
     results: dict[str, Any] = {}
-    p = {k: v for k, v in asdict(params).items() if k != "base_url"}
+    p = {k: v for k, v in asdict(params).items() if k not in {"base_url", "peer_url"}}
     doc = {
         "started_at": started.isoformat(timespec="seconds"),
         "command": " ".join(["python -m bench", *sys.argv[1:]]),
@@ -96,22 +106,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240
     path = out / f"{started.strftime('%Y%m%dT%H%M%SZ')}.json"
     doc["path"] = str(path)
+    # with both selected, the pair runs interleaved where the first of them is listed
+    both = set(INTERLEAVED) <= set(names)
+    paired = next((n for n in names if n in INTERLEAVED), None) if both else None
     for name in names:
-        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        if paired and name in INTERLEAVED and name != paired:
+            continue
+        label = " + ".join(INTERLEAVED) + " interleaved" if name == paired else name
+        print(f"[bench] {label} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
         try:
-            results[name] = await SCENARIOS[name](params)
+            if name == paired:
+                got = await throughput_and_peer(params)
+            else:
+                got = {name: await SCENARIOS[name](params)}
         except Exception as exc:  # keep the other scenarios' figures
             traceback.print_exc()
-            results[name] = {"error": repr(exc)}
-        results[name]["scenario_seconds"] = round(time.perf_counter() - t0, 1)
+            got = {n: {"error": repr(exc)} for n in (INTERLEAVED if name == paired else (name,))}
+        for key, res in got.items():
+            res.setdefault("scenario_seconds", round(time.perf_counter() - t0, 1))
+            res["loadavg_after"] = os.getloadavg()
+            results[key] = res
         print(
-            f"[bench] {name} done in {results[name]['scenario_seconds']} s",
-            file=sys.stderr,
-            flush=True,
+            f"[bench] {label} done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True
         )
-        results[name]["loadavg_after"] = os.getloadavg()
         path.write_text(json.dumps(doc, indent=2, default=str))  # partial results survive
+    compared = side_by_side(doc)
+    if compared:
+        doc["side_by_side"] = compared
     return doc
 
 
@@ -122,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(doc["path"])
     path.write_text(json.dumps(doc, indent=2, default=str))
     print(table(doc))
+    if doc.get("side_by_side"):
+        print()
+        print(side_by_side_table(doc["side_by_side"]))
     print(f"\nwritten: {path}")
     return 1 if any("error" in r for r in doc["results"].values()) else 0
 

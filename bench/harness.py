@@ -271,16 +271,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def mariadb_pid() -> int | None:
-    """Pid of a local ``mariadbd``/``mysqld`` (None when it is not on this machine)."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() in {"mariadbd", "mysqld"}:
-                    return int(entry.name)
-            except OSError:
-                continue
-    return None
+def mariadb_pid(url: str) -> int | None:
+    """Pid of the MariaDB/MySQL server ``url`` names, when it runs on this machine.
+
+    Read from the server's own ``pid_file`` (so another ``mariadbd`` on the machine, e.g.
+    a fault harness's private one, is never taken for it); None when that file is not
+    here or names no ``mariadbd``/``mysqld`` process.
+    """
+    conn = admin_connect(url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT @@pid_file")
+            row = cur.fetchone()
+    finally:
+        conn.close()
+    try:
+        pid = int(Path(str(row[0] if row else "")).read_text().strip())
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return pid if comm in {"mariadbd", "mysqld"} else None
 
 
 def cpu_snapshot(pids: dict[str, int]) -> dict[str, float]:

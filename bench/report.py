@@ -79,6 +79,7 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     f"≥40% {_check(ratio >= 0.4)}",
                 )
             )
+    out.extend(_peer_rows(r.get("peer", {})))
     for slots, run in fl.get("runs", {}).items():
         out.append(
             (
@@ -226,6 +227,126 @@ def rows(doc: dict[str, Any]) -> list[Row]:
         if "error" in res:
             out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
     return out
+
+
+def _peer_rows(pr: dict[str, Any]) -> list[Row]:
+    if "skipped" in pr:
+        return [("peer skipped", str(pr["skipped"]), "", "", "")]
+    queue = pr.get("params", {}).get("queue", "peer")
+    out: list[Row] = []
+    for slots, run in pr.get("runs", {}).items():
+        params = f"{queue}, N={run['jobs']}, 1 worker, concurrency {slots}"
+        out.append((f"peer @{slots} slots", _f(run.get("jobs_per_s")), "jobs/s", params, ""))
+        cpu = run.get("cpu_ms_per_job") or {}
+        if cpu:
+            shown = ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+            out.append(
+                (
+                    f"  peer CPU per job @{slots}",
+                    _f(cpu.get(PEER_WORKER)),
+                    "ms",
+                    shown,
+                    "excl. PostgreSQL",
+                )
+            )
+    return out
+
+
+#: CPU groups of the peer (:mod:`bench.peer`): its worker, and PostgreSQL's processes.
+PEER_WORKER = "peer_worker"
+PEER_DB = ("postgres backends", "postgres (shared)")
+
+
+def _ours_cpu(cpu: dict[str, float]) -> tuple[float | None, float | None]:
+    """(our services' CPU ms per job, MariaDB's): the model stand-in is left out, as the
+    peer has no model; None when not measured."""
+    if not cpu:
+        return None, None
+    services = sum(v for k, v in cpu.items() if not k.startswith("mariadb") and k != "standin")
+    db = next((v for k, v in cpu.items() if k.startswith("mariadb")), None)
+    return round(services, 2), db
+
+
+def side_by_side(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One dict per slot count the ``peer`` scenario ran: ours and the peer's jobs/s,
+    their ratio (ours / peer), our DB floor at that concurrency and the CPU ms per job
+    of each side (None where a figure is missing); [] unless both ``throughput`` and
+    ``peer`` have runs.
+
+    CPU: ``ours_cpu_ms_per_job`` sums our services but the model stand-in,
+    ``ours_db_cpu_ms_per_job`` is the whole MariaDB server (shared);
+    ``peer_cpu_ms_per_job`` is the peer's worker process, ``peer_db_cpu_ms_per_job``
+    the bench database's PostgreSQL backends plus the server's background processes.
+    A slot count one side has no run for (it failed) has None for its figures.
+    """
+    r = doc.get("results", {})
+    peer_runs = r.get("peer", {}).get("runs", {})
+    ours_runs = r.get("throughput", {}).get("runs", {})
+    floor_runs = r.get("floor", {}).get("runs", {})
+    out: list[dict[str, Any]] = []
+    if not (peer_runs and ours_runs):
+        return out
+    for slots, theirs in peer_runs.items():
+        ours = ours_runs.get(slots, {})
+        ours_jps, peer_jps = ours.get("jobs_per_s"), theirs.get("jobs_per_s")
+        ours_cpu, ours_db = _ours_cpu(ours.get("cpu_ms_per_job") or {})
+        peer_cpu = theirs.get("cpu_ms_per_job") or {}
+        peer_db = [peer_cpu[k] for k in PEER_DB if k in peer_cpu]
+        out.append(
+            {
+                "slots": int(slots),
+                "ours_jobs_per_s": ours_jps,
+                "peer_jobs_per_s": peer_jps,
+                "ratio_ours_to_peer": round(ours_jps / peer_jps, 3)
+                if ours_jps and peer_jps
+                else None,
+                "db_floor_jobs_per_s": floor_runs.get(slots, {}).get("jobs_per_s"),
+                "ours_cpu_ms_per_job": ours_cpu,
+                "peer_cpu_ms_per_job": peer_cpu.get(PEER_WORKER),
+                "ours_db_cpu_ms_per_job": ours_db,
+                "peer_db_cpu_ms_per_job": round(sum(peer_db), 2) if peer_db else None,
+            }
+        )
+    return out
+
+
+#: Columns of :func:`side_by_side_table`: header → key of a :func:`side_by_side` row.
+SIDE_BY_SIDE_COLUMNS = (
+    ("slots", "slots"),
+    ("ours jobs/s", "ours_jobs_per_s"),
+    ("peer jobs/s", "peer_jobs_per_s"),
+    ("ours/peer", "ratio_ours_to_peer"),
+    ("our DB floor jobs/s", "db_floor_jobs_per_s"),
+    ("ours CPU ms/job", "ours_cpu_ms_per_job"),
+    ("peer CPU ms/job", "peer_cpu_ms_per_job"),
+    ("MariaDB ms/job", "ours_db_cpu_ms_per_job"),
+    ("PostgreSQL ms/job", "peer_db_cpu_ms_per_job"),
+)
+
+
+def side_by_side_table(compared: list[dict[str, Any]]) -> str:
+    """A fixed-width table of :func:`side_by_side` rows, with a legend."""
+    header = [h for h, _ in SIDE_BY_SIDE_COLUMNS]
+    body = [header]
+    for row in compared:
+        cells = []
+        for _, key in SIDE_BY_SIDE_COLUMNS:
+            v = row.get(key)
+            cells.append(f"{v:.0%}" if key.startswith("ratio") and v is not None else _f(v))
+        body.append(cells)
+    widths = [max(len(r[i]) for r in body) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(widths[i]) for i, c in enumerate(r)) for r in body]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.insert(0, "ours (full path, MariaDB) vs peer (procrastinate, PostgreSQL), interleaved:")
+    lines.append(
+        "ours CPU: job_service + credential_service + runtime_worker (not the model stand-in);"
+        " peer CPU: its worker process;"
+    )
+    lines.append(
+        "MariaDB: the whole server (shared); PostgreSQL: the bench database's backends"
+        " + the server's background processes; '-': not measured."
+    )
+    return "\n".join(lines)
 
 
 def table(doc: dict[str, Any]) -> str:

@@ -2,24 +2,30 @@
 
 Every scenario starts the real services as child processes on a fresh MariaDB
 database (see :class:`bench.harness.System`) and reads its timings from the
-job rows (database clock).
+job rows (database clock); but ``peer``, which drains the throughput scenario's
+backlog through procrastinate on PostgreSQL (:mod:`bench.peer`) as a measuring
+stick, and reads its timings from procrastinate's job events (database clock).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, cast
 
 from airuntime_common.enums import JOB_TYPE, JOB_TYPES
 from bench import floor as floor_mod
+from bench import peer as peer_mod
 from bench.harness import (
     System,
     admin_connect,
@@ -44,6 +50,8 @@ class Params:
 
     Attributes:
         base_url: MariaDB server URL (a fresh database is created per scenario).
+        peer_url: PostgreSQL server URL of the ``peer`` scenario (libpq; a fresh
+            database per run), :func:`bench.peer.postgres_base_url` by default.
         jobs: jobs per throughput run.
         slots: worker slot counts for the throughput/floor scenarios.
         job_services: job_service replicas in the throughput scenario (the workers'
@@ -65,6 +73,7 @@ class Params:
     """
 
     base_url: str
+    peer_url: str = field(default_factory=peer_mod.postgres_base_url)
     jobs: int = 2000
     slots: tuple[int, ...] = (1, 4, 16)
     job_services: int = 1
@@ -188,7 +197,7 @@ async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]
     except LauncherError:  # a child that died while starting gets one more try
         await system.launcher.restart_service(name)
     pids = dict(system.launcher.pids())
-    db_pid = mariadb_pid()
+    db_pid = mariadb_pid(system.db_url.render_as_string(hide_password=False))
     if db_pid is not None:
         pids["mariadb (shared)"] = db_pid
     cpu0 = cpu_snapshot(pids)
@@ -216,26 +225,99 @@ async def _run_backlog(system: System, n: int, limit_s: float) -> dict[str, Any]
     }
 
 
+def _throughput_params(p: Params) -> dict[str, Any]:
+    return {"jobs": p.jobs, "slots": list(p.slots), "workers": 1, "job_services": p.job_services}
+
+
+async def throughput_run(p: Params, slots: int) -> dict[str, Any]:
+    """One throughput run: a backlog of ``p.jobs`` jobs through the full path, one worker
+    of ``slots`` slots, on a fresh database (figures: :func:`_run_backlog`)."""
+    with fresh_database(p.base_url) as url:
+        env = {"WORKER_CONCURRENCY": str(slots), **metrics_ports()}
+        async with System(url, extra_env=env, job_services=p.job_services) as system:
+            return await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
+
+
 async def throughput(p: Params) -> dict[str, Any]:
     """Scenario 1: a backlog of N jobs through the full path at 1/4/16 worker slots.
 
     jobs/s = terminal jobs / (last ``finished_at`` − first ``locked_at``), DB clock.
     """
-    runs: dict[str, Any] = {}
-    for slots in p.slots:
-        with fresh_database(p.base_url) as url:
-            env = {"WORKER_CONCURRENCY": str(slots), **metrics_ports()}
-            async with System(url, extra_env=env, job_services=p.job_services) as system:
-                runs[str(slots)] = await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
+    runs = {str(slots): await throughput_run(p, slots) for slots in p.slots}
+    return {"params": _throughput_params(p), "runs": runs}
+
+
+async def _peer_head(p: Params) -> dict[str, Any]:
+    """The peer scenario's parameters, or ``{"skipped": reason}`` when it cannot run
+    (the reason is printed as one line on stderr)."""
+    reason = await asyncio.to_thread(peer_mod.unavailable, p.peer_url)
+    if reason is not None:
+        print(f"[bench] peer skipped: {reason}", file=sys.stderr, flush=True)
+        return {"skipped": reason}
     return {
         "params": {
             "jobs": p.jobs,
             "slots": list(p.slots),
             "workers": 1,
-            "job_services": p.job_services,
+            "queue": f"procrastinate {importlib.metadata.version('procrastinate')}",
+            "task": "async no-op",
+            "pool_connections": "= slots (opened before timing)",
+            "deferred": f"up front, batches of {peer_mod.DEFER_CHUNK}",
+            "postgres": await peer_mod.server_info(p.peer_url),
         },
-        "runs": runs,
+        "runs": {},
     }
+
+
+async def peer_run(p: Params, slots: int) -> dict[str, Any]:
+    """One peer run: ``p.jobs`` no-op jobs drained by procrastinate at ``concurrency`` =
+    ``slots`` (figures: :func:`bench.peer.drain`)."""
+    return await peer_mod.drain(p.peer_url, p.jobs, slots, limit_s=60 + p.jobs / 5)
+
+
+async def peer(p: Params) -> dict[str, Any]:
+    """Scenario: the throughput scenario's backlog drained by procrastinate on PostgreSQL
+    (see :mod:`bench.peer`), at the same slot counts; skipped when no PostgreSQL answers.
+
+    jobs/s = final jobs / (last ``succeeded`` event − first ``started`` event), DB clock.
+    """
+    out = await _peer_head(p)
+    if "skipped" not in out:
+        out["runs"] = {str(slots): await peer_run(p, slots) for slots in p.slots}
+    return out
+
+
+async def throughput_and_peer(p: Params) -> dict[str, dict[str, Any]]:
+    """``throughput`` and ``peer`` interleaved: ours@1, peer@1, ours@4, peer@4, …, so the
+    machine's drift over the minutes of a run weighs on both alike.
+
+    A run that fails is recorded in its scenario's ``error`` (the other runs still go);
+    each scenario's ``scenario_seconds`` is the time of its own runs.
+
+    Returns:
+        ``{"throughput": …, "peer": …}``, each shaped as its scenario's result.
+    """
+    ours: dict[str, Any] = {"params": _throughput_params(p), "runs": {}}
+    theirs = await _peer_head(p)
+    sides: list[tuple[dict[str, Any], Callable[[Params, int], Awaitable[dict[str, Any]]]]] = [
+        (ours, throughput_run)
+    ]
+    if "skipped" not in theirs:
+        sides.append((theirs, peer_run))
+    for side, _ in sides:
+        side["scenario_seconds"] = 0.0
+        side["interleaved"] = "ours@slots, then the peer's, for each slot count"
+    for slots in p.slots:
+        for side, run in sides:
+            t0 = time.perf_counter()
+            try:
+                side["runs"][str(slots)] = await run(p, slots)
+            except Exception as exc:  # keep the other runs' figures
+                traceback.print_exc()
+                failed = f"@{slots} slots: {exc!r}"
+                side["error"] = f"{side['error']}; {failed}" if "error" in side else failed
+            side["scenario_seconds"] = round(side["scenario_seconds"] + time.perf_counter() - t0, 1)
+    return {"throughput": ours, "peer": theirs}
 
 
 async def floor(p: Params) -> dict[str, Any]:
@@ -670,6 +752,7 @@ async def worker500(p: Params) -> dict[str, Any]:
 
 SCENARIOS = {
     "throughput": throughput,
+    "peer": peer,
     "floor": floor,
     "pickup": pickup,
     "poll_scale": poll_scale,

@@ -335,3 +335,27 @@ def test_poll_scale_tiny_run_interleaves_both_sizes(mysql_url: str) -> None:
     assert out["params"]["innodb_settle"]["pool_pages"] > 0
     for name in ("poll", "claim", "create"):
         assert out[f"{name}_p99_ratio_big_to_small"] > 0
+
+
+def test_mariadb_pid_is_the_process_of_the_server_asked(mysql_url: str) -> None:
+    """CPU per job reads MariaDB's process: it must be the server of the URL, not another
+    ``mariadbd`` on the machine (a fault harness's private one). Its process has been
+    up as long as the server says it has."""
+    import os as _os
+
+    from bench.harness import admin_connect, mariadb_pid
+
+    pid = mariadb_pid(mysql_url)
+    if pid is None:
+        pytest.skip("the MariaDB server is not on this machine")
+    conn = admin_connect(mysql_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SHOW GLOBAL STATUS LIKE 'Uptime'")
+            server_up = int(cur.fetchone()[1])
+    finally:
+        conn.close()
+    started_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot_up = float(Path("/proc/uptime").read_text().split()[0])
+    process_up = boot_up - started_ticks / _os.sysconf("SC_CLK_TCK")
+    assert abs(process_up - server_up) < 3, (process_up, server_up)
