@@ -32,6 +32,7 @@ def create_app(
 
     Returns:
         The ASGI app. Without injected channels the backends connect on startup.
+        A path with a trailing slash is 404, never a redirect.
 
     Raises:
         MissingSetting: a required secret is unset (the variable is named).
@@ -57,6 +58,9 @@ def create_app(
         version="1.0.0",
         description="Public, admin and runtime REST of AI Runtime (asynchronous AI jobs).",
         lifespan=lifespan,
+        # one URL per resource: "/v1/ai/jobs/" is 404 (with a hint), not a 307 to an
+        # absolute http:// URL of whatever Host the request named
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.backends = injected

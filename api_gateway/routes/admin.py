@@ -24,7 +24,7 @@ from api_gateway.backends import Caller
 from api_gateway.convert import pb_enum
 from api_gateway.deps import AdminPrincipal, Backend, Settings
 from api_gateway.jobs import create_job
-from api_gateway.routes.public import ERRORS
+from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import (
     AdminJobCreate,
     AdminJobOut,
@@ -63,7 +63,7 @@ JobId = Annotated[str, Path(min_length=1)]
     "/ai/jobs",
     status_code=201,
     response_model=JobOut,
-    responses={200: {"model": JobOut, "description": "idempotent replay"}},
+    responses=REPLAYED,
 )
 async def admin_create_job(
     principal: AdminPrincipal,

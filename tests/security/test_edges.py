@@ -188,7 +188,7 @@ async def test_hostile_requests_get_spec_errors_without_internals(system: System
         ("GET", "/v1/ai/jobs/..%2F..%2Fetc%2Fpasswd", me, None, 404, "NOT_FOUND"),
         ("GET", "/v1/ai/jobs/%2e%2e", me, None, 404, "JOB_NOT_FOUND"),
         ("GET", "/v1/materials/' OR 1=1 --", me, None, 404, "NOT_FOUND"),
-        ("DELETE", "/v1/ai/jobs", me, None, 405, "INVALID_ARGUMENT"),
+        ("DELETE", "/v1/ai/jobs", me, None, 405, "METHOD_NOT_ALLOWED"),
         ("GET", "/v2/anything", me, None, 404, "NOT_FOUND"),
         (
             "PUT",
