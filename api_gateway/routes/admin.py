@@ -12,7 +12,7 @@ from datetime import date, timedelta
 from pathlib import Path as FsPath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BeforeValidator
 
@@ -23,6 +23,7 @@ from api_gateway import convert
 from api_gateway.backends import Caller
 from api_gateway.convert import pb_enum
 from api_gateway.deps import AdminPrincipal, Backend, Settings
+from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
 from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import (
@@ -70,7 +71,7 @@ async def admin_create_job(
     call: Backend,
     body: AdminJobCreate,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Create a job for any user, with optional priority, retries and timeout overrides."""
     return await create_job(

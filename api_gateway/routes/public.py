@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
 from airuntime_common.errors import AppError, ErrorCode
@@ -16,6 +16,7 @@ from airuntime_common.timeutil import to_timestamp, utcnow
 from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, UserPrincipal
+from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
@@ -175,7 +176,7 @@ async def create_ai_job(
     call: Backend,
     body: JobCreate,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Create an AI job for the caller (201), or replay one in the idempotency scope (200)."""
     return await create_job(
