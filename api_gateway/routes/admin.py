@@ -166,9 +166,10 @@ async def admin_costs(
     to: Annotated[IsoDate | None, Query()] = None,
     groupBy: GroupBy = "day",
 ) -> dict[str, Any]:
-    """Model cost rollup over UTC days, inclusive (default: the last 30 days)."""
+    """Model cost rollup over UTC days, inclusive (default: the 30 days up to ``to``,
+    today by default; never before 0001-01-01)."""
     end = to or utcnow().date()
-    start = from_ or end - timedelta(days=29)
+    start = from_ or end - timedelta(days=min(29, (end - date.min).days))
     if start > end:
         raise invalid_argument("from must not be after to", field="from")
     resp = await call(
