@@ -15,7 +15,7 @@ import grpc
 
 
 class ErrorCode(StrEnum):
-    """Every error code of SPEC §4, spelled exactly as the spec spells it."""
+    """Every error code of SPEC §4 and §9, spelled exactly as the spec spells it."""
 
     MODEL_TIMEOUT = "MODEL_TIMEOUT"
     MODEL_RATE_LIMIT = "MODEL_RATE_LIMIT"
@@ -46,6 +46,8 @@ class ErrorCode(StrEnum):
     PAYLOAD_TOO_LARGE = "PAYLOAD_TOO_LARGE"
     INTERNAL = "INTERNAL"
     UNAVAILABLE = "UNAVAILABLE"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
@@ -74,7 +76,8 @@ BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: code → (HTTP status, gRPC status code), SPEC §4. Fail-only codes are absent.
+#: code → (HTTP status, gRPC status code), SPEC §4 and §9 ("New codes"). Fail-only
+#: codes are absent.
 TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.INVALID_SCHEMA: (422, grpc.StatusCode.INVALID_ARGUMENT),
     ErrorCode.INVALID_CREDENTIAL: (422, grpc.StatusCode.FAILED_PRECONDITION),
@@ -94,6 +97,8 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.PAYLOAD_TOO_LARGE: (413, grpc.StatusCode.INVALID_ARGUMENT),
     ErrorCode.INTERNAL: (500, grpc.StatusCode.INTERNAL),
     ErrorCode.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
+    ErrorCode.METHOD_NOT_ALLOWED: (405, grpc.StatusCode.UNIMPLEMENTED),
+    ErrorCode.TOO_MANY_STREAMS: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 

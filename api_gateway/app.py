@@ -1,4 +1,4 @@
-"""The FastAPI application of the gateway (SPEC §3, §3.1)."""
+"""The FastAPI application of the gateway (SPEC §3, §3.1, §9.3)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,20 @@ from contextlib import asynccontextmanager
 
 import grpc
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 from api_gateway import errors
 from api_gateway.backends import Backends
+from api_gateway.cors import GatewayCORS
 from api_gateway.middleware import GatewayMetrics, GatewayMiddleware
 from api_gateway.routes import admin, health, internal, public
 from api_gateway.settings import GatewaySettings
+
+#: Where the docs pages' scripts, stylesheets and icon are served from (SPEC §9.3:
+#: ``/docs`` works with no internet; the files come from the ``fastapi-offline`` package).
+DOCS_ASSETS_PATH = "/docs/assets"
+#: Swagger UI settings: no call to the public validator service.
+SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
 
 
 def create_app(
@@ -32,6 +39,8 @@ def create_app(
 
     Returns:
         The ASGI app. Without injected channels the backends connect on startup.
+        ``/docs`` (Swagger UI) and ``/redoc`` load every script and stylesheet from
+        the gateway itself; a path with a trailing slash is 404, never a redirect.
 
     Raises:
         MissingSetting: a required secret is unset (the variable is named).
@@ -52,11 +61,16 @@ def create_app(
         finally:
             await backends.aclose()
 
-    app = FastAPI(
+    app = FastAPIOffline(
         title="AI Runtime gateway",
         version="1.0.0",
         description="Public, admin and runtime REST of AI Runtime (asynchronous AI jobs).",
         lifespan=lifespan,
+        static_url=DOCS_ASSETS_PATH,
+        swagger_ui_parameters=SWAGGER_UI_PARAMETERS,
+        # one URL per resource: "/v1/ai/jobs/" is 404 (with a hint), not a 307 to an
+        # absolute http:// URL of whatever Host the request named
+        redirect_slashes=False,
     )
     app.state.settings = settings
     app.state.backends = injected
@@ -67,18 +81,12 @@ def create_app(
     app.include_router(public.router)
     app.include_router(admin.router)
     app.include_router(internal.router)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=settings.cors_origins,
-            allow_methods=["GET", "POST", "PUT", "DELETE"],
-            allow_headers=["Authorization", "Content-Type", "Idempotency-Key", "X-Request-Id"],
-            expose_headers=["Idempotent-Replayed", "X-Request-Id"],
-        )
     app.add_middleware(
         GatewayMiddleware,
         max_body_bytes=settings.MAX_BODY_BYTES,
         max_json_depth=settings.MAX_JSON_DEPTH,
         metrics=metrics,
     )
+    if settings.cors_origins:  # outermost: the gateway's own refusals get CORS headers too
+        app.add_middleware(GatewayCORS, origins=settings.cors_origins)
     return app

@@ -116,23 +116,43 @@ class Backends:
             self._closing.clear()
 
 
-def map_rpc_error(exc: grpc.aio.AioRpcError) -> AppError:
+def _rpc_name(method: Any) -> str:
+    """``JobService/GetJob`` for a stub method (for logs), or ``?``."""
+    name = getattr(method, "_method", b"")
+    text = name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
+    return text.rsplit(".", 1)[-1] or "?"
+
+
+def map_rpc_error(exc: grpc.aio.AioRpcError, rpc: str = "?") -> AppError:
     """A backend failure as the :class:`AppError` to answer with.
 
     The SPEC §4 code in ``ErrorInfo.reason`` is kept as is; a backend that is
-    down or too slow is 503 ``UNAVAILABLE``; a backend refusing the gateway's
-    own token is a misconfiguration, answered as 500 ``INTERNAL`` (the caller's
-    credentials were fine).
+    down, unreachable or too slow (gRPC UNAVAILABLE / DEADLINE_EXCEEDED) is 503
+    ``UNAVAILABLE`` (SPEC §9.3; the answer's ``Retry-After`` says a few seconds);
+    a backend refusing the gateway's own token is a misconfiguration, answered
+    as 500 ``INTERNAL`` (the caller's credentials were fine).
+
+    Args:
+        exc: the failed call.
+        rpc: ``Service/Method`` of the call, for the log line.
     """
     err = from_rpc_error(exc)
     if err.code == ErrorCode.UNAUTHENTICATED:
-        log.error("a backend refused the gateway's service token")
+        log.error("a backend refused the gateway's service token (%s)", rpc)
         return AppError(ErrorCode.INTERNAL, "internal authentication between services failed")
     if err.code == ErrorCode.UNAVAILABLE:
-        log.warning("backend unavailable: %s", err.message)
-        return AppError(ErrorCode.UNAVAILABLE, "a backend service is unavailable", err.details)
+        timed_out = exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        log.warning(
+            "backend %s on %s: %s", "timeout" if timed_out else "unavailable", rpc, err.message
+        )
+        message = (
+            "a backend service did not answer in time; try again shortly"
+            if timed_out
+            else "a backend service is unavailable; try again shortly"
+        )
+        return AppError(ErrorCode.UNAVAILABLE, message, err.details)
     if err.code == ErrorCode.INTERNAL:
-        log.warning("backend internal error: %s", err.message)
+        log.warning("backend internal error on %s: %s", rpc, err.message)
         return AppError(ErrorCode.INTERNAL, "internal error")
     return err
 
@@ -180,7 +200,7 @@ class Caller:
 
         Raises:
             AppError: the backend's refusal (SPEC §4), 503 ``UNAVAILABLE`` when it
-                cannot be reached in time.
+                is down, unreachable or does not answer within the deadline.
         """
         md = outgoing(
             self.backends.settings.RUNTIME_SERVICE_TOKEN, self.instance_id, self.request_id
@@ -194,4 +214,4 @@ class Caller:
                 else self.backends.settings.GRPC_TIMEOUT_SECONDS,
             )
         except grpc.aio.AioRpcError as exc:
-            raise map_rpc_error(exc) from None
+            raise map_rpc_error(exc, _rpc_name(method)) from None

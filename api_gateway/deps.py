@@ -3,18 +3,25 @@
 * :data:`UserPrincipal` — ``Authorization: Bearer <JWT>``: HS256 only, ``sub``,
   ``role`` (``user``/``admin``) and ``exp`` required, ``iss`` checked when
   ``JWT_ISSUER`` is set. Missing, expired, badly signed, ``alg=none`` or the
-  service token itself → 401 ``UNAUTHENTICATED``.
+  service token itself → 401 ``UNAUTHENTICATED``; so is a token whose ``exp``
+  (``nbf``, ``iat``) is not a JSON number or whose ``sub`` is empty, over 128
+  characters or holds a control character (SPEC §9.3).
 * :data:`AdminPrincipal` — as above, and a user token → 403 ``PERMISSION_DENIED``.
 * :data:`RuntimeCaller` — the shim: ``x-internal-api-key`` equal (constant time)
-  to ``RUNTIME_SERVICE_TOKEN``, else 401; ``X-Runtime-Instance-Id`` required
-  (400 ``INVALID_ARGUMENT``) except on ``/internal/runtime/health``.
+  to ``RUNTIME_SERVICE_TOKEN``, else 401 (checked first); ``X-Runtime-Instance-Id``
+  required (400 ``INVALID_ARGUMENT``) except on ``/internal/runtime/health``.
+
+Both tokens are OpenAPI security schemes and the instance id a header parameter
+(:mod:`api_gateway.headers`), so a generated client sends them (SPEC §9.3).
 """
 
 from __future__ import annotations
 
 import hmac
+import math
+import unicodedata
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any, TypeGuard
 
 import jwt
 from fastapi import Depends, Request
@@ -22,12 +29,32 @@ from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBea
 
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from api_gateway.backends import Backends, Caller
+from api_gateway.headers import (
+    BEARER_SCHEME,
+    INSTANCE_ID_MAX,
+    SERVICE_TOKEN_SCHEME,
+    OptionalRuntimeInstanceIdHeader,
+    RuntimeInstanceIdHeader,
+)
 from api_gateway.settings import GatewaySettings
 
 ROLES = ("user", "admin")
-_bearer = HTTPBearer(auto_error=False, description="HS256 JWT with sub, role, exp")
+#: The longest ``sub`` (user id) accepted (SPEC §9.3).
+SUB_MAX = 128
+#: Unicode categories a ``sub`` must not hold: control (SPEC §9.3), and the other
+#: invisible or unencodable ones (format, surrogate, private use, unassigned, line
+#: and paragraph separators), since the id is shown in admin views and logs.
+_FORBIDDEN_SUB_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name=BEARER_SCHEME,
+    description="HS256 JWT with sub (the user id), role (user | admin) and exp; /v1 and /admin",
+)
 _internal_key = APIKeyHeader(
-    name="x-internal-api-key", auto_error=False, description="RUNTIME_SERVICE_TOKEN"
+    name="x-internal-api-key",
+    auto_error=False,
+    scheme_name=SERVICE_TOKEN_SCHEME,
+    description="RUNTIME_SERVICE_TOKEN; the /internal/runtime shim only",
 )
 
 
@@ -80,13 +107,30 @@ def _unauthenticated(message: str) -> AppError:
     return AppError(ErrorCode.UNAUTHENTICATED, message)
 
 
+def _is_number(value: Any) -> bool:
+    """A JSON number (RFC 7519 NumericDate): int or finite float, not a bool or text."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
+def valid_sub(sub: Any) -> TypeGuard[str]:
+    """Whether ``sub`` can be a user id: text of 1..128 characters with no control (or
+    other invisible) character (SPEC §9.3)."""
+    if not isinstance(sub, str) or not 1 <= len(sub) <= SUB_MAX:
+        return False
+    return not any(unicodedata.category(ch) in _FORBIDDEN_SUB_CATEGORIES for ch in sub)
+
+
 def decode_token(token: str, settings: GatewaySettings) -> Principal:
-    """Verify a user/admin JWT.
+    """Verify a user/admin JWT (SPEC §3.1, §9.3).
 
     Raises:
         AppError: 401 ``UNAUTHENTICATED`` for the service token, a bad signature,
-            another algorithm (``none`` included), expiry, a wrong issuer, or a
-            missing/invalid ``sub``/``role``/``exp``.
+            another algorithm (``none`` included), expiry, a wrong issuer, a missing
+            or invalid ``role``, an ``exp`` (or ``nbf``/``iat``, when present) that
+            is not a JSON number (PyJWT would take the text ``"9999999999"``), or a
+            ``sub`` that is empty, over 128 characters or holds a control character.
     """
     if hmac.compare_digest(token.encode(), settings.RUNTIME_SERVICE_TOKEN.encode()):
         raise _unauthenticated("the service token is not accepted here")
@@ -102,10 +146,13 @@ def decode_token(token: str, settings: GatewaySettings) -> Principal:
         raise _unauthenticated("token expired") from None
     except jwt.InvalidTokenError:
         raise _unauthenticated("invalid token") from None
+    for name in ("exp", "nbf", "iat"):
+        if name in claims and not _is_number(claims[name]):
+            raise _unauthenticated(f"invalid {name} claim: must be a number")
     sub = claims.get("sub")
     role = claims.get("role")
     plan = claims.get("plan")
-    if not isinstance(sub, str) or not sub or len(sub) > 128:
+    if not valid_sub(sub):
         raise _unauthenticated("invalid sub claim")
     if role not in ROLES:
         raise _unauthenticated("invalid role claim")
@@ -129,45 +176,69 @@ async def admin_principal(principal: Annotated[Principal, Depends(user_principal
     return principal
 
 
-def _check_service_token(request: Request, key: str | None) -> None:
+async def service_token(
+    request: Request, key: Annotated[str | None, Depends(_internal_key)]
+) -> None:
+    """Dependency: the shim's ``x-internal-api-key`` (constant-time compare).
+
+    Raises:
+        AppError: 401 ``UNAUTHENTICATED`` when it is missing or not the service token.
+    """
     settings = get_settings(request)
     if not key or not hmac.compare_digest(key.encode(), settings.RUNTIME_SERVICE_TOKEN.encode()):
         raise _unauthenticated("missing or wrong x-internal-api-key")
 
 
+ServiceToken = Annotated[None, Depends(service_token)]
+
+
+def checked_instance_id(value: str) -> str:
+    """An ``X-Runtime-Instance-Id`` value, checked: it travels on as gRPC metadata,
+    which takes printable ASCII only.
+
+    Raises:
+        AppError: 400 ``INVALID_ARGUMENT`` (``details.field`` names the header) when it
+            is blank, over 128 characters, or not printable ASCII.
+    """
+    instance_id = value.strip()
+    if not instance_id:
+        raise invalid_argument(
+            "X-Runtime-Instance-Id must not be empty", field="X-Runtime-Instance-Id"
+        )
+    if len(instance_id) > INSTANCE_ID_MAX:
+        raise invalid_argument("X-Runtime-Instance-Id is too long", field="X-Runtime-Instance-Id")
+    if not (instance_id.isascii() and instance_id.isprintable()):
+        raise invalid_argument(
+            "X-Runtime-Instance-Id must be printable ASCII", field="X-Runtime-Instance-Id"
+        )
+    return instance_id
+
+
 async def runtime_caller(
-    request: Request,
-    key: Annotated[str | None, Depends(_internal_key)],
+    request: Request, _token: ServiceToken, instance: RuntimeInstanceIdHeader
 ) -> Caller:
     """Dependency: a runtime instance on the shim; returns a :class:`Caller` bound to it.
+
+    The token is checked first: a call without it is 401 whatever its headers.
 
     Raises:
         AppError: 401 without the service token; 400 without ``X-Runtime-Instance-Id``
             or with one that is not 1..128 printable ASCII characters.
     """
-    _check_service_token(request, key)
-    instance_id = (request.headers.get("x-runtime-instance-id") or "").strip()
-    if not instance_id:
-        raise invalid_argument(
-            "X-Runtime-Instance-Id header is required", field="X-Runtime-Instance-Id"
-        )
-    if len(instance_id) > 128:
-        raise invalid_argument("X-Runtime-Instance-Id is too long", field="X-Runtime-Instance-Id")
-    if not (instance_id.isascii() and instance_id.isprintable()):
-        # it travels on as gRPC metadata, which takes printable ASCII only
-        raise invalid_argument(
-            "X-Runtime-Instance-Id must be printable ASCII", field="X-Runtime-Instance-Id"
-        )
-    return Caller(get_backends(request), request_id(request), instance_id)
+    return Caller(get_backends(request), request_id(request), checked_instance_id(instance))
 
 
 async def runtime_health_caller(
-    request: Request,
-    key: Annotated[str | None, Depends(_internal_key)],
+    request: Request, _token: ServiceToken, instance: OptionalRuntimeInstanceIdHeader = None
 ) -> Caller:
-    """Dependency: the shim's health route: token only, instance id optional."""
-    _check_service_token(request, key)
-    instance_id = (request.headers.get("x-runtime-instance-id") or "").strip()[:128] or None
+    """Dependency: the shim's health route: token only; an instance id is optional,
+    and checked as everywhere when sent.
+
+    Raises:
+        AppError: 401 without the service token; 400 for an instance id sent blank,
+            over 128 characters or not printable ASCII.
+    """
+    instance_id = None if instance is None else checked_instance_id(instance)
     return Caller(get_backends(request), request_id(request), instance_id)
 
 

@@ -11,10 +11,9 @@ from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.params import normalize_params
 from api_gateway.backends import Caller
 from api_gateway.convert import dict_to_struct, job_json, pb_enum
+from api_gateway.headers import IDEMPOTENCY_KEY_MAX
 from api_gateway.schemas import JobCreate
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
-
-IDEMPOTENCY_KEY_MAX = 200
 
 
 def check_idempotency_key(key: str | None) -> str | None:

@@ -13,6 +13,8 @@ reach the endpoint. For each HTTP request it
   databases truncate at it);
 * marks answers under ``/internal/`` and ``/v1/me/`` ``Cache-Control: no-store``
   (the resolved key, errors included);
+* gives any 429 or 503 that reaches it without ``Retry-After`` the default one
+  (SPEC §9.3; error answers get theirs from :mod:`api_gateway.retry_after`);
 * counts requests and latency by route template and status (Prometheus);
 * turns any unhandled exception into 500 ``INTERNAL`` without a stack trace.
 """
@@ -32,7 +34,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
-from api_gateway.errors import validation_details
+from api_gateway import retry_after
+from api_gateway.errors import error_headers, validation_details
 
 log = logging.getLogger(__name__)
 
@@ -133,9 +136,10 @@ def _nul_refusal(locations: list[tuple[str, ...]]) -> AppError:
     )
 
 
-async def _send_error(send: Send, err: AppError, headers: list[tuple[bytes, bytes]]) -> None:
+async def _send_error(send: Send, err: AppError) -> None:
     # the spelling of FastAPI's JSONResponse, which renders every other error
     body = json.dumps(err.body(), ensure_ascii=False, separators=(",", ":")).encode()
+    extra = error_headers(err, err.http_status)
     await send(
         {
             "type": "http.response.start",
@@ -143,7 +147,7 @@ async def _send_error(send: Send, err: AppError, headers: list[tuple[bytes, byte
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
-                *headers,
+                *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in extra.items()),
             ],
         }
     )
@@ -202,6 +206,10 @@ class GatewayMiddleware:
                 hdrs.append(rid_header)
                 if no_store and not any(h[0].lower() == b"cache-control" for h in hdrs):
                     hdrs.append((b"cache-control", b"no-store"))
+                if message["status"] in retry_after.STATUSES and not any(
+                    h[0].lower() == b"retry-after" for h in hdrs
+                ):
+                    hdrs.append((b"retry-after", str(retry_after.DEFAULT_SECONDS).encode()))
                 message = {**message, "headers": hdrs}
             await send(message)
 
@@ -210,13 +218,13 @@ class GatewayMiddleware:
         try:
             body_receive = await self._read_body(scope, receive, headers)
             if isinstance(body_receive, AppError):
-                await _send_error(send_wrapper, body_receive, [])
+                await _send_error(send_wrapper, body_receive)
             else:
                 await self.app(scope, body_receive, send_wrapper)
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not status_box["started"]:
-                await _send_error(send_wrapper, AppError(ErrorCode.INTERNAL, "internal error"), [])
+                await _send_error(send_wrapper, AppError(ErrorCode.INTERNAL, "internal error"))
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"

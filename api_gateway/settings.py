@@ -2,9 +2,33 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import re
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
 
 from airuntime_common.settings import CommonSettings, require
+
+#: A browser origin as the ``Origin`` header spells it: scheme, host, optional port.
+_ORIGIN = re.compile(r"^https?://[^/?#@\s:]+(:\d{1,5})?$", re.IGNORECASE)
+
+
+def _cors_origins(value: str) -> str:
+    """A comma list of origins (``https://app.example``) or ``*``, else ValueError.
+
+    An origin with a path or a trailing slash (``https://app.example/``) would never
+    equal a browser's ``Origin`` header and CORS would silently stay off for it.
+    """
+    for origin in (o.strip() for o in value.split(",")):
+        if origin and origin != "*" and not _ORIGIN.match(origin):
+            raise ValueError(
+                "must be a comma list of origins, each scheme://host[:port] with no path "
+                "or trailing slash (e.g. https://app.example,http://localhost:5173), or *"
+            )
+    return value
+
+
+CorsOrigins = Annotated[str, AfterValidator(_cors_origins)]
 
 
 class GatewaySettings(CommonSettings):
@@ -14,7 +38,8 @@ class GatewaySettings(CommonSettings):
         JWT_SECRET: HS256 secret of user/admin tokens; required.
         JWT_ISSUER: when set, the ``iss`` claim must equal it.
         GATEWAY_HOST, GATEWAY_PORT: listen address (port 0 picks a free port).
-        CORS_ORIGINS: comma list of allowed browser origins; empty turns CORS off.
+        CORS_ORIGINS: comma list of allowed browser origins (``scheme://host[:port]``,
+            or ``*`` for any); empty (the default) turns CORS off (SPEC §9.3).
         MAX_BODY_BYTES: largest request body accepted (bytes); above it → 413.
         MAX_JSON_DEPTH: deepest JSON nesting accepted in a body; deeper → 400.
         RUNTIME_WORKER_ADDRS: comma list of worker status addresses polled by
@@ -27,7 +52,7 @@ class GatewaySettings(CommonSettings):
     JWT_ISSUER: str = ""
     GATEWAY_HOST: str = "0.0.0.0"
     GATEWAY_PORT: int = Field(default=3000, ge=0, le=65535)
-    CORS_ORIGINS: str = ""
+    CORS_ORIGINS: CorsOrigins = ""
     MAX_BODY_BYTES: int = 2 * 1024 * 1024
     MAX_JSON_DEPTH: int = 64
     RUNTIME_WORKER_ADDRS: str = ""
@@ -44,8 +69,9 @@ class GatewaySettings(CommonSettings):
 
     @property
     def cors_origins(self) -> list[str]:
-        """``CORS_ORIGINS`` split into a list (empty = CORS off)."""
-        return [o.strip() for o in self.CORS_ORIGINS.split(",") if o.strip()]
+        """``CORS_ORIGINS`` split into a list, lower-cased as browsers send ``Origin``
+        (empty = CORS off)."""
+        return [o.strip().lower() for o in self.CORS_ORIGINS.split(",") if o.strip()]
 
     @property
     def worker_addrs(self) -> list[str]:

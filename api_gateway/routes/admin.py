@@ -12,7 +12,7 @@ from datetime import date, timedelta
 from pathlib import Path as FsPath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BeforeValidator
 
@@ -23,8 +23,9 @@ from api_gateway import convert
 from api_gateway.backends import Caller
 from api_gateway.convert import pb_enum
 from api_gateway.deps import AdminPrincipal, Backend, Settings
+from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
-from api_gateway.routes.public import ERRORS
+from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import (
     AdminJobCreate,
     AdminJobOut,
@@ -63,14 +64,14 @@ JobId = Annotated[str, Path(min_length=1)]
     "/ai/jobs",
     status_code=201,
     response_model=JobOut,
-    responses={200: {"model": JobOut, "description": "idempotent replay"}},
+    responses=REPLAYED,
 )
 async def admin_create_job(
     principal: AdminPrincipal,
     call: Backend,
     body: AdminJobCreate,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Create a job for any user, with optional priority, retries and timeout overrides."""
     return await create_job(
@@ -165,9 +166,10 @@ async def admin_costs(
     to: Annotated[IsoDate | None, Query()] = None,
     groupBy: GroupBy = "day",
 ) -> dict[str, Any]:
-    """Model cost rollup over UTC days, inclusive (default: the last 30 days)."""
+    """Model cost rollup over UTC days, inclusive (default: the 30 days up to ``to``,
+    today by default; never before 0001-01-01)."""
     end = to or utcnow().date()
-    start = from_ or end - timedelta(days=29)
+    start = from_ or end - timedelta(days=min(29, (end - date.min).days))
     if start > end:
         raise invalid_argument("from must not be after to", field="from")
     resp = await call(

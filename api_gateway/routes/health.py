@@ -11,6 +11,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from airuntime_common.errors import AppError, ErrorCode
 from api_gateway.deps import get_backends
 from api_gateway.errors import error_response
+from api_gateway.retry_after import RETRY_AFTER_HEADER
+from api_gateway.schemas import ErrorBody
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +23,16 @@ async def healthz() -> dict[str, Any]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses={503: {"description": "a backend is not SERVING"}})
+@router.get(
+    "/readyz",
+    responses={
+        503: {
+            "model": ErrorBody,
+            "description": "a backend is not SERVING",
+            "headers": RETRY_AFTER_HEADER,
+        }
+    },
+)
 async def readyz(request: Request) -> JSONResponse:
     """Readiness: 200 when job_service and credential_service report SERVING, else 503."""
     try:

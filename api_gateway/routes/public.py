@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
 from airuntime_common.errors import AppError, ErrorCode
@@ -16,7 +16,9 @@ from airuntime_common.timeutil import to_timestamp, utcnow
 from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, UserPrincipal
+from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
+from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
     AuthorizationPut,
@@ -46,7 +48,22 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 MAX_MATERIAL_BYTES = 1024 * 1024
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)
+    code: {"model": ErrorBody, **({"headers": RETRY_AFTER_HEADER} if code in (429, 503) else {})}
+    for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)
+}
+#: The create's answer to a repeat of its ``Idempotency-Key`` (SPEC §2.5).
+REPLAYED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": JobOut,
+        "description": "idempotent replay: the original job",
+        "headers": {
+            "Idempotent-Replayed": {
+                "description": "Always true: this is the job the key first created.",
+                "required": True,
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        },
+    }
 }
 
 router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
@@ -152,14 +169,14 @@ async def record_learning_events(
     "/ai/jobs",
     status_code=201,
     response_model=JobOut,
-    responses={200: {"model": JobOut, "description": "idempotent replay"}},
+    responses=REPLAYED,
 )
 async def create_ai_job(
     principal: UserPrincipal,
     call: Backend,
     body: JobCreate,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", max_length=200)] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Create an AI job for the caller (201), or replay one in the idempotency scope (200)."""
     return await create_job(

@@ -14,7 +14,10 @@ sent with valid credentials for the route's area. Every answer must
 * have the documented content type and headers.
 
 Path ids are drawn half the time from rows that exist (the seeded material
-and jobs), so the "found" branches run too.
+and jobs), so the "found" branches run too. The shim's declared
+``X-Runtime-Instance-Id`` header is fuzzed like any parameter (the test adds only
+the credentials); a valid one is half the time the instance holding the seeded
+leases.
 
 Profile: default 6 examples per operation, no coverage phase (CI);
 ``HOSTILE_PROFILE=long`` runs 40 examples plus schemathesis' coverage phase
@@ -33,7 +36,7 @@ import schemathesis
 from hypothesis import strategies as st
 from schemathesis.core.parameters import ParameterLocation
 
-from tests.hostile.conftest import Stack
+from tests.hostile.conftest import INSTANCE, Stack
 
 LONG = os.environ.get("HOSTILE_PROFILE") == "long"
 MAX_EXAMPLES = int(os.environ.get("HOSTILE_MAX_EXAMPLES", 40 if LONG else 6))
@@ -139,6 +142,29 @@ def _valid_id(value: Any) -> bool:
     return isinstance(value, str) and 1 <= len(value) <= 128
 
 
+INSTANCE_HEADER = "X-Runtime-Instance-Id"
+
+
+@schema.hook
+def flatmap_headers(context: Any, headers: dict[str, Any] | None) -> Any:
+    """Half the time, a valid generated instance id becomes the seeded lease holder's
+    (an invalid one stays: it is what makes a negative case negative)."""
+    value = (headers or {}).get(INSTANCE_HEADER)
+    if not _valid_instance(value):
+        return st.just(headers)
+    return st.sampled_from([headers, {**(headers or {}), INSTANCE_HEADER: INSTANCE}])
+
+
+def _valid_instance(value: Any) -> bool:
+    return (
+        isinstance(value, str)
+        and 1 <= len(value) <= 128
+        and value.isascii()
+        and value.isprintable()
+        and value == value.strip()
+    )
+
+
 @pytest.fixture(autouse=True)
 def _existing_ids(stack: Stack) -> None:
     EXISTING["jobId"] = list(stack.seed.job_ids)
@@ -171,5 +197,8 @@ def _operations() -> list[Any]:
 )
 def test_gateway_conforms_to_its_openapi(case: schemathesis.Case, stack: Stack) -> None:
     headers = dict(case.headers or {})
-    headers.update(stack.headers_for(case.path))
+    credentials = stack.headers_for(case.path)
+    if INSTANCE_HEADER in headers:  # a declared parameter: keep what was generated
+        credentials.pop(INSTANCE_HEADER, None)
+    headers.update(credentials)
     case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=30)

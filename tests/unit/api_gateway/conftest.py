@@ -3,11 +3,13 @@
 The fakes are real ``grpc.aio`` servers (with the shared auth interceptor,
 health and reflection) whose servicers answer canned protos, record every
 call with its metadata, and can be told to fail a method with a rich
-:class:`AppError` (``errors``) or a bare gRPC status (``raw_errors``).
+:class:`AppError` (``errors``) or a bare gRPC status (``raw_errors``), or to
+answer a method only after some seconds (``delays``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -381,6 +383,7 @@ class Fake:
     responses: dict[str, Any]
     errors: dict[str, AppError] = field(default_factory=dict)
     raw_errors: dict[str, grpc.StatusCode] = field(default_factory=dict)
+    delays: dict[str, float] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
 
     def last(self, method: str) -> Call:
@@ -394,6 +397,8 @@ class Fake:
         async def handle(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
             md = {m.key: m.value for m in context.invocation_metadata() or ()}
             self.calls.append(Call(name, request, md))
+            if name in self.delays:
+                await asyncio.sleep(self.delays[name])
             if name in self.errors:
                 await abort(context, self.errors[name])
             if name in self.raw_errors:

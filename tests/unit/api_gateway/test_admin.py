@@ -157,6 +157,26 @@ async def test_costs(client: httpx.AsyncClient, backends: Backends) -> None:
         assert r.status_code == 400, bad
 
 
+@pytest.mark.parametrize(
+    ("query", "window"),
+    [
+        ("to=0001-01-01", ("0001-01-01", "0001-01-01")),
+        ("to=0001-01-10", ("0001-01-01", "0001-01-10")),
+        ("to=0001-02-15", ("0001-01-17", "0001-02-15")),
+        ("from=9999-12-01&to=9999-12-31", ("9999-12-01", "9999-12-31")),
+    ],
+)
+async def test_costs_default_window_stays_in_the_calendar(
+    client: httpx.AsyncClient, backends: Backends, query: str, window: tuple[str, str]
+) -> None:
+    """The default 30 days before a ``to`` near year 1 start at 0001-01-01 (it was a 500:
+    the date arithmetic overflowed)."""
+    resp = await client.get(f"/admin/ai/costs?{query}", headers=A)
+    assert resp.status_code == 200, resp.text
+    req = backends.job.last("GetCosts").request
+    assert (req.from_date, req.to_date) == window
+
+
 async def test_breaker(client: httpx.AsyncClient, backends: Backends) -> None:
     backends.job.responses["GetCircuitBreaker"] = rr.GetCircuitBreakerResponse(
         breaker=msg.CircuitBreaker(

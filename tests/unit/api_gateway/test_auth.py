@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
+import jwt
 import pytest
 
 from .conftest import (
@@ -353,3 +355,71 @@ async def test_a_token_equal_to_the_service_token_is_refused_even_if_it_is_a_val
             resp = await c.get(path, headers=bearer(valid_admin_jwt))
             _assert_error(resp, 401, "UNAUTHENTICATED")
     assert backends.job.calls == []
+
+
+# ---------------------------------------------------------------- stricter claims (SPEC §9.3)
+
+
+def _claims(**overrides: Any) -> dict[str, Any]:
+    claims: dict[str, Any] = {"sub": OWNER, "role": "user", "exp": int(time.time()) + 600}
+    claims.update(overrides)
+    return {k: v for k, v in claims.items() if v is not _DROP}
+
+
+_DROP = object()
+_FAR = int(time.time()) + 86400
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        pytest.param(_claims(exp=str(_FAR)), id="exp-numeric-text"),
+        pytest.param(_claims(exp="tomorrow"), id="exp-text"),
+        pytest.param(_claims(exp=True), id="exp-true"),
+        pytest.param(_claims(exp=[_FAR]), id="exp-list"),
+        pytest.param(_claims(exp=None), id="exp-null"),
+        pytest.param(_claims(exp=float("inf")), id="exp-infinity"),
+        pytest.param(_claims(exp=_DROP), id="exp-missing"),
+        pytest.param(_claims(nbf=str(int(time.time()) - 10)), id="nbf-text"),
+        pytest.param(_claims(iat=str(int(time.time()))), id="iat-text"),
+        pytest.param(_claims(sub=""), id="sub-empty"),
+        pytest.param(_claims(sub="u" * 129), id="sub-129-chars"),
+        pytest.param(_claims(sub="u\x00"), id="sub-nul"),
+        pytest.param(_claims(sub="u\n1"), id="sub-newline"),
+        pytest.param(_claims(sub="u\t1"), id="sub-tab"),
+        pytest.param(_claims(sub="u\x7f"), id="sub-del"),
+        pytest.param(_claims(sub="u\x85"), id="sub-c1-control"),
+        pytest.param(_claims(sub="u\u202e1"), id="sub-bidi-override"),
+        pytest.param(_claims(sub="u\u2028"), id="sub-line-separator"),
+        pytest.param(_claims(sub="\ud800"), id="sub-lone-surrogate"),
+        pytest.param(_claims(sub=42), id="sub-number"),
+    ],
+)
+async def test_malformed_claims_are_401(
+    client: httpx.AsyncClient, backends: Backends, claims: dict[str, Any]
+) -> None:
+    """PyJWT checks the signature and expiry; a token it would take with ``exp`` as
+    the text ``"…"`` or a ``sub`` no user id can be is refused as well."""
+    token = jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+    for path in ("/v1/me/ai-authorization", "/admin/ai/circuit-breaker"):
+        resp = await client.get(path, headers=bearer(token))
+        _assert_error(resp, 401, "UNAUTHENTICATED")
+    assert not backends.job.calls
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        pytest.param(_claims(sub="u" * 128), id="sub-128-chars"),
+        pytest.param(_claims(sub="学习者 é-1"), id="sub-unicode-with-space"),
+        pytest.param(_claims(exp=float(_FAR) + 0.5), id="exp-float"),
+        pytest.param(_claims(nbf=int(time.time()) - 10, iat=int(time.time())), id="nbf-iat"),
+    ],
+)
+async def test_well_formed_claims_pass(
+    client: httpx.AsyncClient, backends: Backends, claims: dict[str, Any]
+) -> None:
+    token = jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+    resp = await client.get("/v1/me/ai-authorization", headers=bearer(token))
+    assert resp.status_code == 200, resp.text
+    assert backends.job.last("GetAiAuthorization").request.user_id == claims["sub"]

@@ -1,0 +1,89 @@
+"""Request headers the API reads, declared once for routes and the OpenAPI document.
+
+SPEC §9.3: the OpenAPI document declares every header the API reads, so a
+generated client sends them. A route (or dependency) takes one by naming its
+alias here as a parameter type, e.g. ``idempotency_key: IdempotencyKeyHeader = None``;
+FastAPI then reads it and lists it among the operation's ``in: header``
+parameters. The two tokens are security schemes instead (``deps``):
+``Authorization: Bearer`` (:data:`BEARER_SCHEME`) and ``x-internal-api-key``
+(:data:`SERVICE_TOKEN_SCHEME`).
+
+Constraints given as ``json_schema_extra`` are documented only: the code that
+reads the header enforces them with its own message (the shim's instance id).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Header
+
+#: The longest ``Idempotency-Key`` a create takes (SPEC §2.5).
+IDEMPOTENCY_KEY_MAX = 200
+#: The longest ``X-Runtime-Instance-Id`` (it travels on as gRPC metadata).
+INSTANCE_ID_MAX = 128
+#: Printable ASCII without surrounding spaces: what gRPC metadata can carry.
+_PRINTABLE_ASCII = r"^[!-~]([ -~]*[!-~])?$"
+
+#: Security scheme names in the OpenAPI document (a generated client's auth settings).
+BEARER_SCHEME = "UserBearerToken"
+SERVICE_TOKEN_SCHEME = "RuntimeServiceToken"
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        max_length=IDEMPOTENCY_KEY_MAX,
+        description=(
+            "Makes the create idempotent (SPEC §2.5): a repeat with the same key, job "
+            "type and target returns the original job (200, Idempotent-Replayed: true)."
+        ),
+    ),
+]
+
+_INSTANCE_ID_DOC = (
+    "The calling runtime instance; with jobId and attemptNo it is the lease holder's "
+    "fencing token (SPEC §3). 1..128 printable ASCII characters."
+)
+_INSTANCE_ID_SCHEMA = {
+    "minLength": 1,
+    "maxLength": INSTANCE_ID_MAX,
+    "pattern": _PRINTABLE_ASCII,
+}
+
+RuntimeInstanceIdHeader = Annotated[
+    str,
+    Header(
+        alias="X-Runtime-Instance-Id",
+        description=_INSTANCE_ID_DOC,
+        json_schema_extra=_INSTANCE_ID_SCHEMA,
+    ),
+]
+
+OptionalRuntimeInstanceIdHeader = Annotated[
+    str | None,
+    Header(
+        alias="X-Runtime-Instance-Id",
+        description=_INSTANCE_ID_DOC + " Optional here.",
+        json_schema_extra=_INSTANCE_ID_SCHEMA,
+    ),
+]
+
+#: SPEC §9.1 (waiting for a job): ``GET /v1/ai/jobs/{jobId}`` answers 304 while the
+#: job's ETag still equals this.
+IfNoneMatchHeader = Annotated[
+    str | None,
+    Header(
+        alias="If-None-Match",
+        description="The job's last ETag: the answer is 304 (or held) while it is current.",
+    ),
+]
+
+#: SPEC §9.1: an event stream resumes after this event id.
+LastEventIdHeader = Annotated[
+    str | None,
+    Header(
+        alias="Last-Event-ID",
+        description="Resume an event stream after this event id (the standard reconnect).",
+    ),
+]
