@@ -8,6 +8,7 @@ gives its code. Retryability and breaker effect follow from the code alone
 |---|---|
 | overall call deadline hit, job still has budget | MODEL_TIMEOUT |
 | overall call deadline hit = the job's own budget | JOB_TIMEOUT |
+| HTTP 408 (a proxy's ``request_timeout`` in front of the model; SPEC §9.4) | MODEL_TIMEOUT |
 | connect error / read error / connection reset before a status | NETWORK_ERROR |
 | HTTP 429 | MODEL_RATE_LIMIT (+ retryAfterSeconds from Retry-After) |
 | HTTP 500/502/503/504, any other 5xx | TEMPORARY_PROVIDER_ERROR |
@@ -35,6 +36,7 @@ class Fault(StrEnum):
 
     TIMEOUT = "timeout"
     JOB_DEADLINE = "job_deadline"
+    HTTP_408 = "http_408"
     CONNECT_ERROR = "connect_error"
     READ_ERROR = "read_error"
     HTTP_429 = "http_429"
@@ -59,6 +61,7 @@ class Fault(StrEnum):
 TABLE: dict[Fault, ErrorCode] = {
     Fault.TIMEOUT: ErrorCode.MODEL_TIMEOUT,
     Fault.JOB_DEADLINE: ErrorCode.JOB_TIMEOUT,
+    Fault.HTTP_408: ErrorCode.MODEL_TIMEOUT,
     Fault.CONNECT_ERROR: ErrorCode.NETWORK_ERROR,
     Fault.READ_ERROR: ErrorCode.NETWORK_ERROR,
     Fault.HTTP_429: ErrorCode.MODEL_RATE_LIMIT,
@@ -80,6 +83,7 @@ TABLE: dict[Fault, ErrorCode] = {
 }
 
 _STATUS_FAULTS: dict[int, Fault] = {
+    408: Fault.HTTP_408,
     429: Fault.HTTP_429,
     500: Fault.HTTP_500,
     502: Fault.HTTP_502,

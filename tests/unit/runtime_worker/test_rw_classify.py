@@ -20,6 +20,7 @@ from runtime_worker.providers.classify import (
 EXPECTED = {
     Fault.TIMEOUT: (ErrorCode.MODEL_TIMEOUT, True, True),
     Fault.JOB_DEADLINE: (ErrorCode.JOB_TIMEOUT, True, False),
+    Fault.HTTP_408: (ErrorCode.MODEL_TIMEOUT, True, True),
     Fault.CONNECT_ERROR: (ErrorCode.NETWORK_ERROR, True, True),
     Fault.READ_ERROR: (ErrorCode.NETWORK_ERROR, True, True),
     Fault.HTTP_429: (ErrorCode.MODEL_RATE_LIMIT, True, True),
@@ -58,6 +59,7 @@ def test_row(fault: Fault) -> None:
     [
         (200, None),
         (204, None),
+        (408, Fault.HTTP_408),
         (429, Fault.HTTP_429),
         (500, Fault.HTTP_500),
         (502, Fault.HTTP_502),
