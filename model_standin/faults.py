@@ -18,6 +18,8 @@ Fault kinds (``kind``):
 ``delay``             wait ``ms`` milliseconds, then answer normally
 ``empty_content``     200, ``finish_reason=stop``, content of only spaces
 ``truncated``         200, ``finish_reason=length``, content cut mid-JSON
+``out_of_capacity``   200, ``finish_reason=insufficient_system_resource``, content
+                      cut at ``fraction`` (DeepSeek out of capacity mid-answer)
 ``invalid_json``      200, content that is not JSON
 ``schema_violation``  200, valid JSON missing a required field
 ``foreign_ids``       200, schema-valid JSON citing an id not in the snapshot
@@ -46,6 +48,7 @@ FaultKind = Literal[
     "delay",
     "empty_content",
     "truncated",
+    "out_of_capacity",
     "invalid_json",
     "schema_violation",
     "foreign_ids",
@@ -110,7 +113,8 @@ class Fault(BaseModel):
         intervalMs: blank-line interval in ms for ``keepalive_forever``
             (default 1000) and ``blank_then_close`` (default 100).
         lines: blank lines for ``blank_then_close``.
-        fraction: share of the body sent by ``close_mid_body`` (0..1).
+        fraction: share of the body sent by ``close_mid_body``, of the content
+            kept by ``out_of_capacity`` (0..1).
         content: verbatim content for ``content``.
         foreignId: id cited by ``foreign_ids``.
     """

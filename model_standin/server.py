@@ -55,6 +55,7 @@ CONTENT_FAULTS = frozenset(
     {
         "empty_content",
         "truncated",
+        "out_of_capacity",
         "invalid_json",
         "schema_violation",
         "foreign_ids",
@@ -603,6 +604,8 @@ class StandIn:
             return " " * 8, "stop"
         if fault.kind == "truncated":
             return content[: max(1, int(len(content) * 0.6))], "length"
+        if fault.kind == "out_of_capacity":
+            return content[: int(len(content) * fault.fraction)], "insufficient_system_resource"
         if fault.kind == "invalid_json":
             return content[:-1] + ",}", "stop"
         if fault.kind == "schema_violation":

@@ -13,6 +13,7 @@ gives its code. Retryability and breaker effect follow from the code alone
 | HTTP 429 | MODEL_RATE_LIMIT (+ retryAfterSeconds from Retry-After) |
 | HTTP 500/502/503/504, any other 5xx | TEMPORARY_PROVIDER_ERROR |
 | HTTP 200 whose body is no parseable envelope (blank lines then close, cut off) | TEMPORARY_PROVIDER_ERROR |
+| envelope OK, finish_reason=insufficient_system_resource (out of capacity mid-answer; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
 | HTTP 401/403 | INVALID_CREDENTIAL |
 | HTTP 402 | INSUFFICIENT_BALANCE |
 | HTTP 400/422, any other 4xx | MODEL_BAD_REQUEST |
@@ -46,6 +47,7 @@ class Fault(StrEnum):
     HTTP_504 = "http_504"
     HTTP_OTHER_5XX = "http_other_5xx"
     BAD_ENVELOPE = "bad_envelope"
+    OUT_OF_CAPACITY = "out_of_capacity"
     HTTP_401 = "http_401"
     HTTP_403 = "http_403"
     HTTP_402 = "http_402"
@@ -71,6 +73,7 @@ TABLE: dict[Fault, ErrorCode] = {
     Fault.HTTP_504: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.HTTP_OTHER_5XX: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.BAD_ENVELOPE: ErrorCode.TEMPORARY_PROVIDER_ERROR,
+    Fault.OUT_OF_CAPACITY: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.HTTP_401: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_403: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_402: ErrorCode.INSUFFICIENT_BALANCE,
@@ -96,6 +99,12 @@ _STATUS_FAULTS: dict[int, Fault] = {
     422: Fault.HTTP_422,
 }
 
+#: ``finish_reason`` values that say the provider, not the answer, failed: whatever
+#: content came with them is cut off by the provider and never validated.
+_FINISH_FAULTS: dict[str, Fault] = {
+    "insufficient_system_resource": Fault.OUT_OF_CAPACITY,
+}
+
 #: Faults the worker may answer with one in-attempt re-ask (SPEC cases D1, D2).
 REASKABLE: frozenset[Fault] = frozenset(
     {Fault.BLANK_CONTENT, Fault.TRUNCATED, Fault.SCHEMA_MISMATCH}
@@ -115,6 +124,13 @@ def fault_for_status(status: int) -> Fault | None:
     if 400 <= status < 500:
         return Fault.HTTP_OTHER_4XX
     return Fault.HTTP_OTHER_5XX
+
+
+def fault_for_finish_reason(finish_reason: str | None) -> Fault | None:
+    """The fault of an envelope's ``finish_reason`` that is the provider's failure
+    (``insufficient_system_resource`` → ``OUT_OF_CAPACITY``); None for every other
+    value (``stop``, ``length``… are judged with the content)."""
+    return _FINISH_FAULTS.get(finish_reason) if finish_reason else None
 
 
 def code_for(fault: Fault) -> ErrorCode:

@@ -19,7 +19,13 @@ import httpx
 
 from airuntime_common.logs import redact_text
 from runtime_worker.providers.base import ModelError, ModelRequest, ModelResponse, Usage
-from runtime_worker.providers.classify import Fault, code_for, fault_for_status, parse_retry_after
+from runtime_worker.providers.classify import (
+    Fault,
+    code_for,
+    fault_for_finish_reason,
+    fault_for_status,
+    parse_retry_after,
+)
 
 #: Longest provider error text copied into an error message (chars).
 MAX_ERROR_TEXT = 300
@@ -270,6 +276,18 @@ class DeepSeekProvider:
                 provider_request_id=request_id,
                 latency_ms=latency,
             ) from exc
+        finish_fault = fault_for_finish_reason(finish)
+        if finish_fault is not None:
+            # the provider gave up mid-answer (case P2): its failure, not our output's;
+            # the cut-off content is dropped, never validated nor fed back
+            raise ModelError(
+                code_for(finish_fault),
+                f"model stopped mid-answer: finish_reason={finish}",
+                http_status=status,
+                provider_request_id=envelope_id or request_id,
+                usage=usage,
+                latency_ms=latency,
+            )
         return ModelResponse(
             content=content,
             finish_reason=finish,

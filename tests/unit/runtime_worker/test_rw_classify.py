@@ -12,6 +12,7 @@ from runtime_worker.providers.classify import (
     TABLE,
     Fault,
     code_for,
+    fault_for_finish_reason,
     fault_for_status,
     parse_retry_after,
 )
@@ -30,6 +31,7 @@ EXPECTED = {
     Fault.HTTP_504: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.HTTP_OTHER_5XX: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.BAD_ENVELOPE: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
+    Fault.OUT_OF_CAPACITY: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.HTTP_401: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_403: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_402: (ErrorCode.INSUFFICIENT_BALANCE, False, True),
@@ -77,6 +79,19 @@ def test_row(fault: Fault) -> None:
 )
 def test_status_to_fault(status: int, fault: Fault | None) -> None:
     assert fault_for_status(status) is fault
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "fault"),
+    [
+        ("insufficient_system_resource", Fault.OUT_OF_CAPACITY),
+        ("stop", None),
+        ("length", None),
+        (None, None),
+    ],
+)
+def test_finish_reason_to_fault(finish_reason: str | None, fault: Fault | None) -> None:
+    assert fault_for_finish_reason(finish_reason) is fault
 
 
 def test_only_content_faults_are_reaskable() -> None:

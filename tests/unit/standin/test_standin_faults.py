@@ -137,6 +137,17 @@ async def test_truncated(standin: StandIn, client: httpx.AsyncClient) -> None:
         json.loads(content)
 
 
+async def test_out_of_capacity_cuts_the_answer(standin: StandIn, client: httpx.AsyncClient) -> None:
+    standin.add_faults([{"kind": "out_of_capacity", "fraction": 0.5}])
+    r = await client.post("/chat/completions", json=chat_body("quiz_generation"))
+    content, finish = content_of(r)
+    assert r.status_code == 200 and finish == "insufficient_system_resource"
+    assert content.startswith('{"items": [')
+    with pytest.raises(ValueError):
+        json.loads(content)
+    assert standin.stats()["byOutcome"] == {"out_of_capacity": 1}
+
+
 async def test_invalid_json(standin: StandIn, client: httpx.AsyncClient) -> None:
     standin.add_faults([{"kind": "invalid_json"}])
     r = await client.post("/chat/completions", json=chat_body("learning_state_analysis"))
