@@ -50,6 +50,8 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default ``max_tokens`` of deepseek-chat.
 DEFAULT_MAX_TOKENS = 4096
 REQUEST_LOG_SIZE = 200
+#: Chunk size of a ``huge_body`` answer (bytes).
+HUGE_BODY_CHUNK = 64 * 1024
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
 CONTENT_FAULTS = frozenset(
     {
@@ -746,6 +748,10 @@ class StandIn:
                 ("Connection", "keep-alive"),
             ],
         )
+        if fault.kind == "huge_body":
+            self._record(entry, "huge_body")
+            await _send_huge_body(fault, entry, writer, chunked_head)
+            return False
         if fault.kind == "keepalive_forever":
             self._record(entry, "keepalive_forever")
             writer.write(chunked_head)
@@ -770,6 +776,45 @@ class StandIn:
             await writer.drain()
             await asyncio.sleep(fault.interval_seconds())
         return False
+
+
+async def _send_huge_body(
+    fault: Fault, entry: dict[str, Any], writer: asyncio.StreamWriter, head: bytes
+) -> None:
+    """Stream a chat completion with ``fault.totalBytes`` bytes of content.
+
+    Each chunk is written once the previous one left (``drain``), so the stand-in
+    holds one chunk however big the answer; ``entry["bytesSent"]`` counts the body
+    bytes handed to the socket, and ``entry["clientClosed"]`` tells whether the
+    client went away before the end (the connection then breaks on a write).
+    """
+    prefix = (
+        '{"id":"' + uuid.uuid4().hex + '","object":"chat.completion","model":"deepseek-chat",'
+        '"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    ).encode()
+    suffix = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    filler = b"a" * HUGE_BODY_CHUNK
+    pause = fault.interval_seconds()
+    entry["bytesSent"] = 0
+    entry["clientClosed"] = False
+    try:
+        writer.write(head + _chunk(prefix))
+        await writer.drain()
+        entry["bytesSent"] = len(prefix)
+        left = fault.totalBytes
+        while left > 0:
+            piece = filler if left >= len(filler) else filler[:left]
+            writer.write(_chunk(piece))
+            await writer.drain()
+            entry["bytesSent"] += len(piece)
+            left -= len(piece)
+            if pause:
+                await asyncio.sleep(pause)
+        writer.write(_chunk(suffix) + b"0\r\n\r\n")
+        await writer.drain()
+        entry["bytesSent"] += len(suffix)
+    except (ConnectionError, OSError):
+        entry["clientClosed"] = True
 
 
 def _chunk(data: bytes) -> bytes:

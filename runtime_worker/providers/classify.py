@@ -13,6 +13,7 @@ gives its code. Retryability and breaker effect follow from the code alone
 | HTTP 429 | MODEL_RATE_LIMIT (+ retryAfterSeconds from Retry-After) |
 | HTTP 500/502/503/504, any other 5xx | TEMPORARY_PROVIDER_ERROR |
 | HTTP 200 whose body is no parseable envelope (blank lines then close, cut off) | TEMPORARY_PROVIDER_ERROR |
+| HTTP 200 whose body is over MODEL_MAX_RESPONSE_BYTES (not read further; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
 | envelope OK, finish_reason=insufficient_system_resource (out of capacity mid-answer; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
 | HTTP 401/403 | INVALID_CREDENTIAL |
 | HTTP 402 | INSUFFICIENT_BALANCE |
@@ -48,6 +49,7 @@ class Fault(StrEnum):
     HTTP_OTHER_5XX = "http_other_5xx"
     BAD_ENVELOPE = "bad_envelope"
     OUT_OF_CAPACITY = "out_of_capacity"
+    BODY_TOO_LARGE = "body_too_large"
     HTTP_401 = "http_401"
     HTTP_403 = "http_403"
     HTTP_402 = "http_402"
@@ -74,6 +76,7 @@ TABLE: dict[Fault, ErrorCode] = {
     Fault.HTTP_OTHER_5XX: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.BAD_ENVELOPE: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.OUT_OF_CAPACITY: ErrorCode.TEMPORARY_PROVIDER_ERROR,
+    Fault.BODY_TOO_LARGE: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.HTTP_401: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_403: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_402: ErrorCode.INSUFFICIENT_BALANCE,

@@ -32,6 +32,7 @@ EXPECTED = {
     Fault.HTTP_OTHER_5XX: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.BAD_ENVELOPE: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.OUT_OF_CAPACITY: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
+    Fault.BODY_TOO_LARGE: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.HTTP_401: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_403: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_402: (ErrorCode.INSUFFICIENT_BALANCE, False, True),

@@ -209,6 +209,39 @@ async def test_keepalive_forever_defeats_read_timeouts(standin: StandIn) -> None
     await eventually(lambda: standin.stats()["openConnections"] == 0)
 
 
+async def test_huge_body_is_a_whole_envelope_when_read_to_the_end(
+    standin: StandIn, client: httpx.AsyncClient
+) -> None:
+    standin.add_faults([{"kind": "huge_body", "totalBytes": 300_000}])
+    r = await client.post("/chat/completions", json=chat_body("quiz_generation"))
+    assert r.status_code == 200 and r.headers["transfer-encoding"] == "chunked"
+    content, finish = content_of(r)
+    assert (len(content), set(content), finish) == (300_000, {"a"}, "stop")
+    entry = standin.requests()[-1]
+    assert entry["outcome"] == "huge_body" and entry["clientClosed"] is False
+    assert entry["bytesSent"] == len(r.content)
+
+
+async def test_huge_body_stops_when_the_client_leaves(standin: StandIn) -> None:
+    """500 MB are streamed as the client reads: a client that leaves after 1 MiB
+    gets no more, and the stand-in never held more than a chunk of it."""
+    standin.add_faults([{"kind": "huge_body"}])
+    body = chat_body("quiz_generation")
+    async with (
+        httpx.AsyncClient(base_url=standin.base_url, headers=AUTH) as c,
+        c.stream("POST", "/chat/completions", json=body) as r,
+    ):
+        got = 0
+        async for chunk in r.aiter_raw():
+            got += len(chunk)
+            if got > 1024 * 1024:
+                break
+    entry = standin.requests()[-1]
+    await eventually(lambda: entry["clientClosed"] is True, limit=5)
+    assert entry["bytesSent"] < 64 * 1024 * 1024
+    await eventually(lambda: standin.stats()["openConnections"] == 0)
+
+
 async def test_keepalive_forever_on_the_wire(standin: StandIn) -> None:
     standin.add_faults([{"kind": "keepalive_forever", "intervalMs": 20}])
     reader, writer = await asyncio.open_connection("127.0.0.1", standin.port)
