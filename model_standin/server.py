@@ -16,21 +16,29 @@ Endpoints:
 * ``GET /models`` (also ``/v1/models``).
 * ``POST /_standin/faults`` (a JSON list of faults, or
   ``{"faults": [...], "faultRate": x, "delayMs": n}``), ``GET /_standin/faults``,
-  ``GET /_standin/stats``, ``GET /_standin/requests``, ``POST /_standin/reset``,
-  ``GET /_standin/health`` — test controls, no authentication.
+  ``GET /_standin/stats``, ``GET /_standin/requests``, ``GET /_standin/seen``,
+  ``POST /_standin/reset``, ``GET /_standin/health`` — test controls, no
+  authentication.
+
+One stand-in plays one provider (``name``): several started side by side, one port
+each (:func:`run_standins`, ``python -m model_standin --providers a=8600,b=8601``),
+each with its own faults, statistics and record of the keys and models it was sent
+(``/_standin/seen``: a key by its SHA-256 and mask, never in clear), show a
+failover and that no key reaches another provider.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -49,6 +57,9 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default ``max_tokens`` of deepseek-chat.
 DEFAULT_MAX_TOKENS = 4096
+#: The models a stand-in serves when given none: DeepSeek's (any ``deepseek-*`` name
+#: is accepted, as aliases come and go).
+DEEPSEEK_MODELS = ("deepseek-chat", "deepseek-reasoner")
 REQUEST_LOG_SIZE = 200
 #: Chunk size of a ``huge_body`` answer (bytes).
 HUGE_BODY_CHUNK = 64 * 1024
@@ -104,6 +115,11 @@ def mask_key(key: str) -> str:
     return "****" + key[-4:]
 
 
+def key_fingerprint(key: str) -> str:
+    """How the stand-in records a key it was sent: its SHA-256 (hex)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
 class StandIn:
     """The stand-in server: state, fault book and the asyncio server.
 
@@ -114,6 +130,9 @@ class StandIn:
         delay_ms: added before every chat answer (ms).
         seed: seed of the random faults (None: unseeded).
         faults: scripted faults queued at start.
+        name: the provider it plays (reported by ``/_standin/stats`` and ``/seen``).
+        models: the model names it serves, exactly; None: DeepSeek's (any
+            ``deepseek-*``). Any other model is answered 400 ``Model Not Exist``.
     """
 
     def __init__(
@@ -125,8 +144,15 @@ class StandIn:
         delay_ms: int = 0,
         seed: int | None = None,
         faults: list[Fault] | list[dict[str, Any]] | None = None,
+        name: str = "deepseek",
+        models: Sequence[str] | None = None,
     ) -> None:
         self.host = host
+        self.name = name
+        self.models = tuple(models) if models is not None else None
+        self._seen_keys: Counter[str] = Counter()
+        self._key_masks: dict[str, str] = {}
+        self._seen_models: Counter[str] = Counter()
         self._port = port
         self._initial = (fault_rate, delay_ms)
         self.book = FaultBook(fault_rate=fault_rate, delay_ms=delay_ms, seed=seed)
@@ -214,6 +240,9 @@ class StandIn:
         self._requests = 0
         self._log.clear()
         self._seen_prefixes.clear()
+        self._seen_keys.clear()
+        self._key_masks.clear()
+        self._seen_models.clear()
 
     def stats(self) -> dict[str, Any]:
         """Chat requests served: total, by outcome, by task, and the fault settings.
@@ -224,6 +253,7 @@ class StandIn:
         (``delay``, ``hang``, ``truncated``, …).
         """
         return {
+            "provider": self.name,
             "requests": self._requests,
             "byOutcome": dict(self._outcomes),
             "byTask": dict(self._tasks),
@@ -232,6 +262,33 @@ class StandIn:
             "faultRate": self.book.fault_rate,
             "delayMs": self.book.delay_ms,
         }
+
+    def seen(self) -> dict[str, Any]:
+        """Every key and model the chat requests carried, since start or reset.
+
+        Returns:
+            ``{"provider": name, "keys": [{"sha256", "mask", "calls"}…],
+            "models": {model: calls}}``; keys by :func:`key_fingerprint`, in the
+            order first seen (invalid ones too: what was *sent* here).
+        """
+        return {
+            "provider": self.name,
+            "keys": [
+                {"sha256": fp, "mask": self._key_masks[fp], "calls": calls}
+                for fp, calls in self._seen_keys.items()
+            ],
+            "models": dict(self._seen_models),
+        }
+
+    def seen_keys(self) -> set[str]:
+        """The fingerprints (:func:`key_fingerprint`) of the keys sent here."""
+        return set(self._seen_keys)
+
+    def serves(self, model: str) -> bool:
+        """Whether a chat request naming ``model`` is answered (see ``models``)."""
+        if self.models is None:
+            return model.startswith("deepseek-")
+        return model in self.models
 
     def requests(self) -> list[dict[str, Any]]:
         """The last chat requests (oldest first): path, model, task, masked key,
@@ -418,8 +475,8 @@ class StandIn:
                 {
                     "object": "list",
                     "data": [
-                        {"id": "deepseek-chat", "object": "model", "owned_by": "deepseek"},
-                        {"id": "deepseek-reasoner", "object": "model", "owned_by": "deepseek"},
+                        {"id": m, "object": "model", "owned_by": self.name}
+                        for m in (self.models if self.models is not None else DEEPSEEK_MODELS)
                     ],
                 },
             )
@@ -435,6 +492,8 @@ class StandIn:
             return await self._send_json(writer, 200, self.stats())
         if name == "requests" and req.method == "GET":
             return await self._send_json(writer, 200, {"requests": self.requests()})
+        if name == "seen" and req.method == "GET":
+            return await self._send_json(writer, 200, self.seen())
         if name == "reset" and req.method == "POST":
             self.reset()
             return await self._send_json(writer, 200, {"reset": True})
@@ -489,6 +548,9 @@ class StandIn:
             self._record(entry, "auth_error")
             return await self._send_json(writer, 401, error_body(401))
         entry["keyMask"] = mask_key(key)
+        fingerprint = key_fingerprint(key)
+        self._seen_keys[fingerprint] += 1
+        self._key_masks.setdefault(fingerprint, mask_key(key))
         if key.startswith("sk-invalid"):
             self._record(entry, "auth_error")
             return await self._send_json(
@@ -515,6 +577,8 @@ class StandIn:
             stream=bool(body.get("stream")),
             messages=messages,
         )
+        if isinstance(model, str) and model:
+            self._seen_models[model[:128]] += 1
         task = answers.find_task(messages)
         entry["task"] = task
         if task:
@@ -524,7 +588,7 @@ class StandIn:
             return await self._send_json(
                 writer, 422, error_body(422, "Invalid Parameters: model is required")
             )
-        if not model.startswith("deepseek-"):
+        if not self.serves(model):
             self._record(entry, "bad_request")
             return await self._send_json(writer, 400, error_body(400, "Model Not Exist"))
         if not isinstance(messages, list) or not messages:
@@ -857,3 +921,84 @@ async def run_standin(
         yield server
     finally:
         await server.stop()
+
+
+@dataclass(frozen=True)
+class ProviderSpec:
+    """One provider a stand-in plays: its name, port and the models it serves.
+
+    Attributes:
+        name: the provider's name (as in ``MODEL_PROVIDERS``).
+        port: TCP port; 0 picks a free one.
+        models: the model names served exactly; None: DeepSeek's.
+    """
+
+    name: str
+    port: int = 0
+    models: tuple[str, ...] | None = None
+
+    @classmethod
+    def parse_list(cls, text: str) -> list[ProviderSpec]:
+        """``name=port[:model+model…][,name=port…]`` (``--providers``) as specs.
+
+        Raises:
+            ValueError: a malformed entry, a port out of 0..65535 or a name twice.
+        """
+        specs: list[ProviderSpec] = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            name, sep, rest = part.partition("=")
+            port_text, _, model_text = rest.partition(":")
+            name = name.strip()
+            if not sep or not name or not port_text.strip().isdigit():
+                raise ValueError(f"expected name=port[:model+model], got {part!r}")
+            port = int(port_text)
+            if port > 65535:
+                raise ValueError(f"port out of range in {part!r}")
+            models = tuple(m.strip() for m in model_text.split("+") if m.strip()) or None
+            specs.append(cls(name, port, models))
+        names = [s.name for s in specs]
+        if len(set(names)) != len(names):
+            raise ValueError("each provider is named once")
+        return specs
+
+
+@contextlib.asynccontextmanager
+async def run_standins(
+    providers: Mapping[str, Mapping[str, Any]] | Sequence[ProviderSpec],
+    host: str = "127.0.0.1",
+    **options: Any,
+) -> AsyncIterator[dict[str, StandIn]]:
+    """Run one stand-in per provider, each on its own port, for the block.
+
+    Each has its own faults, statistics and :meth:`StandIn.seen` record, so a test
+    (or the demo) can make the primary answer 503 while the secondary answers::
+
+        async with run_standins({"primary": {}, "backup": {"models": ["b-chat"]}}) as s:
+            s["primary"].add_faults([{"kind": "status", "status": 503, "count": 100}])
+            ... MODEL_PROVIDERS with s["primary"].base_url, s["backup"].base_url ...
+
+    Args:
+        providers: ``{name: {"port": n, "models": [...], "faults": [...], …}}`` (any
+            :class:`StandIn` option per provider) or :class:`ProviderSpec` entries.
+        host: interface to bind.
+        **options: :class:`StandIn` options shared by all (``fault_rate``, ``seed``…).
+
+    Yields:
+        ``{name: StandIn}``, each started; all stopped on exit.
+    """
+    if isinstance(providers, Mapping):
+        configs = {name: dict(conf) for name, conf in providers.items()}
+    else:
+        configs = {spec.name: {"port": spec.port, "models": spec.models} for spec in providers}
+    servers: dict[str, StandIn] = {}
+    try:
+        for name, conf in configs.items():
+            server = StandIn(host, conf.pop("port", 0), name=name, **{**options, **conf})
+            await server.start()
+            servers[name] = server
+        yield servers
+    finally:
+        for server in servers.values():
+            await server.stop()
