@@ -206,3 +206,20 @@ async def test_p4_an_answer_outside_its_options_twice_is_invalid_schema(raw_http
     reask = server.requests[1]["json"]["messages"][-1]["content"]
     assert "exactly one of its options" in reask
     assert "A while loop" not in reask  # the previous answer is never fed back
+
+
+def test_more_items_than_the_count_submit_only_the_first_count() -> None:
+    """SPEC §9.4: a result with more items than the job's ``count`` keeps the first
+    ``count``; the rest are neither validated nor submitted (21 questions for 20 are
+    not a schema violation)."""
+    item = QUIZ_OUTPUT["items"][0]
+    many = [{**item, "stem": f"Question {n}?"} for n in range(21)]
+    many[20]["answer"] = "not an option"  # past the count: never judged
+    output = parse_content("quiz_generation", json.dumps({"items": many}), "stop", max_items=20)
+    assert [q["stem"] for q in output["items"]] == [f"Question {n}?" for n in range(20)]
+    from runtime_worker.generation import ContentFault
+
+    with pytest.raises(ContentFault, match="at most 20"):
+        parse_content("quiz_generation", json.dumps({"items": many}), "stop")
+    fewer = parse_content("quiz_generation", json.dumps({"items": many[:2]}), "stop", max_items=5)
+    assert len(fewer["items"]) == 2
