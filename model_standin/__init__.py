@@ -15,13 +15,8 @@ in-process::
 """
 
 from model_standin.faults import Fault, FaultBook, error_body
-from model_standin.server import (
-    ProviderSpec,
-    StandIn,
-    key_fingerprint,
-    run_standin,
-    run_standins,
-)
+from model_standin.providers import ProviderSpec, run_standins
+from model_standin.server import StandIn, key_fingerprint, run_standin
 
 __all__ = [
     "Fault",

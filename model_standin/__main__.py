@@ -34,7 +34,8 @@ from pydantic import ValidationError
 
 from airuntime_common import aio
 from model_standin.faults import FAULT_LIST, Fault
-from model_standin.server import ProviderSpec, StandIn
+from model_standin.providers import ProviderSpec
+from model_standin.server import StandIn
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
