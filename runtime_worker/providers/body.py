@@ -63,14 +63,17 @@ class BoundedBody:
         if encoding not in DECODED_ENCODINGS:
             raise UnsupportedEncoding(f"Content-Encoding {encoding[:40]!r} is not supported")
         self.limit = limit
-        self._buf = bytearray()
+        # the chunks as they came, joined once at the end: a growing buffer would be
+        # copied as it grows, holding up to twice the cap for a moment
+        self._chunks: list[bytes] = []
+        self._size = 0
         self._inflate = (
             # 32 + MAX_WBITS: a gzip or a zlib header, detected
             zlib.decompressobj(32 + zlib.MAX_WBITS) if encoding not in ("", "identity") else None
         )
 
     def __len__(self) -> int:
-        return len(self._buf)
+        return self._size
 
     @property
     def compressed(self) -> bool:
@@ -78,9 +81,11 @@ class BoundedBody:
         return self._inflate is not None
 
     def _keep(self, data: bytes) -> None:
-        if len(self._buf) + len(data) > self.limit:
+        if self._size + len(data) > self.limit:
             raise BodyTooLarge(self.limit)
-        self._buf += data
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
 
     def feed(self, raw: bytes) -> None:
         """Add one chunk as read off the wire.
@@ -95,7 +100,7 @@ class BoundedBody:
         data = raw
         while data:
             # inflate in small steps, never past one byte over the room left
-            step = min(INFLATE_STEP, self.limit - len(self._buf) + 1)
+            step = min(INFLATE_STEP, self.limit - self._size + 1)
             self._keep(self._inflate.decompress(data, step))
             data = self._inflate.unconsumed_tail
 
@@ -108,13 +113,15 @@ class BoundedBody:
         """
         if self._inflate is not None:
             while not self._inflate.eof:
-                out = self._inflate.flush(min(INFLATE_STEP, self.limit - len(self._buf) + 1))
+                out = self._inflate.flush(min(INFLATE_STEP, self.limit - self._size + 1))
                 if not out:
                     break
                 self._keep(out)
             if not self._inflate.eof:
                 raise zlib.error("compressed body ends early")
-        return bytes(self._buf)
+        body = b"".join(self._chunks)
+        self._chunks = [body]
+        return body
 
 
 async def read_bounded(
