@@ -136,9 +136,19 @@ class AdminJobCreate(JobCreate):
 
 
 class CredentialPut(Body):
-    """``PUT /v1/me/model-credential``."""
+    """``PUT /v1/me/model-credential``.
 
-    provider: Literal["deepseek"] = "deepseek"
+    ``provider`` is any provider the deployment configures (``MODEL_PROVIDERS``,
+    SPEC §9.4); credential_service, which knows them, refuses another with 400
+    ``INVALID_ARGUMENT`` naming the field. Omitted: the first configured provider.
+    """
+
+    provider: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="a configured provider's name, e.g. deepseek; omitted: the first configured",
+    )
     apiKey: str = Field(min_length=1, max_length=512)
 
 

@@ -124,7 +124,7 @@ async def serve(
                 "port": server.port,
                 "currentKeyId": keyring.current_kid,
                 "keyIds": list(keyring.key_ids),
-                "platformKey": settings.platform_key() is not None,
+                "platformKey": store.platform_providers(),
             }
         },
     )

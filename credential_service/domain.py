@@ -1,9 +1,15 @@
-"""The rules of credential_service (SPEC §5, §6), independent of gRPC.
+"""The rules of credential_service (SPEC §5, §6, §9.4), independent of gRPC.
 
 :class:`CredentialStore` stores, masks, checks, invalidates, rotates and resolves
 users' model keys. Plaintext lives only in local variables here and in the
 :class:`ResolvedKey` handed to the lease holder; it is never logged, never part of an
 error message and never written to the database.
+
+Providers (``MODEL_PROVIDERS``, SPEC §9.4): a platform-key job is resolved for the
+provider its lease names (job_service chooses it when it grants the lease), with that
+provider's base URL, platform key and model name; a user-key job for its key's
+provider. A key is only ever handed out with its own provider's base URL, so it is
+never sent to another provider.
 """
 
 from __future__ import annotations
@@ -19,16 +25,18 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from airuntime_common.db import retry_transient
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.logs import redact_text
+from airuntime_common.model_providers import ProviderConfig
 from airuntime_common.timeutil import utcnow
 from credential_service import metrics, repository
-from credential_service.lease import LeaseVerifier
+from credential_service.lease import LeaseInfo, LeaseVerifier
 from credential_service.models import STATUS_INVALID, STATUS_VALID, ModelCredential
 from credential_service.settings import CredentialSettings
 from credential_service.vault import Keyring, Sealed, mask_key
 
 log = logging.getLogger(__name__)
 
-PROVIDERS = ("deepseek",)
+#: A job's model name when it names none (SPEC §2.2).
+DEFAULT_MODEL_NAME = "deepseek-chat"
 MIN_KEY_CHARS = 8
 MAX_KEY_CHARS = 512
 MAX_USER_ID_CHARS = 128
@@ -81,11 +89,21 @@ class CredentialView:
 
 @dataclass(frozen=True)
 class CheckResult:
-    """Whether a job with a key mode may be created: ``usable``, the credential id, a reason."""
+    """Whether a job with a key mode may be created.
+
+    Attributes:
+        usable: whether it may.
+        credential_id: the user's key, for a user-key check.
+        reason: why not, when not usable.
+        providers: where such a job may run, in order of preference: for
+            ``platform_key`` the providers with a platform key, for a user key its
+            key's provider (SPEC §9.4).
+    """
 
     usable: bool
     credential_id: str = ""
     reason: str = ""
+    providers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +177,24 @@ class CredentialStore:
         self.keyring = keyring
         self._settings = settings
         self._verifier = verifier
+        self.providers = settings.providers()
+        self._platform_keys = settings.platform_keys()
+        for p in self.providers:
+            if p.name not in self._platform_keys:
+                log.info(
+                    "provider has no platform key%s",
+                    " (the stand-in key is used)" if settings.ALLOW_PLATFORM_KEY_STANDIN else "",
+                    extra={"fields": {"provider": p.name, "apiKeyEnv": p.apiKeyEnv}},
+                )
+
+    def platform_providers(self) -> list[str]:
+        """The providers a platform-key attempt may run on (they have a platform key),
+        in order of preference."""
+        return [
+            p.name
+            for p in self.providers
+            if self._settings.platform_key(p.name, self._platform_keys) is not None
+        ]
 
     # --- user-facing key management -------------------------------------------------
 
@@ -167,17 +203,19 @@ class CredentialStore:
 
         Args:
             user_id: owner.
-            provider: ``deepseek`` (empty means ``deepseek``).
+            provider: a configured provider's name (``MODEL_PROVIDERS``; case and
+                surrounding blanks ignored); empty means the first configured one.
             api_key: the plaintext key, 8..512 printable ASCII characters.
 
         Raises:
-            AppError: ``INVALID_ARGUMENT`` for a bad user id, provider or key.
+            AppError: ``INVALID_ARGUMENT`` for a bad user id, an unconfigured provider
+                or a bad key.
         """
         user_id = _validate_user_id(user_id)
-        provider = (provider or "deepseek").strip().lower()
-        if provider not in PROVIDERS:
+        provider = (provider or "").strip().lower() or self.providers.first.name
+        if self.providers.get(provider) is None:
             raise invalid_argument(
-                f"provider must be one of {', '.join(PROVIDERS)}", field="provider"
+                f"provider must be one of {', '.join(self.providers.names)}", field="provider"
             )
         api_key = _validate_api_key(api_key)
         masked = mask_key(api_key)
@@ -250,14 +288,22 @@ class CredentialStore:
     async def check(self, user_id: str, api_key_mode: str) -> CheckResult:
         """Whether a job with ``api_key_mode`` may be created for the user (SPEC §5, §6).
 
-        ``platform_key``: usable iff a platform key is configured (or the dev stand-in
-        is allowed). ``user_deepseek_key``: usable iff the user's key is valid and opens
-        with the configured master keys.
+        ``platform_key``: usable iff some provider has a platform key (or the dev
+        stand-in is allowed); ``providers`` names them. ``user_deepseek_key``: usable iff
+        the user's key is valid, opens with the configured master keys and its provider
+        is configured; ``providers`` names that provider.
         """
         if api_key_mode == "platform_key":
-            if self._settings.platform_key() is None:
-                return CheckResult(False, "", "no platform key is configured (DEEPSEEK_API_KEY)")
-            return CheckResult(True)
+            usable = self.platform_providers()
+            if not usable:
+                names = [p.apiKeyEnv for p in self.providers if p.apiKeyEnv]
+                return CheckResult(
+                    False,
+                    "",
+                    "no platform key is configured"
+                    + (f" ({', '.join(names)})" if names else " (no provider names apiKeyEnv)"),
+                )
+            return CheckResult(True, providers=tuple(usable))
         if api_key_mode != "user_deepseek_key":
             raise invalid_argument("apiKeyMode is not supported", field="apiKeyMode")
         user_id = _validate_user_id(user_id)
@@ -267,6 +313,12 @@ class CredentialStore:
             return CheckResult(False, "", "the user has no stored model key")
         if row.status != STATUS_VALID:
             return CheckResult(False, row.credential_id, "the stored model key was marked invalid")
+        if self.providers.get(row.provider) is None:
+            return CheckResult(
+                False,
+                row.credential_id,
+                f"the stored model key's provider {row.provider!r} is not configured",
+            )
         try:
             self.keyring.decrypt(
                 Sealed(row.key_id, row.nonce, row.ciphertext),
@@ -275,7 +327,7 @@ class CredentialStore:
             )
         except AppError:
             return CheckResult(False, row.credential_id, "the stored model key cannot be decrypted")
-        return CheckResult(True, row.credential_id, "")
+        return CheckResult(True, row.credential_id, "", (row.provider,))
 
     async def mark_invalid(self, credential_id: str, reason: str) -> None:
         """Mark a key the model rejected as invalid (idempotent; SPEC §6).
@@ -380,7 +432,14 @@ class CredentialStore:
         runtime_instance_id: str | None,
         request_id: str | None = None,
     ) -> ResolvedKey:
-        """The key of a leased job, for its lease holder only (SPEC §3, §6).
+        """The key of a leased job, for its lease holder only (SPEC §3, §6, §9.4).
+
+        A platform-key job gets the platform key of the provider its lease names
+        (``modelProvider``; a lease naming none: the first configured provider that
+        serves its model and has a platform key), a user-key job the user's current
+        key, whichever key the job recorded at create (a key stored since replaces it:
+        SPEC §9.4, case P5), with its key's provider. Either way the answer carries
+        that provider's name, base URL and model name for the job's ``modelName``.
 
         Args:
             job_id, attempt_no: the lease; with ``runtime_instance_id`` the fencing token.
@@ -389,9 +448,14 @@ class CredentialStore:
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` (no instance id), ``LOCK_NOT_HELD`` /
-                ``JOB_NOT_FOUND`` (from job_service), ``INVALID_CREDENTIAL`` (no platform
-                key; the user's key missing, replaced, invalid or undecryptable),
-                ``UNAVAILABLE`` (job_service unreachable).
+                ``JOB_NOT_FOUND`` (from job_service), ``UNAVAILABLE`` (job_service
+                unreachable), ``INVALID_CREDENTIAL`` with ``details.reason``:
+                ``no_platform_key``, ``unknown_provider`` (the lease names a provider
+                not configured), ``model_not_served`` (the provider's ``models`` lack the
+                job's model), ``no_credential`` (the user has no key),
+                ``credential_invalid`` (the model refused it), ``provider_not_configured``
+                (the user's key is for a provider no longer configured), or the vault's
+                reason for a key that cannot be decrypted.
         """
         if not runtime_instance_id:
             raise invalid_argument(
@@ -403,15 +467,21 @@ class CredentialStore:
         try:
             lease = await self._verifier.verify(job_id, runtime_instance_id, attempt_no, request_id)
             mode = lease.api_key_mode
-            resolved = await self._key_for(lease.user_id, lease.api_key_mode, lease.credential_id)
+            resolved = await self._key_for(lease)
         except AppError as exc:
             metrics.RESOLVES.labels(mode, exc.code).inc()
             log.info(
                 "resolve refused",
-                extra={"fields": {"jobId": job_id, "attemptNo": attempt_no, "errorCode": exc.code}},
+                extra={
+                    "fields": {
+                        "jobId": job_id,
+                        "attemptNo": attempt_no,
+                        "errorCode": exc.code,
+                        "reason": (exc.details or {}).get("reason"),
+                    }
+                },
             )
             raise
-        credential_id, api_key = resolved
         metrics.RESOLVES.labels(mode, "ok").inc()
         log.info(
             "credential resolved",
@@ -420,57 +490,106 @@ class CredentialStore:
                     "jobId": job_id,
                     "attemptNo": attempt_no,
                     "apiKeyMode": mode,
-                    "credentialId": credential_id or None,
+                    "credentialId": resolved.credential_id or None,
+                    "modelProvider": resolved.model_provider,
+                    "modelName": resolved.model_name,
                 }
             },
         )
-        return ResolvedKey(
-            api_key_mode=mode,
-            credential_id=credential_id,
-            model_provider=lease.model_provider,
-            model_name=lease.model_name,
-            base_url=self._settings.DEEPSEEK_BASE_URL,
-            api_key=api_key,
-        )
+        return resolved
 
-    async def _key_for(
-        self, user_id: str, api_key_mode: str, recorded_credential_id: str | None
-    ) -> tuple[str, str]:
-        """(credential id, plaintext) for a verified lease."""
-        if api_key_mode == "platform_key":
-            key = self._settings.platform_key()
+    async def _key_for(self, lease: LeaseInfo) -> ResolvedKey:
+        """The key, provider and model of a verified lease (see :meth:`resolve`)."""
+        job_model = lease.model_name or DEFAULT_MODEL_NAME
+        if lease.api_key_mode == "platform_key":
+            provider = self._platform_provider(lease.model_provider, job_model)
+            key = self._settings.platform_key(provider.name, self._platform_keys)
             if key is None:
                 raise AppError(
                     ErrorCode.INVALID_CREDENTIAL,
-                    "no platform key is configured",
-                    {"reason": "no_platform_key"},
+                    f"provider {provider.name!r} has no platform key",
+                    {"reason": "no_platform_key", "provider": provider.name},
                 )
-            return "", key
-        if api_key_mode != "user_deepseek_key":
+            return _answer(lease, "", key, provider, _served_model(provider, job_model))
+        if lease.api_key_mode != "user_deepseek_key":
             raise AppError(ErrorCode.INVALID_CREDENTIAL, "unsupported api key mode")
         async with self._sm() as session:
-            row = await repository.get_by_user(session, user_id)
+            row = await repository.get_by_user(session, lease.user_id)
         if row is None:
             raise AppError(
                 ErrorCode.INVALID_CREDENTIAL,
                 "the job's user has no stored model key",
                 {"reason": "no_credential"},
             )
-        if recorded_credential_id and row.credential_id != recorded_credential_id:
-            raise AppError(
-                ErrorCode.INVALID_CREDENTIAL,
-                "the credential recorded on the job was replaced or deleted",
-                {"reason": "credential_replaced", "credentialId": recorded_credential_id},
-            )
+        # the user's current key, whichever the job recorded at create (case P5)
         if row.status == STATUS_INVALID:
             raise AppError(
                 ErrorCode.INVALID_CREDENTIAL,
                 "the stored model key was marked invalid",
                 {"reason": "credential_invalid", "credentialId": row.credential_id},
             )
+        own = self.providers.get(row.provider)
+        if own is None:
+            raise AppError(
+                ErrorCode.INVALID_CREDENTIAL,
+                f"the stored model key's provider {row.provider!r} is not configured",
+                {"reason": "provider_not_configured", "credentialId": row.credential_id},
+            )
+        model = _served_model(own, job_model)
         plaintext = self.keyring.decrypt(
             Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext)),
             user_id=row.user_id,
             credential_id=row.credential_id,
         )
-        return row.credential_id, plaintext
+        return _answer(lease, row.credential_id, plaintext, own, model)
+
+    def _platform_provider(self, named: str, job_model: str) -> ProviderConfig:
+        """The provider of a platform-key lease: the one it names, or (naming none)
+        the first that serves ``job_model`` with a platform key."""
+        if named:
+            chosen = self.providers.get(named)
+            if chosen is None:
+                raise AppError(
+                    ErrorCode.INVALID_CREDENTIAL,
+                    f"the job's provider {named[:64]!r} is not configured (MODEL_PROVIDERS)",
+                    {"reason": "unknown_provider", "provider": named[:64]},
+                )
+            return chosen
+        for provider in self.providers.serving(job_model):
+            if self._settings.platform_key(provider.name, self._platform_keys) is not None:
+                return provider
+        raise AppError(
+            ErrorCode.INVALID_CREDENTIAL,
+            f"no provider serving {job_model!r} has a platform key",
+            {"reason": "no_platform_key"},
+        )
+
+
+def _served_model(provider: ProviderConfig, job_model: str) -> str:
+    """The provider's name for the job's model.
+
+    Raises:
+        AppError: ``INVALID_CREDENTIAL`` (``model_not_served``) when its ``models``
+            do not list it.
+    """
+    model = provider.model_for(job_model)
+    if model is None:
+        raise AppError(
+            ErrorCode.INVALID_CREDENTIAL,
+            f"provider {provider.name!r} serves no model for {job_model!r} (MODEL_PROVIDERS)",
+            {"reason": "model_not_served", "provider": provider.name, "modelName": job_model},
+        )
+    return model
+
+
+def _answer(
+    lease: LeaseInfo, credential_id: str, api_key: str, provider: ProviderConfig, model: str
+) -> ResolvedKey:
+    return ResolvedKey(
+        api_key_mode=lease.api_key_mode,
+        credential_id=credential_id,
+        model_provider=provider.name,
+        model_name=model,
+        base_url=provider.baseUrl,
+        api_key=api_key,
+    )

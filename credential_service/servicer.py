@@ -117,7 +117,10 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
             },
         )
         return rr.CheckCredentialResponse(
-            usable=result.usable, credential_id=result.credential_id, reason=result.reason
+            usable=result.usable,
+            credential_id=result.credential_id,
+            reason=result.reason,
+            providers=list(result.providers),
         )
 
     @_rpc

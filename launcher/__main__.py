@@ -109,11 +109,14 @@ async def run(args: argparse.Namespace) -> int:
         launcher.say(f"generated {', '.join(plan.generated)} into {plan.secrets_file} (mode 0600)")
     elif plan.secrets_file.exists():
         launcher.say(f"dev secrets from {plan.secrets_file}")
-    model = (
-        f"local DeepSeek stand-in at {plan.standin_url}"
-        if plan.standin_url
-        else f"DeepSeek at {plan.env.get('DEEPSEEK_BASE_URL', 'https://api.deepseek.com')}"
-    )
+    if plan.standin_urls:
+        model = "local stand-ins: " + ", ".join(f"{n} at {u}" for n, u in plan.standin_urls.items())
+    elif plan.standin_url:
+        model = f"local DeepSeek stand-in at {plan.standin_url}"
+    elif plan.env.get("MODEL_PROVIDERS"):
+        model = "MODEL_PROVIDERS"
+    else:
+        model = f"DeepSeek at {plan.env.get('DEEPSEEK_BASE_URL', 'https://api.deepseek.com')}"
     launcher.say(f"var dir {plan.var_dir}; model: {model}")
 
     start = asyncio.create_task(launcher.start())

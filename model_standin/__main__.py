@@ -3,10 +3,19 @@
 Options (each also read from the environment):
 
 * ``--host`` (``STANDIN_HOST``, default 127.0.0.1), ``--port`` (``STANDIN_PORT``, 8600);
+* ``--providers`` (``STANDIN_PROVIDERS``): ``name=port[:model+model…],…``, one
+  stand-in per provider, each on its own port with its own faults, statistics and
+  record of the keys and models it saw (``/_standin/seen``); without it, one
+  ``deepseek`` stand-in on ``--port``. A provider given models serves exactly
+  those (e.g. ``backup=8601:backup-chat``), else DeepSeek's;
 * ``--fault-rate`` (``STANDIN_FAULT_RATE``, 0): probability of a random HTTP 500;
 * ``--delay-ms`` (``STANDIN_DELAY_MS``, 0): delay before every answer;
 * ``--seed`` (``STANDIN_SEED``): seed of the random faults;
-* ``--faults`` (``STANDIN_FAULTS``): JSON list of scripted faults queued at start.
+* ``--faults`` (``STANDIN_FAULTS``): JSON list of scripted faults queued at start
+  (on every provider; change one provider's with its ``/_standin/faults``).
+
+It prints one line of JSON per provider once listening:
+``{"event": "standin_listening", "provider": name, "baseUrl": url}``.
 
 Stops cleanly on SIGINT / SIGTERM.
 """
@@ -25,6 +34,7 @@ from pydantic import ValidationError
 
 from airuntime_common import aio
 from model_standin.faults import FAULT_LIST, Fault
+from model_standin.providers import ProviderSpec
 from model_standin.server import StandIn
 
 
@@ -33,6 +43,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m model_standin", description=__doc__.splitlines()[0])
     p.add_argument("--host", default=env.get("STANDIN_HOST", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("STANDIN_PORT", "8600")))
+    p.add_argument(
+        "--providers",
+        default=env.get("STANDIN_PROVIDERS", ""),
+        help="name=port[:model+model],... one stand-in per provider",
+    )
     p.add_argument("--fault-rate", type=float, default=float(env.get("STANDIN_FAULT_RATE", "0")))
     p.add_argument("--delay-ms", type=int, default=int(env.get("STANDIN_DELAY_MS", "0")))
     seed = env.get("STANDIN_SEED")
@@ -44,6 +59,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--fault-rate must be within 0..1")
     if args.delay_ms < 0:
         p.error("--delay-ms must be >= 0")
+    try:
+        args.specs = ProviderSpec.parse_list(args.providers) or [
+            ProviderSpec("deepseek", args.port)
+        ]
+    except ValueError as exc:
+        p.error(f"--providers: {exc}")
     return args
 
 
@@ -52,20 +73,36 @@ async def _run(args: argparse.Namespace, faults: list[Fault]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    server = StandIn(
-        args.host,
-        args.port,
-        fault_rate=args.fault_rate,
-        delay_ms=args.delay_ms,
-        seed=args.seed,
-        faults=faults,
-    )
-    await server.start()
-    print(json.dumps({"event": "standin_listening", "baseUrl": server.base_url}), flush=True)
+    servers = [
+        StandIn(
+            args.host,
+            spec.port,
+            fault_rate=args.fault_rate,
+            delay_ms=args.delay_ms,
+            seed=args.seed,
+            faults=faults,
+            name=spec.name,
+            models=spec.models,
+        )
+        for spec in args.specs
+    ]
     try:
+        for server in servers:
+            await server.start()
+            print(
+                json.dumps(
+                    {
+                        "event": "standin_listening",
+                        "provider": server.name,
+                        "baseUrl": server.base_url,
+                    }
+                ),
+                flush=True,
+            )
         await stop.wait()
     finally:
-        await server.stop()
+        for server in servers:
+            await server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         aio.run(_run(args, faults), loop=loop)
     except OSError as exc:  # e.g. the port is taken
-        print(f"cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        ports = ", ".join(str(spec.port) for spec in args.specs)
+        print(f"cannot listen on {args.host} port {ports}: {exc}", file=sys.stderr)
         return 1
     return 0
 

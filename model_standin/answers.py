@@ -1506,8 +1506,9 @@ def _question(
         if truth:
             q["explanation"] = _explanation(src, zh, "正确。" if zh else "True. ")
         q["stem"] = ("判断正误：" if zh else "True or false: ") + statement
-        q["options"] = ["正确", "错误"] if zh else ["True", "False"]
-        q["answer"] = truth
+        # fixed options, whatever the language: the app shows them in its own (SPEC §9.4)
+        q["options"] = ["true", "false"]
+        q["answer"] = "true" if truth else "false"
     else:  # short_answer
         stem, answer = _short_answer(src, word, zh)
         q["stem"] = stem

@@ -18,6 +18,8 @@ Fault kinds (``kind``):
 ``delay``             wait ``ms`` milliseconds, then answer normally
 ``empty_content``     200, ``finish_reason=stop``, content of only spaces
 ``truncated``         200, ``finish_reason=length``, content cut mid-JSON
+``out_of_capacity``   200, ``finish_reason=insufficient_system_resource``, content
+                      cut at ``fraction`` (DeepSeek out of capacity mid-answer)
 ``invalid_json``      200, content that is not JSON
 ``schema_violation``  200, valid JSON missing a required field
 ``foreign_ids``       200, schema-valid JSON citing an id not in the snapshot
@@ -28,6 +30,10 @@ Fault kinds (``kind``):
 ``close_mid_body``    200 headers announcing the full length, part of the
                       body, then the connection is closed
 ``blank_then_close``  200 headers, ``lines`` blank lines, then close
+``huge_body``         200, chunked: a chat completion whose content is
+                      ``totalBytes`` bytes (default 500 MB), streamed in 64 KiB
+                      chunks as the client reads them, never built in memory;
+                      ``intervalMs`` (default 0) between chunks
 ``hang``              read the request and never answer
 ====================  =========================================================
 """
@@ -46,6 +52,7 @@ FaultKind = Literal[
     "delay",
     "empty_content",
     "truncated",
+    "out_of_capacity",
     "invalid_json",
     "schema_violation",
     "foreign_ids",
@@ -53,6 +60,7 @@ FaultKind = Literal[
     "keepalive_forever",
     "close_mid_body",
     "blank_then_close",
+    "huge_body",
     "hang",
 ]
 
@@ -108,11 +116,14 @@ class Fault(BaseModel):
             default "1" for 429, none otherwise.
         ms: milliseconds for ``delay``.
         intervalMs: blank-line interval in ms for ``keepalive_forever``
-            (default 1000) and ``blank_then_close`` (default 100).
+            (default 1000) and ``blank_then_close`` (default 100); pause between
+            the chunks of ``huge_body`` (default none).
         lines: blank lines for ``blank_then_close``.
-        fraction: share of the body sent by ``close_mid_body`` (0..1).
+        fraction: share of the body sent by ``close_mid_body``, of the content
+            kept by ``out_of_capacity`` (0..1).
         content: verbatim content for ``content``.
         foreignId: id cited by ``foreign_ids``.
+        totalBytes: size of the content ``huge_body`` sends (bytes).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -129,11 +140,14 @@ class Fault(BaseModel):
     fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     content: str = ""
     foreignId: str = "blk-not-in-snapshot"
+    totalBytes: int = Field(default=500_000_000, ge=1, le=1_000_000_000_000)
 
     def interval_seconds(self) -> float:
         """The blank-line interval of this fault, in seconds."""
         if self.intervalMs is not None:
             return self.intervalMs / 1000
+        if self.kind == "huge_body":
+            return 0.0
         return 1.0 if self.kind == "keepalive_forever" else 0.1
 
     def retry_after_header(self) -> str | None:

@@ -16,21 +16,30 @@ Endpoints:
 * ``GET /models`` (also ``/v1/models``).
 * ``POST /_standin/faults`` (a JSON list of faults, or
   ``{"faults": [...], "faultRate": x, "delayMs": n}``), ``GET /_standin/faults``,
-  ``GET /_standin/stats``, ``GET /_standin/requests``, ``POST /_standin/reset``,
-  ``GET /_standin/health`` — test controls, no authentication.
+  ``GET /_standin/stats``, ``GET /_standin/requests``, ``GET /_standin/seen``,
+  ``POST /_standin/reset``, ``GET /_standin/health`` — test controls, no
+  authentication.
+
+One stand-in plays one provider (``name``): several started side by side, one port
+each (:func:`model_standin.providers.run_standins`, ``python -m model_standin
+--providers a=8600,b=8601``),
+each with its own faults, statistics and record of the keys and models it was sent
+(``/_standin/seen``: a key by its SHA-256 and mask, never in clear), show a
+failover and that no key reaches another provider.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
@@ -49,12 +58,18 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default ``max_tokens`` of deepseek-chat.
 DEFAULT_MAX_TOKENS = 4096
+#: The models a stand-in serves when given none: DeepSeek's (any ``deepseek-*`` name
+#: is accepted, as aliases come and go).
+DEEPSEEK_MODELS = ("deepseek-chat", "deepseek-reasoner")
 REQUEST_LOG_SIZE = 200
+#: Chunk size of a ``huge_body`` answer (bytes).
+HUGE_BODY_CHUNK = 64 * 1024
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
 CONTENT_FAULTS = frozenset(
     {
         "empty_content",
         "truncated",
+        "out_of_capacity",
         "invalid_json",
         "schema_violation",
         "foreign_ids",
@@ -101,6 +116,11 @@ def mask_key(key: str) -> str:
     return "****" + key[-4:]
 
 
+def key_fingerprint(key: str) -> str:
+    """How the stand-in records a key it was sent: its SHA-256 (hex)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
 class StandIn:
     """The stand-in server: state, fault book and the asyncio server.
 
@@ -111,6 +131,9 @@ class StandIn:
         delay_ms: added before every chat answer (ms).
         seed: seed of the random faults (None: unseeded).
         faults: scripted faults queued at start.
+        name: the provider it plays (reported by ``/_standin/stats`` and ``/seen``).
+        models: the model names it serves, exactly; None: DeepSeek's (any
+            ``deepseek-*``). Any other model is answered 400 ``Model Not Exist``.
     """
 
     def __init__(
@@ -122,8 +145,15 @@ class StandIn:
         delay_ms: int = 0,
         seed: int | None = None,
         faults: list[Fault] | list[dict[str, Any]] | None = None,
+        name: str = "deepseek",
+        models: Sequence[str] | None = None,
     ) -> None:
         self.host = host
+        self.name = name
+        self.models = tuple(models) if models is not None else None
+        self._seen_keys: Counter[str] = Counter()
+        self._key_masks: dict[str, str] = {}
+        self._seen_models: Counter[str] = Counter()
         self._port = port
         self._initial = (fault_rate, delay_ms)
         self.book = FaultBook(fault_rate=fault_rate, delay_ms=delay_ms, seed=seed)
@@ -211,6 +241,9 @@ class StandIn:
         self._requests = 0
         self._log.clear()
         self._seen_prefixes.clear()
+        self._seen_keys.clear()
+        self._key_masks.clear()
+        self._seen_models.clear()
 
     def stats(self) -> dict[str, Any]:
         """Chat requests served: total, by outcome, by task, and the fault settings.
@@ -221,6 +254,7 @@ class StandIn:
         (``delay``, ``hang``, ``truncated``, …).
         """
         return {
+            "provider": self.name,
             "requests": self._requests,
             "byOutcome": dict(self._outcomes),
             "byTask": dict(self._tasks),
@@ -229,6 +263,33 @@ class StandIn:
             "faultRate": self.book.fault_rate,
             "delayMs": self.book.delay_ms,
         }
+
+    def seen(self) -> dict[str, Any]:
+        """Every key and model the chat requests carried, since start or reset.
+
+        Returns:
+            ``{"provider": name, "keys": [{"sha256", "mask", "calls"}…],
+            "models": {model: calls}}``; keys by :func:`key_fingerprint`, in the
+            order first seen (invalid ones too: what was *sent* here).
+        """
+        return {
+            "provider": self.name,
+            "keys": [
+                {"sha256": fp, "mask": self._key_masks[fp], "calls": calls}
+                for fp, calls in self._seen_keys.items()
+            ],
+            "models": dict(self._seen_models),
+        }
+
+    def seen_keys(self) -> set[str]:
+        """The fingerprints (:func:`key_fingerprint`) of the keys sent here."""
+        return set(self._seen_keys)
+
+    def serves(self, model: str) -> bool:
+        """Whether a chat request naming ``model`` is answered (see ``models``)."""
+        if self.models is None:
+            return model.startswith("deepseek-")
+        return model in self.models
 
     def requests(self) -> list[dict[str, Any]]:
         """The last chat requests (oldest first): path, model, task, masked key,
@@ -415,8 +476,8 @@ class StandIn:
                 {
                     "object": "list",
                     "data": [
-                        {"id": "deepseek-chat", "object": "model", "owned_by": "deepseek"},
-                        {"id": "deepseek-reasoner", "object": "model", "owned_by": "deepseek"},
+                        {"id": m, "object": "model", "owned_by": self.name}
+                        for m in (self.models if self.models is not None else DEEPSEEK_MODELS)
                     ],
                 },
             )
@@ -432,6 +493,8 @@ class StandIn:
             return await self._send_json(writer, 200, self.stats())
         if name == "requests" and req.method == "GET":
             return await self._send_json(writer, 200, {"requests": self.requests()})
+        if name == "seen" and req.method == "GET":
+            return await self._send_json(writer, 200, self.seen())
         if name == "reset" and req.method == "POST":
             self.reset()
             return await self._send_json(writer, 200, {"reset": True})
@@ -486,6 +549,9 @@ class StandIn:
             self._record(entry, "auth_error")
             return await self._send_json(writer, 401, error_body(401))
         entry["keyMask"] = mask_key(key)
+        fingerprint = key_fingerprint(key)
+        self._seen_keys[fingerprint] += 1
+        self._key_masks.setdefault(fingerprint, mask_key(key))
         if key.startswith("sk-invalid"):
             self._record(entry, "auth_error")
             return await self._send_json(
@@ -512,6 +578,8 @@ class StandIn:
             stream=bool(body.get("stream")),
             messages=messages,
         )
+        if isinstance(model, str) and model:
+            self._seen_models[model[:128]] += 1
         task = answers.find_task(messages)
         entry["task"] = task
         if task:
@@ -521,7 +589,7 @@ class StandIn:
             return await self._send_json(
                 writer, 422, error_body(422, "Invalid Parameters: model is required")
             )
-        if not model.startswith("deepseek-"):
+        if not self.serves(model):
             self._record(entry, "bad_request")
             return await self._send_json(writer, 400, error_body(400, "Model Not Exist"))
         if not isinstance(messages, list) or not messages:
@@ -603,6 +671,8 @@ class StandIn:
             return " " * 8, "stop"
         if fault.kind == "truncated":
             return content[: max(1, int(len(content) * 0.6))], "length"
+        if fault.kind == "out_of_capacity":
+            return content[: int(len(content) * fault.fraction)], "insufficient_system_resource"
         if fault.kind == "invalid_json":
             return content[:-1] + ",}", "stop"
         if fault.kind == "schema_violation":
@@ -743,6 +813,10 @@ class StandIn:
                 ("Connection", "keep-alive"),
             ],
         )
+        if fault.kind == "huge_body":
+            self._record(entry, "huge_body")
+            await _send_huge_body(fault, entry, writer, chunked_head)
+            return False
         if fault.kind == "keepalive_forever":
             self._record(entry, "keepalive_forever")
             writer.write(chunked_head)
@@ -767,6 +841,45 @@ class StandIn:
             await writer.drain()
             await asyncio.sleep(fault.interval_seconds())
         return False
+
+
+async def _send_huge_body(
+    fault: Fault, entry: dict[str, Any], writer: asyncio.StreamWriter, head: bytes
+) -> None:
+    """Stream a chat completion with ``fault.totalBytes`` bytes of content.
+
+    Each chunk is written once the previous one left (``drain``), so the stand-in
+    holds one chunk however big the answer; ``entry["bytesSent"]`` counts the body
+    bytes handed to the socket, and ``entry["clientClosed"]`` tells whether the
+    client went away before the end (the connection then breaks on a write).
+    """
+    prefix = (
+        '{"id":"' + uuid.uuid4().hex + '","object":"chat.completion","model":"deepseek-chat",'
+        '"choices":[{"index":0,"message":{"role":"assistant","content":"'
+    ).encode()
+    suffix = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
+    filler = b"a" * HUGE_BODY_CHUNK
+    pause = fault.interval_seconds()
+    entry["bytesSent"] = 0
+    entry["clientClosed"] = False
+    try:
+        writer.write(head + _chunk(prefix))
+        await writer.drain()
+        entry["bytesSent"] = len(prefix)
+        left = fault.totalBytes
+        while left > 0:
+            piece = filler if left >= len(filler) else filler[:left]
+            writer.write(_chunk(piece))
+            await writer.drain()
+            entry["bytesSent"] += len(piece)
+            left -= len(piece)
+            if pause:
+                await asyncio.sleep(pause)
+        writer.write(_chunk(suffix) + b"0\r\n\r\n")
+        await writer.drain()
+        entry["bytesSent"] += len(suffix)
+    except (ConnectionError, OSError):
+        entry["clientClosed"] = True
 
 
 def _chunk(data: bytes) -> bytes:

@@ -43,7 +43,8 @@ class WorkerApp:
         self.settings = settings
         self._own_provider = provider is None
         self.provider: ModelProvider = provider or DeepSeekProvider(
-            max_connections=settings.WORKER_CONCURRENCY
+            max_connections=settings.WORKER_CONCURRENCY,
+            max_response_bytes=settings.MODEL_MAX_RESPONSE_BYTES,
         )
         self.client = RuntimeClient(
             job_target=settings.JOB_SERVICE_ADDR,

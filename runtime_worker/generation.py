@@ -59,7 +59,9 @@ class ContentFault(Exception):
         self.details = details
 
 
-def parse_content(job_type: str, content: str, finish_reason: str | None) -> dict[str, Any]:
+def parse_content(
+    job_type: str, content: str, finish_reason: str | None, max_items: int | None = None
+) -> dict[str, Any]:
     """Turn an answer's content into a validated output object.
 
     A single Markdown code fence around the JSON is accepted.
@@ -68,9 +70,12 @@ def parse_content(job_type: str, content: str, finish_reason: str | None) -> dic
         job_type: the job's type (selects the output schema v1).
         content: ``choices[0].message.content``.
         finish_reason: ``choices[0].finish_reason``.
+        max_items: the job's ``count``: of a longer ``items`` list only the first
+            ``max_items`` are kept, and validated (SPEC §9.4); None keeps them all.
 
     Returns:
-        The parsed JSON object (as the model wrote it), valid for the schema.
+        The parsed JSON object (as the model wrote it, ``items`` cut to
+        ``max_items``), valid for the schema.
 
     Raises:
         ContentFault: ``TRUNCATED``, ``BLANK_CONTENT`` or ``SCHEMA_MISMATCH``.
@@ -89,6 +94,9 @@ def parse_content(job_type: str, content: str, finish_reason: str | None) -> dic
         raise ContentFault(Fault.SCHEMA_MISMATCH, "it was not valid JSON") from None
     if not isinstance(parsed, dict):
         raise ContentFault(Fault.SCHEMA_MISMATCH, "it was not a JSON object")
+    items = parsed.get("items")
+    if max_items is not None and isinstance(items, list) and len(items) > max_items:
+        parsed["items"] = items[:max_items]  # a result writes only the first count
     try:
         validate_output(job_type, CURRENT_OUTPUT_SCHEMA_VERSION, parsed)
     except AppError as exc:
@@ -114,6 +122,7 @@ async def generate(
     max_call_seconds: float,
     invocations: list[Invocation],
     allow_reask: bool = True,
+    max_items: int | None = None,
 ) -> dict[str, Any]:
     """Get a valid output for one attempt.
 
@@ -130,6 +139,7 @@ async def generate(
         invocations: list every call is appended to (kept by the caller so aborted
             calls are recorded too).
         allow_reask: whether one in-attempt re-ask is allowed.
+        max_items: the job's ``count`` (see :func:`parse_content`), or None.
 
     Returns:
         The validated output object.
@@ -167,7 +177,7 @@ async def generate(
             )
             raise
         try:
-            output = parse_content(job_type, response.content, response.finish_reason)
+            output = parse_content(job_type, response.content, response.finish_reason, max_items)
         except ContentFault as fault:
             code = code_for(fault.fault)
             invocations.append(

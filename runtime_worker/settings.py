@@ -15,6 +15,7 @@ from pydantic import Field
 
 from airuntime_common.enums import JOB_TYPES
 from airuntime_common.settings import DAY, CommonSettings, ListenAddress, MissingSetting
+from runtime_worker.providers.body import DEFAULT_MAX_RESPONSE_BYTES
 
 
 def default_instance_id() -> str:
@@ -49,6 +50,10 @@ class WorkerSettings(CommonSettings):
             its own call and transaction (SubmitResult ``claim_next``).
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
+        MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
+            default 8 MiB, 1 KiB..1 GiB): a longer answer is ``TEMPORARY_PROVIDER_ERROR``
+            and is not read further (SPEC §9.4), so a worker holds at most
+            ``WORKER_CONCURRENCY`` × this in answer bodies.
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
         RPC_RETRY_SECONDS: how long idempotent internal calls retry on UNAVAILABLE (s).
         MODEL_PRICES: optional JSON price table (informational; job_service computes cost).
@@ -68,6 +73,9 @@ class WorkerSettings(CommonSettings):
     CLAIM_WITH_RESULT: bool = True
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
+    MODEL_MAX_RESPONSE_BYTES: int = Field(
+        default=DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=1024 * 1024 * 1024
+    )
     RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0, le=DAY)
     RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0, le=DAY)
     MODEL_PRICES: str | None = None

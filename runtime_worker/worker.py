@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
+#: Job types whose ``params.count`` bounds the items of their output (SPEC §2.1).
+COUNTED_JOB_TYPES = frozenset({"quiz_generation", "flashcard_generation"})
 #: A claimed ``Job`` message's status when the claim also started it.
 RUNNING_STATUS = JOB_STATUS.to_proto("running")
 #: The most jobs one ClaimJobs returns (SPEC §2.6 limit cap).
@@ -395,6 +397,7 @@ class Worker:
             job_deadline=job_deadline,
             max_call_seconds=self.settings.MODEL_CALL_MAX_SECONDS,
             invocations=run.invocations,
+            max_items=_count_of(run.job_type, params),
         )
         return prompt.prompt_version, output
 
@@ -663,6 +666,15 @@ class Worker:
             "counters": dict(self.counters),
             "draining": self.draining,
         }
+
+
+def _count_of(job_type: str, params: dict[str, Any]) -> int | None:
+    """The items a generation job asked for (``params.count``), or None for the other
+    job types: a longer answer submits only the first ``count`` (SPEC §9.4)."""
+    count = params.get("count")
+    if job_type in COUNTED_JOB_TYPES and isinstance(count, int) and not isinstance(count, bool):
+        return count if count >= 1 else None
+    return None
 
 
 __all__ = ["JobRun", "Worker"]

@@ -275,11 +275,12 @@ async def list_results(
 async def put_model_credential(
     principal: UserPrincipal, call: Backend, body: CredentialPut
 ) -> dict[str, Any]:
-    """Store (or replace) the caller's DeepSeek key; answers the masked view only."""
+    """Store (or replace) the caller's key for a configured provider (SPEC §9.4);
+    answers the masked view only."""
     resp = await call(
         call.credential.PutCredential,
         cred_rr.PutCredentialRequest(
-            user_id=principal.user_id, provider=body.provider, api_key=body.apiKey
+            user_id=principal.user_id, provider=body.provider or "", api_key=body.apiKey
         ),
     )
     return convert.credential_json(resp.credential)

@@ -8,10 +8,13 @@ gives its code. Retryability and breaker effect follow from the code alone
 |---|---|
 | overall call deadline hit, job still has budget | MODEL_TIMEOUT |
 | overall call deadline hit = the job's own budget | JOB_TIMEOUT |
+| HTTP 408 (a proxy's ``request_timeout`` in front of the model; SPEC §9.4) | MODEL_TIMEOUT |
 | connect error / read error / connection reset before a status | NETWORK_ERROR |
 | HTTP 429 | MODEL_RATE_LIMIT (+ retryAfterSeconds from Retry-After) |
 | HTTP 500/502/503/504, any other 5xx | TEMPORARY_PROVIDER_ERROR |
 | HTTP 200 whose body is no parseable envelope (blank lines then close, cut off) | TEMPORARY_PROVIDER_ERROR |
+| HTTP 200 whose body is over MODEL_MAX_RESPONSE_BYTES (not read further; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
+| envelope OK, finish_reason=insufficient_system_resource (out of capacity mid-answer; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
 | HTTP 401/403 | INVALID_CREDENTIAL |
 | HTTP 402 | INSUFFICIENT_BALANCE |
 | HTTP 400/422, any other 4xx | MODEL_BAD_REQUEST |
@@ -35,6 +38,7 @@ class Fault(StrEnum):
 
     TIMEOUT = "timeout"
     JOB_DEADLINE = "job_deadline"
+    HTTP_408 = "http_408"
     CONNECT_ERROR = "connect_error"
     READ_ERROR = "read_error"
     HTTP_429 = "http_429"
@@ -44,6 +48,8 @@ class Fault(StrEnum):
     HTTP_504 = "http_504"
     HTTP_OTHER_5XX = "http_other_5xx"
     BAD_ENVELOPE = "bad_envelope"
+    OUT_OF_CAPACITY = "out_of_capacity"
+    BODY_TOO_LARGE = "body_too_large"
     HTTP_401 = "http_401"
     HTTP_403 = "http_403"
     HTTP_402 = "http_402"
@@ -59,6 +65,7 @@ class Fault(StrEnum):
 TABLE: dict[Fault, ErrorCode] = {
     Fault.TIMEOUT: ErrorCode.MODEL_TIMEOUT,
     Fault.JOB_DEADLINE: ErrorCode.JOB_TIMEOUT,
+    Fault.HTTP_408: ErrorCode.MODEL_TIMEOUT,
     Fault.CONNECT_ERROR: ErrorCode.NETWORK_ERROR,
     Fault.READ_ERROR: ErrorCode.NETWORK_ERROR,
     Fault.HTTP_429: ErrorCode.MODEL_RATE_LIMIT,
@@ -68,6 +75,8 @@ TABLE: dict[Fault, ErrorCode] = {
     Fault.HTTP_504: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.HTTP_OTHER_5XX: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.BAD_ENVELOPE: ErrorCode.TEMPORARY_PROVIDER_ERROR,
+    Fault.OUT_OF_CAPACITY: ErrorCode.TEMPORARY_PROVIDER_ERROR,
+    Fault.BODY_TOO_LARGE: ErrorCode.TEMPORARY_PROVIDER_ERROR,
     Fault.HTTP_401: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_403: ErrorCode.INVALID_CREDENTIAL,
     Fault.HTTP_402: ErrorCode.INSUFFICIENT_BALANCE,
@@ -80,6 +89,7 @@ TABLE: dict[Fault, ErrorCode] = {
 }
 
 _STATUS_FAULTS: dict[int, Fault] = {
+    408: Fault.HTTP_408,
     429: Fault.HTTP_429,
     500: Fault.HTTP_500,
     502: Fault.HTTP_502,
@@ -90,6 +100,12 @@ _STATUS_FAULTS: dict[int, Fault] = {
     402: Fault.HTTP_402,
     400: Fault.HTTP_400,
     422: Fault.HTTP_422,
+}
+
+#: ``finish_reason`` values that say the provider, not the answer, failed: whatever
+#: content came with them is cut off by the provider and never validated.
+_FINISH_FAULTS: dict[str, Fault] = {
+    "insufficient_system_resource": Fault.OUT_OF_CAPACITY,
 }
 
 #: Faults the worker may answer with one in-attempt re-ask (SPEC cases D1, D2).
@@ -111,6 +127,13 @@ def fault_for_status(status: int) -> Fault | None:
     if 400 <= status < 500:
         return Fault.HTTP_OTHER_4XX
     return Fault.HTTP_OTHER_5XX
+
+
+def fault_for_finish_reason(finish_reason: str | None) -> Fault | None:
+    """The fault of an envelope's ``finish_reason`` that is the provider's failure
+    (``insufficient_system_resource`` → ``OUT_OF_CAPACITY``); None for every other
+    value (``stop``, ``length``… are judged with the content)."""
+    return _FINISH_FAULTS.get(finish_reason) if finish_reason else None
 
 
 def code_for(fault: Fault) -> ErrorCode:

@@ -4,6 +4,9 @@ One :meth:`DeepSeekProvider.complete` = exactly one HTTP call (no hidden
 retries). The whole call — connect, headers and body read — runs under ONE
 ``asyncio.timeout``: DeepSeek keeps a queued non-streaming request alive by
 sending blank lines, which would reset any per-read timeout forever (case D6).
+The body is read with a byte cap (``MODEL_MAX_RESPONSE_BYTES``, case P3;
+:mod:`runtime_worker.providers.body`): past it the call fails at once and the
+connection is closed, whatever the provider goes on sending.
 Failures are classified by :mod:`runtime_worker.providers.classify`.
 """
 
@@ -12,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import zlib
+from dataclasses import dataclass, field
 from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
@@ -19,10 +24,24 @@ import httpx
 
 from airuntime_common.logs import redact_text
 from runtime_worker.providers.base import ModelError, ModelRequest, ModelResponse, Usage
-from runtime_worker.providers.classify import Fault, code_for, fault_for_status, parse_retry_after
+from runtime_worker.providers.body import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    BodyTooLarge,
+    UnsupportedEncoding,
+    read_bounded,
+)
+from runtime_worker.providers.classify import (
+    Fault,
+    code_for,
+    fault_for_finish_reason,
+    fault_for_status,
+    parse_retry_after,
+)
 
 #: Longest provider error text copied into an error message (chars).
 MAX_ERROR_TEXT = 300
+#: Most bytes of an error answer (non-2xx) read: its status decides, the text only explains.
+MAX_ERROR_BODY_BYTES = 64 * 1024
 
 
 def _elapsed_ms(start: float) -> int:
@@ -107,6 +126,10 @@ class DeepSeekProvider:
             the worker passes its ``WORKER_CONCURRENCY``: fewer would queue calls
             (capping throughput at connections / call time) and keeping fewer
             alive than are open reconnects on almost every call.
+        max_response_bytes: most bytes of one answer's body, decoded
+            (``MODEL_MAX_RESPONSE_BYTES``, SPEC §9.4); a longer answer is
+            ``TEMPORARY_PROVIDER_ERROR`` and is not read further, so a call holds at
+            most this much however much the provider sends.
 
     The connections are spread over several ``httpx.AsyncClient`` pools of at most
     :data:`CONNECTIONS_PER_POOL` each, every call going to the pool with the fewest
@@ -124,8 +147,15 @@ class DeepSeekProvider:
     name = "deepseek"
 
     def __init__(
-        self, client: httpx.AsyncClient | None = None, *, max_connections: int = 100
+        self,
+        client: httpx.AsyncClient | None = None,
+        *,
+        max_connections: int = 100,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
+        if max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be at least 1")
+        self.max_response_bytes = max_response_bytes
         self._own_client = client is None
         if client is not None:
             self._clients = [client]
@@ -175,6 +205,16 @@ class DeepSeekProvider:
         Raises:
             ModelError: classified failure (see :mod:`runtime_worker.providers.classify`).
         """
+        start = time.monotonic()
+        answer = await self._exchange(request, start)
+        return _classify(answer, _elapsed_ms(start))
+
+    async def _exchange(self, request: ModelRequest, start: float) -> _Answer:
+        """Send the request and read the answer's status, headers and (capped) body.
+
+        Raises:
+            ModelError: the call timed out, could not connect, or broke before a status.
+        """
         url = request.base_url.rstrip("/") + "/chat/completions"
         body = {
             "model": request.model,
@@ -187,12 +227,10 @@ class DeepSeekProvider:
             "Authorization": f"Bearer {request.api_key}",
             "Content-Type": "application/json",
             "Accept": "application/json",
+            # the body is counted as it arrives: compressed, its size says nothing
+            "Accept-Encoding": "identity",
         }
-        start = time.monotonic()
-        status = 0
-        raw = b""
-        body_error: Exception | None = None
-        resp_headers: httpx.Headers = httpx.Headers()
+        answer = _Answer()
         pool = self._least_busy()
         self._in_flight[pool] += 1
         try:
@@ -204,21 +242,16 @@ class DeepSeekProvider:
                     headers=headers,
                     timeout=httpx.Timeout(request.timeout_seconds),
                 ) as resp:
-                    status = resp.status_code
-                    resp_headers = resp.headers
-                    try:
-                        raw = await resp.aread()
-                    except httpx.TimeoutException:
-                        raise
-                    except httpx.HTTPError as exc:
-                        body_error = exc
+                    answer.status = resp.status_code
+                    answer.headers = resp.headers
+                    await self._read_body(resp, answer)
         except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout, httpx.PoolTimeout) as exc:
             fault = Fault.JOB_DEADLINE if request.timeout_is_job_deadline else Fault.TIMEOUT
             raise ModelError(
                 code_for(fault),
                 f"model call exceeded its {request.timeout_seconds:g}s deadline"
                 + (" (the job's time budget)" if request.timeout_is_job_deadline else ""),
-                http_status=status or None,
+                http_status=answer.status or None,
                 latency_ms=_elapsed_ms(start),
             ) from exc
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -235,45 +268,114 @@ class DeepSeekProvider:
             ) from exc
         finally:
             self._in_flight[pool] -= 1
-        latency = _elapsed_ms(start)
-        request_id = resp_headers.get("x-request-id")
-        status_fault = fault_for_status(status)
-        if status_fault is not None:
-            retry_after = (
-                parse_retry_after(resp_headers.get("retry-after"))
-                if status_fault is Fault.HTTP_429
-                else None
-            )
-            raise ModelError(
-                code_for(status_fault),
-                f"model answered HTTP {status}: {_error_text(raw)}",
-                retry_after_seconds=retry_after,
-                http_status=status,
-                provider_request_id=request_id,
-                latency_ms=latency,
-            )
-        if body_error is not None:
-            raise ModelError(
-                code_for(Fault.BAD_ENVELOPE),
-                f"model answer was cut off: {type(body_error).__name__}",
-                http_status=status,
-                provider_request_id=request_id,
-                latency_ms=latency,
-            )
+        return answer
+
+    async def _read_body(self, resp: httpx.Response, answer: _Answer) -> None:
+        """Read the body into ``answer`` within the byte cap: an error answer's
+        (non-2xx) at most :data:`MAX_ERROR_BODY_BYTES`, as only its status counts."""
+        limit = self.max_response_bytes
+        if not 200 <= resp.status_code < 300:
+            limit = min(limit, MAX_ERROR_BODY_BYTES)
         try:
-            content, finish, usage, envelope_id = parse_envelope(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ModelError(
-                code_for(Fault.BAD_ENVELOPE),
-                f"model answer is not a chat completion envelope ({len(raw)} bytes): {exc}",
-                http_status=status,
-                provider_request_id=request_id,
-                latency_ms=latency,
-            ) from exc
-        return ModelResponse(
-            content=content,
-            finish_reason=finish,
-            usage=usage,
-            provider_request_id=envelope_id or request_id,
+            answer.raw = await read_bounded(
+                resp.aiter_raw(),
+                limit=limit,
+                content_encoding=resp.headers.get("content-encoding", ""),
+                content_length=resp.headers.get("content-length"),
+            )
+        except httpx.TimeoutException:
+            raise
+        except BodyTooLarge as exc:
+            # leaving the stream unread closes the connection (it is never pooled)
+            answer.too_large = exc
+        except UnsupportedEncoding as exc:
+            answer.body_problem = str(exc)
+        except (httpx.HTTPError, zlib.error) as exc:
+            answer.body_problem = f"it was cut off ({type(exc).__name__})"
+
+
+@dataclass
+class _Answer:
+    """What came back from one call before it is classified.
+
+    Attributes:
+        status: HTTP status (0 before one arrived).
+        raw: the decoded body, or what could be read of it.
+        too_large: set when the body passed the byte cap (reading stopped).
+        body_problem: why the body could not be read whole, or None.
+    """
+
+    status: int = 0
+    headers: httpx.Headers = field(default_factory=httpx.Headers)
+    raw: bytes = b""
+    too_large: BodyTooLarge | None = None
+    body_problem: str | None = None
+
+
+def _classify(answer: _Answer, latency: int) -> ModelResponse:
+    """An answer with a status as a :class:`ModelResponse`, or its classified failure.
+
+    Raises:
+        ModelError: a non-2xx status, a body past the cap, cut off or no envelope, or a
+            ``finish_reason`` that is the provider's failure (:mod:`classify`).
+    """
+    status = answer.status
+    request_id = answer.headers.get("x-request-id")
+
+    def error(fault: Fault, message: str, **extra: Any) -> ModelError:
+        return ModelError(
+            code_for(fault),
+            message,
+            http_status=status,
+            provider_request_id=extra.pop("provider_request_id", request_id),
             latency_ms=latency,
+            **extra,
         )
+
+    status_fault = fault_for_status(status)
+    if status_fault is not None:
+        retry_after = (
+            parse_retry_after(answer.headers.get("retry-after"))
+            if status_fault is Fault.HTTP_429
+            else None
+        )
+        raise error(
+            status_fault,
+            f"model answered HTTP {status}: {_error_text(answer.raw)}",
+            retry_after_seconds=retry_after,
+        )
+    if answer.too_large is not None:
+        announced = answer.too_large.announced
+        raise error(
+            Fault.BODY_TOO_LARGE,
+            f"model answer is over MODEL_MAX_RESPONSE_BYTES ({answer.too_large.limit} bytes"
+            + (f"; Content-Length {announced}" if announced is not None else "")
+            + "): not read further",
+        )
+    if answer.body_problem is not None:
+        raise error(Fault.BAD_ENVELOPE, f"model answer unusable: {answer.body_problem}")
+    raw = answer.raw
+    try:
+        content, finish, usage, envelope_id = parse_envelope(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(
+            Fault.BAD_ENVELOPE,
+            f"model answer is not a chat completion envelope ({len(raw)} bytes): {exc}",
+        ) from exc
+    finish_fault = fault_for_finish_reason(finish)
+    if finish_fault is not None:
+        # the provider gave up mid-answer (case P2): its failure, not our output's;
+        # the cut-off content is dropped, never validated nor fed back
+        raise error(
+            finish_fault,
+            f"model stopped mid-answer: finish_reason={finish}",
+            provider_request_id=envelope_id or request_id,
+            usage=usage,
+        )
+    return ModelResponse(
+        content=content,
+        finish_reason=finish,
+        usage=usage,
+        provider_request_id=envelope_id or request_id,
+        latency_ms=latency,
+    )

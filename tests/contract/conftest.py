@@ -129,10 +129,10 @@ class RuntimeStack:
         resp = await self.stub.CreateJob(req, metadata=metadata.outgoing(TOKEN))
         return job_json(resp.job)
 
-    async def put_key(self, api_key: str, user_id: str = USER) -> str:
-        """Store the user's DeepSeek key; returns the credential id."""
+    async def put_key(self, api_key: str, user_id: str = USER, provider: str = "deepseek") -> str:
+        """Store the user's key for ``provider``; returns the credential id."""
         resp = await self.cred_stub.PutCredential(
-            cred_rr.PutCredentialRequest(user_id=user_id, provider="deepseek", api_key=api_key),
+            cred_rr.PutCredentialRequest(user_id=user_id, provider=provider, api_key=api_key),
             metadata=metadata.outgoing(TOKEN),
         )
         return str(resp.credential.credential_id)
@@ -235,7 +235,12 @@ async def make_templates(directory: Path) -> Templates:
 
 
 async def start_stack(
-    tmp: Path, job_url: str, templates: Templates | None = None, **overrides: Any
+    tmp: Path,
+    job_url: str,
+    templates: Templates | None = None,
+    *,
+    credential_overrides: dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> RuntimeStack:
     """Start the three parts; the caller stops them with :func:`stop_stack`.
 
@@ -243,6 +248,7 @@ async def start_stack(
         tmp: a directory for this stack's SQLite files.
         job_url: the job database (SQLite under ``tmp`` or a fresh MariaDB database).
         templates: copy these schemas instead of building them (SQLite only).
+        credential_overrides: credential_service settings (e.g. ``MODEL_PROVIDERS``).
         overrides: job_service settings.
     """
     credential_db = tmp / "credentials.db"
@@ -265,16 +271,18 @@ async def start_stack(
     jobs_app = await serve_jobs(
         make_settings(job_url, **values), credentials=checker, start_metrics=False
     )
-    cred_settings = CredentialSettings(
-        CREDENTIAL_DATABASE_URL=f"sqlite+aiosqlite:///{credential_db}",
-        CREDENTIAL_ENCRYPTION_KEYS=f"k1:{base64.b64encode(os.urandom(32)).decode()}",
-        DEEPSEEK_API_KEY=PLATFORM_KEY,
-        DEEPSEEK_BASE_URL=BASE_URL,
-        RUNTIME_SERVICE_TOKEN=TOKEN,
-        CREDENTIAL_SERVICE_LISTEN="127.0.0.1:0",
-        CREDENTIAL_SERVICE_METRICS_PORT=0,
-        JOB_SERVICE_ADDR=jobs_app.address,
-    )
+    cred_values: dict[str, Any] = {
+        "CREDENTIAL_DATABASE_URL": f"sqlite+aiosqlite:///{credential_db}",
+        "CREDENTIAL_ENCRYPTION_KEYS": f"k1:{base64.b64encode(os.urandom(32)).decode()}",
+        "DEEPSEEK_API_KEY": PLATFORM_KEY,
+        "DEEPSEEK_BASE_URL": BASE_URL,
+        "RUNTIME_SERVICE_TOKEN": TOKEN,
+        "CREDENTIAL_SERVICE_LISTEN": "127.0.0.1:0",
+        "CREDENTIAL_SERVICE_METRICS_PORT": 0,
+        "JOB_SERVICE_ADDR": jobs_app.address,
+    }
+    cred_values.update(credential_overrides or {})
+    cred_settings = CredentialSettings(**cred_values)
     creds = await serve_credentials(cred_settings, run_migrations=templates is None)
     checker.inner = GrpcCredentialChecker(f"127.0.0.1:{creds.port}", TOKEN)
     job_channel = grpc.aio.insecure_channel(jobs_app.address)

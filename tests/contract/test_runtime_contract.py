@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from airuntime_common import metadata
 from launcher.token import mint_token
-from tests.contract.conftest import JWT_SECRET, PLATFORM_KEY, USER, RuntimeStack
+from tests.contract.conftest import JWT_SECRET, PLATFORM_KEY, TOKEN, USER, RuntimeStack
 from tests.contract.transports import JOB_KEYS, ContractError, RestTransport, RuntimeTransport
+from zhixi.airuntime.job.v1 import request_response_pb2 as job_rr
 
 RT = Callable[[str], RuntimeTransport]
 LSA = "learning_state_analysis"
@@ -471,6 +473,102 @@ async def test_invalid_output_fails_the_job(stack: RuntimeStack, rt: RT) -> None
     # the attempt is over: a later (valid) submission no longer holds the lease
     await refused(w1, "LOCK_NOT_HELD", w1.result(job_id, 1, OUTPUT))
     await refused(w1, "LOCK_NOT_HELD", w1.heartbeat(job_id, 1))
+
+
+BLOCK = "{block}"  # replaced by the id of a block of the user's material
+
+
+def quiz_item(**fields: Any) -> dict[str, Any]:
+    """A quiz output whose one question is valid but for ``fields``."""
+    item: dict[str, Any] = {
+        "questionType": "single_choice",
+        "stem": "What stops recursion?",
+        "options": ["A base case", "A loop"],
+        "answer": "A base case",
+        "explanation": "The material says so.",
+        "difficulty": "medium",
+        "sourceBlockIds": [BLOCK],
+    }
+    return {"items": [{**item, **fields}]}
+
+
+def action(priority: Any) -> dict[str, Any]:
+    """A next_action_planning output recommending the user itself."""
+    item = {"actionType": "review", "targetType": "user", "targetId": USER, "reason": "r"}
+    return {"items": [{**item, "priority": priority}]}
+
+
+async def held_with_block(
+    stack: RuntimeStack, t: RuntimeTransport, job_type: str, output: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """A job of ``job_type`` on a user with one material, leased by ``t``, and
+    ``output`` citing that material's first block."""
+    reply = await stack.stub.CreateMaterial(
+        job_rr.CreateMaterialRequest(
+            user_id=USER, title="Recursion", content="A base case stops the recursion."
+        ),
+        metadata=metadata.outgoing(TOKEN),
+    )
+    block_id = reply.material.blocks[0].block_id
+    job_id = await held(stack, t, job_type=job_type)
+    return job_id, json.loads(json.dumps(output).replace(BLOCK, block_id))
+
+
+@pytest.mark.parametrize(
+    ("job_type", "output"),
+    [
+        (LSA, {**OUTPUT, "masteryLevel": "0.5"}),  # a number sent as a string
+        (LSA, {**OUTPUT, "masteryLevel": True}),  # a boolean is no number
+        ("next_action_planning", action("3")),  # an integer sent as a string
+        ("next_action_planning", action(1.5)),  # a fraction is no integer
+        (QUIZ, quiz_item(answer="A while loop")),  # not one of its options
+        (QUIZ, quiz_item(questionType="multiple_choice", answer=[])),
+        (QUIZ, quiz_item(questionType="true_false", options=["True", "False"], answer="true")),
+        (QUIZ, quiz_item(questionType="true_false", options=["true", "false"], answer=True)),
+    ],
+    ids=[
+        "string-number",
+        "bool-number",
+        "string-int",
+        "fraction-int",
+        "answer-not-an-option",
+        "empty-multiple-choice",
+        "true-false-options",
+        "true-false-bool",
+    ],
+)
+async def test_p4_outputs_are_validated_strictly(
+    stack: RuntimeStack, rt: RT, job_type: str, output: dict[str, Any]
+) -> None:
+    """Case P4 on the result path (SPEC §9.4): no coercion, an answer fits its options;
+    refused INVALID_SCHEMA and the job failed, over gRPC and the REST shim alike.
+    Each output cites only the user's own block, so only its shape is at fault."""
+    w1 = rt("w1")
+    job_id, output = await held_with_block(stack, w1, job_type, output)
+    await refused(w1, "INVALID_SCHEMA", w1.result(job_id, 1, output))
+    job = await stack.get(job_id)
+    assert (job["status"], job["errorCode"]) == ("failed", "INVALID_SCHEMA")
+
+
+@pytest.mark.parametrize(
+    ("job_type", "output"),
+    [
+        # ``priority: 2`` crosses a Struct as 2.0 (its numbers are doubles): still an integer
+        ("next_action_planning", action(2)),
+        (LSA, {**OUTPUT, "masteryLevel": 1}),  # an integer is a number
+        (QUIZ, quiz_item()),
+        (QUIZ, quiz_item(questionType="multiple_choice", answer=["A loop", "A base case"])),
+        (QUIZ, quiz_item(questionType="true_false", options=["true", "false"], answer="false")),
+        (QUIZ, quiz_item(questionType="short_answer", options=[], answer="A base case")),
+    ],
+    ids=["integer", "int-number", "single", "multiple", "true-false", "short"],
+)
+async def test_strictly_valid_outputs_are_accepted(
+    stack: RuntimeStack, rt: RT, job_type: str, output: dict[str, Any]
+) -> None:
+    w1 = rt("w1")
+    job_id, output = await held_with_block(stack, w1, job_type, output)
+    assert (await w1.result(job_id, 1, output))["status"] == "succeeded"
 
 
 async def test_result_beats_an_unacknowledged_cancel(stack: RuntimeStack, rt: RT) -> None:

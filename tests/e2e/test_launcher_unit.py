@@ -208,6 +208,64 @@ def test_plan_with_real_key_uses_deepseek_and_dev_mode_withholds_it(tmp_path: Pa
         assert "DEEPSEEK_API_KEY" not in spec.env  # never sent to the local stand-in
 
 
+PROVIDERS = [
+    {"name": "primary", "baseUrl": "https://api.deepseek.com", "apiKeyEnv": "PRIMARY_API_KEY"},
+    {
+        "name": "backup",
+        "baseUrl": "https://llm.example.com/v1",
+        "apiKeyEnv": "BACKUP_API_KEY",
+        "models": {"deepseek-chat": "backup-chat", "deepseek-reasoner": "backup-r1"},
+    },
+]
+
+
+def test_plan_with_several_providers_runs_one_stand_in_port_each(tmp_path: Path) -> None:
+    """MODEL_PROVIDERS with no platform key set (or --dev): every provider gets its own
+    stand-in port serving its model names, the list is pointed at them, and no
+    platform key variable reaches a child."""
+    env = _clean_env(MODEL_PROVIDERS=json.dumps(PROVIDERS), BACKUP_API_KEY="sk-real-backup-1")
+    for plan in (
+        build_plan(env, var_dir=tmp_path, dev=True),
+        build_plan({**env, "BACKUP_API_KEY": ""}, var_dir=tmp_path),
+    ):
+        assert list(plan.standin_urls) == ["primary", "backup"]
+        primary, backup = plan.standin_urls.values()
+        assert primary == "http://127.0.0.1:8600" == plan.standin_url
+        listed = json.loads(plan.env["MODEL_PROVIDERS"])
+        assert [(p["name"], p["baseUrl"]) for p in listed] == [
+            ("primary", primary),
+            ("backup", backup),
+        ]
+        assert listed[1]["models"] == PROVIDERS[1]["models"]
+        by_kind = {s.kind: s for s in plan.services}
+        port = backup.rsplit(":", 1)[1]
+        assert by_kind["standin"].argv[-2:] == (
+            "--providers",
+            f"primary=8600,backup={port}:backup-chat+backup-r1",
+        )
+        assert by_kind["standin"].target == f"{backup}/_standin/stats"
+        assert plan.env["ALLOW_PLATFORM_KEY_STANDIN"] == "1"
+        for spec in plan.services:
+            assert "BACKUP_API_KEY" not in spec.env and "PRIMARY_API_KEY" not in spec.env
+
+
+def test_plan_with_a_provider_key_calls_the_real_providers(tmp_path: Path) -> None:
+    env = _clean_env(MODEL_PROVIDERS=json.dumps(PROVIDERS), BACKUP_API_KEY="sk-real-backup-1")
+    plan = build_plan(env, var_dir=tmp_path)
+    assert plan.standin_url is None and plan.standin_urls == {}
+    assert "standin" not in [s.kind for s in plan.services]
+    assert json.loads(plan.env["MODEL_PROVIDERS"]) == PROVIDERS
+    assert plan.env["BACKUP_API_KEY"] == "sk-real-backup-1"
+    assert "ALLOW_PLATFORM_KEY_STANDIN" not in plan.env
+
+
+def test_plan_refuses_a_malformed_provider_list(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"MODEL_PROVIDERS: 0\.baseUrl"):
+        build_plan(
+            _clean_env(MODEL_PROVIDERS='[{"name": "a", "baseUrl": "ftp://x"}]'), var_dir=tmp_path
+        )
+
+
 def test_plan_honours_urls_ports_and_secrets_from_env(tmp_path: Path) -> None:
     env = _clean_env(
         DATABASE_URL="mysql+aiomysql://root@127.0.0.1:3306/airt",

@@ -302,7 +302,7 @@ async def test_unknown_route_and_method_use_the_error_body(client: httpx.AsyncCl
 async def test_validation_details_do_not_echo_secrets(client: httpx.AsyncClient) -> None:
     resp = await client.put(
         "/v1/me/model-credential",
-        json={"provider": "nope", "apiKey": "sk-topsecret-99"},
+        json={"provider": "no such provider, far too long a name", "apiKey": "sk-topsecret-99"},
         headers=USER,
     )
     assert resp.status_code == 400

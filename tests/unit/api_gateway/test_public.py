@@ -452,10 +452,32 @@ async def test_model_credential_routes_never_return_the_key(
     backends.credential.errors["GetCredential"] = AppError(ErrorCode.NOT_FOUND, "no key")
     missing = await client.get("/v1/me/model-credential", headers=USER)
     assert missing.status_code == 404 and missing.json()["code"] == "NOT_FOUND"
+    # any provider name goes to credential_service, which knows the configured ones …
+    backup = await client.put(
+        "/v1/me/model-credential", json={"provider": "backup", "apiKey": "sk-b-1234"}, headers=USER
+    )
+    assert backup.status_code == 200
+    assert put_call(backends) == ("backup", "sk-b-1234")
+    omitted = await client.put("/v1/me/model-credential", json={"apiKey": "k"}, headers=USER)
+    assert omitted.status_code == 200 and put_call(backends) == ("", "k")  # the first
+    # … and refuses one it does not configure; the gateway passes its answer on
+    backends.credential.errors["PutCredential"] = AppError(
+        ErrorCode.INVALID_ARGUMENT, "provider must be one of deepseek", {"field": "provider"}
+    )
     other_provider = await client.put(
         "/v1/me/model-credential", json={"provider": "openai", "apiKey": "k"}, headers=USER
     )
     assert other_provider.status_code == 400
+    assert other_provider.json()["details"]["field"] == "provider"
+    too_long = await client.put(
+        "/v1/me/model-credential", json={"provider": "x" * 33, "apiKey": "k"}, headers=USER
+    )
+    assert too_long.status_code == 400 and too_long.json()["code"] == "INVALID_ARGUMENT"
+
+
+def put_call(backends: Backends) -> tuple[str, str]:
+    req = backends.credential.last("PutCredential").request
+    return req.provider, req.api_key
 
 
 async def test_ai_authorization(client: httpx.AsyncClient, backends: Backends) -> None:

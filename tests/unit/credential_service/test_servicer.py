@@ -30,9 +30,11 @@ async def refused(call: Awaitable[Any]) -> AppError:
     return from_rpc_error(exc.value)
 
 
-async def put(env: Env, user: str = "u1", key: str = KEY) -> msg.Credential:
+async def put(
+    env: Env, user: str = "u1", key: str = KEY, provider: str = "deepseek"
+) -> msg.Credential:
     reply = await env.stub.PutCredential(
-        rr.PutCredentialRequest(user_id=user, provider="deepseek", api_key=key),
+        rr.PutCredentialRequest(user_id=user, provider=provider, api_key=key),
         metadata=env.md(None),
     )
     cred: msg.Credential = reply.credential
@@ -273,15 +275,21 @@ async def test_resolve_job_service_down_is_unavailable(start_env: StartFn) -> No
     assert err.code == ErrorCode.UNAVAILABLE
 
 
-async def test_resolve_refuses_replaced_invalid_or_missing_user_key(env: Env) -> None:
+async def test_resolve_uses_the_current_key_and_refuses_an_invalid_or_missing_one(
+    env: Env,
+) -> None:
+    """A job recorded the key it was created with; resolve answers the user's current
+    valid key (SPEC §9.4), refusing only a key marked invalid, or none at all."""
     old = await put(env)
     new = await put(env, key="sk-replacement-0000000000000000zzzz")
     env.fake.hold("job-old", INSTANCE, 1, Lease(user_id="u1", credential_id=old.credential_id))
-    err = await refused(resolve(env, "job-old", 1))
-    assert err.code == ErrorCode.INVALID_CREDENTIAL
-    assert (err.details or {})["reason"] == "credential_replaced"
+    got = await resolve(env, "job-old", 1)
+    assert (got.api_key, got.credential_id) == (
+        "sk-replacement-0000000000000000zzzz",
+        new.credential_id,
+    )
 
-    # a job without a recorded credential id uses the user's current key
+    # a job without a recorded credential id uses the user's current key too
     env.fake.hold("job-any", INSTANCE, 1, Lease(user_id="u1"))
     assert (await resolve(env, "job-any", 1)).api_key == "sk-replacement-0000000000000000zzzz"
 
@@ -297,6 +305,7 @@ async def test_resolve_refuses_replaced_invalid_or_missing_user_key(env: Env) ->
     env.fake.hold("job-u2", INSTANCE, 1, Lease(user_id="u2"))
     err = await refused(resolve(env, "job-u2", 1))
     assert err.code == ErrorCode.INVALID_CREDENTIAL
+    assert (err.details or {})["reason"] == "no_credential"
 
 
 async def test_ciphertext_copied_to_other_users_row_is_refused(env: Env) -> None:

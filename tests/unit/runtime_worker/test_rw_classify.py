@@ -12,6 +12,7 @@ from runtime_worker.providers.classify import (
     TABLE,
     Fault,
     code_for,
+    fault_for_finish_reason,
     fault_for_status,
     parse_retry_after,
 )
@@ -20,6 +21,7 @@ from runtime_worker.providers.classify import (
 EXPECTED = {
     Fault.TIMEOUT: (ErrorCode.MODEL_TIMEOUT, True, True),
     Fault.JOB_DEADLINE: (ErrorCode.JOB_TIMEOUT, True, False),
+    Fault.HTTP_408: (ErrorCode.MODEL_TIMEOUT, True, True),
     Fault.CONNECT_ERROR: (ErrorCode.NETWORK_ERROR, True, True),
     Fault.READ_ERROR: (ErrorCode.NETWORK_ERROR, True, True),
     Fault.HTTP_429: (ErrorCode.MODEL_RATE_LIMIT, True, True),
@@ -29,6 +31,8 @@ EXPECTED = {
     Fault.HTTP_504: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.HTTP_OTHER_5XX: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.BAD_ENVELOPE: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
+    Fault.OUT_OF_CAPACITY: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
+    Fault.BODY_TOO_LARGE: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
     Fault.HTTP_401: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_403: (ErrorCode.INVALID_CREDENTIAL, False, True),
     Fault.HTTP_402: (ErrorCode.INSUFFICIENT_BALANCE, False, True),
@@ -58,6 +62,7 @@ def test_row(fault: Fault) -> None:
     [
         (200, None),
         (204, None),
+        (408, Fault.HTTP_408),
         (429, Fault.HTTP_429),
         (500, Fault.HTTP_500),
         (502, Fault.HTTP_502),
@@ -75,6 +80,19 @@ def test_row(fault: Fault) -> None:
 )
 def test_status_to_fault(status: int, fault: Fault | None) -> None:
     assert fault_for_status(status) is fault
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "fault"),
+    [
+        ("insufficient_system_resource", Fault.OUT_OF_CAPACITY),
+        ("stop", None),
+        ("length", None),
+        (None, None),
+    ],
+)
+def test_finish_reason_to_fault(finish_reason: str | None, fault: Fault | None) -> None:
+    assert fault_for_finish_reason(finish_reason) is fault
 
 
 def test_only_content_faults_are_reaskable() -> None:

@@ -161,3 +161,65 @@ def test_content_faults(content: str, finish: str, fault: Fault) -> None:
     with pytest.raises(ContentFault) as info:
         parse_content("quiz_generation", content, finish)
     assert info.value.fault is fault
+
+
+def _quiz_with(**fields: Any) -> str:
+    return json.dumps({"items": [{**QUIZ_OUTPUT["items"][0], **fields}]})
+
+
+@pytest.mark.parametrize(
+    ("job_type", "content"),
+    [
+        (
+            "learning_state_analysis",
+            json.dumps(
+                {
+                    "summary": "s",
+                    "masteryLevel": "0.5",
+                    "strengths": [],
+                    "risks": [],
+                    "evidence": [],
+                }
+            ),
+        ),
+        ("quiz_generation", _quiz_with(answer="A while loop")),
+        ("quiz_generation", _quiz_with(questionType="true_false", answer=True)),
+    ],
+)
+def test_p4_the_worker_refuses_coerced_or_misfitting_outputs(job_type: str, content: str) -> None:
+    from runtime_worker.generation import ContentFault
+
+    with pytest.raises(ContentFault) as info:
+        parse_content(job_type, content, "stop")
+    assert info.value.fault is Fault.SCHEMA_MISMATCH
+
+
+async def test_p4_an_answer_outside_its_options_twice_is_invalid_schema(raw_http: Any) -> None:
+    """Not among its options: re-asked once with the reason, then INVALID_SCHEMA; never
+    submitted (job_service would refuse it the same way)."""
+    bad = _quiz_with(answer="A while loop")
+    server = await scripted(raw_http, [(bad, "stop"), (bad, "stop")])
+    result, invocations = await run_generate(server)
+    assert isinstance(result, ModelError)
+    assert result.code == ErrorCode.INVALID_SCHEMA
+    assert len(server.requests) == 2 and len(invocations) == 2
+    reask = server.requests[1]["json"]["messages"][-1]["content"]
+    assert "exactly one of its options" in reask
+    assert "A while loop" not in reask  # the previous answer is never fed back
+
+
+def test_more_items_than_the_count_submit_only_the_first_count() -> None:
+    """SPEC §9.4: a result with more items than the job's ``count`` keeps the first
+    ``count``; the rest are neither validated nor submitted (21 questions for 20 are
+    not a schema violation)."""
+    item = QUIZ_OUTPUT["items"][0]
+    many = [{**item, "stem": f"Question {n}?"} for n in range(21)]
+    many[20]["answer"] = "not an option"  # past the count: never judged
+    output = parse_content("quiz_generation", json.dumps({"items": many}), "stop", max_items=20)
+    assert [q["stem"] for q in output["items"]] == [f"Question {n}?" for n in range(20)]
+    from runtime_worker.generation import ContentFault
+
+    with pytest.raises(ContentFault, match="at most 20"):
+        parse_content("quiz_generation", json.dumps({"items": many}), "stop")
+    fewer = parse_content("quiz_generation", json.dumps({"items": many[:2]}), "stop", max_items=5)
+    assert len(fewer["items"]) == 2

@@ -29,6 +29,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.LONG_POLL_WAIT_MS == 10000
     assert s.SHUTDOWN_GRACE_SECONDS == 20
     assert s.MODEL_CALL_MAX_SECONDS == 110
+    assert s.MODEL_MAX_RESPONSE_BYTES == 8 * 1024 * 1024  # SPEC §9.4
     assert s.capabilities == list(JOB_TYPES)
     assert s.RUNTIME_INSTANCE_ID and s.RUNTIME_INSTANCE_ID != WorkerSettings().RUNTIME_INSTANCE_ID
     s.check()  # 20 s heartbeat with a 60 s lease is exactly a third: allowed
@@ -42,6 +43,29 @@ def test_env_names(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.capabilities == ["quiz_generation", "flashcard_generation"]
     assert s.HEARTBEAT_INTERVAL_SECONDS == 5
     assert s.RUNTIME_INSTANCE_ID == "w-9"
+
+
+async def test_the_response_cap_reaches_the_provider(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime_worker.app import WorkerApp
+    from runtime_worker.providers.deepseek import DeepSeekProvider
+
+    monkeypatch.setenv("MODEL_MAX_RESPONSE_BYTES", "65536")
+    app = WorkerApp(WorkerSettings(RUNTIME_SERVICE_TOKEN="t"))
+    assert isinstance(app.provider, DeepSeekProvider)
+    assert app.provider.max_response_bytes == 65536
+    await app.client.close()
+    await app.provider.aclose()
+
+
+@pytest.mark.parametrize("value", ["0", "1023", "1073741825", "8MiB", "-1"])
+def test_a_response_cap_out_of_range_is_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    from pydantic import ValidationError
+
+    monkeypatch.setenv("MODEL_MAX_RESPONSE_BYTES", value)
+    with pytest.raises(ValidationError, match="MODEL_MAX_RESPONSE_BYTES"):
+        WorkerSettings(RUNTIME_SERVICE_TOKEN="t")
 
 
 @pytest.mark.parametrize(

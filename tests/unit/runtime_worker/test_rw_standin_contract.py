@@ -62,3 +62,31 @@ async def test_every_job_type_through_the_standin(
         for item in output.get("items", []):
             assert set(item.get("sourceBlockIds", [])) <= block_ids
             assert set(item.get("evidenceBlockIds", [])) <= block_ids
+
+
+@pytest.mark.parametrize(
+    ("fault", "code"),
+    [
+        ({"kind": "status", "status": 408}, "MODEL_TIMEOUT"),  # case P1
+        ({"kind": "out_of_capacity"}, "TEMPORARY_PROVIDER_ERROR"),  # case P2
+    ],
+)
+async def test_provider_failures_end_the_attempt_retryable(
+    backend: tuple[FakeBackend, int, int], standin: Any, fault: dict[str, Any], code: str
+) -> None:
+    """The worker fails the attempt with the retryable code (job_service retries it),
+    after exactly one model call: neither is answered with an in-attempt re-ask."""
+    b, job_port, cred_port = backend
+    b.base_url = standin.base_url
+    standin.add_faults([fault])
+    b.add_job(make_job("job-p"), snapshot_payload())
+    app = WorkerApp(worker_settings(job_port, cred_port), provider=None)
+    await app.start()
+    try:
+        await b.wait_for(lambda: bool(b.fails) and bool(b.invocations), within=10)
+    finally:
+        await app.stop(0.1)
+    assert [f.error_code for f in b.fails] == [code]
+    assert b.results == []
+    assert standin.stats()["requests"] == 1
+    assert [(i.outcome, i.error_code) for i in b.invocations] == [("failed", code)]

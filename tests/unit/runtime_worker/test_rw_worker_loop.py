@@ -114,6 +114,22 @@ async def test_happy_path_submits_result_and_records_invocation(
     assert not inv.HasField("error_code")
 
 
+async def test_an_answer_longer_than_the_count_submits_the_first_count(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    b = backend[0]
+    second = {**QUIZ_OUTPUT["items"][0], "stem": "What shrinks each call?"}
+
+    async def two_questions(_request: ModelRequest) -> ModelResponse:
+        content = json.dumps({"items": [*QUIZ_OUTPUT["items"], second]})
+        return ModelResponse(content, "stop", Usage(1, 1, 0), "r", 5)
+
+    b.add_job(make_job("job-count"))  # count 1
+    await start_app(backend, apps, provider=ScriptedProvider(two_questions))
+    await b.wait_for(lambda: bool(b.results))
+    assert struct_to_dict(b.results[0].output) == QUIZ_OUTPUT
+
+
 async def test_claims_only_free_slots(backend: Backend, apps: list[WorkerApp]) -> None:
     b = backend[0]
     for i in range(3):

@@ -137,6 +137,17 @@ async def test_truncated(standin: StandIn, client: httpx.AsyncClient) -> None:
         json.loads(content)
 
 
+async def test_out_of_capacity_cuts_the_answer(standin: StandIn, client: httpx.AsyncClient) -> None:
+    standin.add_faults([{"kind": "out_of_capacity", "fraction": 0.5}])
+    r = await client.post("/chat/completions", json=chat_body("quiz_generation"))
+    content, finish = content_of(r)
+    assert r.status_code == 200 and finish == "insufficient_system_resource"
+    assert content.startswith('{"items": [')
+    with pytest.raises(ValueError):
+        json.loads(content)
+    assert standin.stats()["byOutcome"] == {"out_of_capacity": 1}
+
+
 async def test_invalid_json(standin: StandIn, client: httpx.AsyncClient) -> None:
     standin.add_faults([{"kind": "invalid_json"}])
     r = await client.post("/chat/completions", json=chat_body("learning_state_analysis"))
@@ -195,6 +206,39 @@ async def test_keepalive_forever_defeats_read_timeouts(standin: StandIn) -> None
     assert received.strip() == b""
     assert standin.stats()["byOutcome"] == {"keepalive_forever": 1}
     # the server notices the client left and ends the connection
+    await eventually(lambda: standin.stats()["openConnections"] == 0)
+
+
+async def test_huge_body_is_a_whole_envelope_when_read_to_the_end(
+    standin: StandIn, client: httpx.AsyncClient
+) -> None:
+    standin.add_faults([{"kind": "huge_body", "totalBytes": 300_000}])
+    r = await client.post("/chat/completions", json=chat_body("quiz_generation"))
+    assert r.status_code == 200 and r.headers["transfer-encoding"] == "chunked"
+    content, finish = content_of(r)
+    assert (len(content), set(content), finish) == (300_000, {"a"}, "stop")
+    entry = standin.requests()[-1]
+    assert entry["outcome"] == "huge_body" and entry["clientClosed"] is False
+    assert entry["bytesSent"] == len(r.content)
+
+
+async def test_huge_body_stops_when_the_client_leaves(standin: StandIn) -> None:
+    """500 MB are streamed as the client reads: a client that leaves after 1 MiB
+    gets no more, and the stand-in never held more than a chunk of it."""
+    standin.add_faults([{"kind": "huge_body"}])
+    body = chat_body("quiz_generation")
+    async with (
+        httpx.AsyncClient(base_url=standin.base_url, headers=AUTH) as c,
+        c.stream("POST", "/chat/completions", json=body) as r,
+    ):
+        got = 0
+        async for chunk in r.aiter_raw():
+            got += len(chunk)
+            if got > 1024 * 1024:
+                break
+    entry = standin.requests()[-1]
+    await eventually(lambda: entry["clientClosed"] is True, limit=5)
+    assert entry["bytesSent"] < 64 * 1024 * 1024
     await eventually(lambda: standin.stats()["openConnections"] == 0)
 
 

@@ -246,11 +246,12 @@ def test_true_false_has_real_false_variants(doc: str) -> None:
     snapshot, _ = doc_snapshot(doc)
     items = answer("quiz_generation", snapshot, {"count": 12, "questionTypes": ["true_false"]})
     answers = [q["answer"] for q in items]
-    assert 4 <= answers.count(False) <= 8 and 4 <= answers.count(True) <= 8
+    assert 4 <= answers.count("false") <= 8 and 4 <= answers.count("true") <= 8
     for q in items:
+        assert q["options"] == ["true", "false"]  # SPEC §9.4, whatever the language
         statement = re.sub(r"^(True or false: |判断正误：)", "", q["stem"])
         src = " ".join(split_sentences(block_text(snapshot, q["sourceBlockIds"][0])))
-        if q["answer"]:
+        if q["answer"] == "true":
             assert statement in src
         else:
             assert statement not in src

@@ -1,8 +1,9 @@
 from zhixi.airuntime.common.v1 import message_pb2 as _message_pb2
 from zhixi.airuntime.credential.v1 import message_pb2 as _message_pb2_1
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -104,11 +105,13 @@ class CheckCredentialRequest(_message.Message):
     def __init__(self, user_id: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ...) -> None: ...
 
 class CheckCredentialResponse(_message.Message):
-    __slots__ = ("usable", "credential_id", "reason")
+    __slots__ = ("usable", "credential_id", "reason", "providers")
     USABLE_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     usable: bool
     credential_id: str
     reason: str
-    def __init__(self, usable: _Optional[bool] = ..., credential_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    providers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, usable: _Optional[bool] = ..., credential_id: _Optional[str] = ..., reason: _Optional[str] = ..., providers: _Optional[_Iterable[str]] = ...) -> None: ...
