@@ -9,6 +9,7 @@ import grpc
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
+from airuntime_common import tracing
 from api_gateway import errors
 from api_gateway.backends import Backends
 from api_gateway.middleware import GatewayMetrics, GatewayMiddleware
@@ -32,20 +33,27 @@ def create_app(
 
     Returns:
         The ASGI app. Without injected channels the backends connect on startup.
+        With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`)
+        every request but the probes has a server span and the backends' calls
+        carry its trace context.
 
     Raises:
         MissingSetting: a required secret is unset (the variable is named).
+        InvalidSetting: an unsupported OpenTelemetry exporter or protocol.
     """
     settings.check()
+    telemetry = tracing.setup("api_gateway")
     injected: Backends | None = None
     if job_channel is not None or credential_channel is not None:
         if job_channel is None or credential_channel is None:
             raise ValueError("inject both job_channel and credential_channel, or neither")
-        injected = Backends(settings, job_channel, credential_channel, owns_channels=False)
+        injected = Backends(
+            settings, job_channel, credential_channel, owns_channels=False, tracing=telemetry
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backends = injected or Backends.connect(settings)
+        backends = injected or Backends.connect(settings, tracing=telemetry)
         app.state.backends = backends
         try:
             yield
@@ -81,4 +89,6 @@ def create_app(
         max_json_depth=settings.MAX_JSON_DEPTH,
         metrics=metrics,
     )
+    if telemetry is not None:
+        telemetry.instrument_fastapi(app)
     return app
