@@ -421,7 +421,7 @@ def note_error(code: str) -> None:
         return
     from opentelemetry import trace
 
-    trace.get_current_span().set_attribute("error.type", code)
+    trace.get_current_span().set_attribute("error.type", str(code))
 
 
 def note_rpc_status(code_name: str) -> None:

@@ -118,8 +118,8 @@ class _TracedAttempt(AttemptTrace):
     def _set_error(self, span: Span, code: str) -> None:
         from opentelemetry.trace import Status, StatusCode
 
-        span.set_attribute(ERROR_TYPE, code)
-        span.set_status(Status(StatusCode.ERROR, code))
+        span.set_attribute(ERROR_TYPE, str(code))
+        span.set_status(Status(StatusCode.ERROR, str(code)))
 
     def _span(self, name: str, **extra: Any) -> AbstractContextManager[Span]:
         return self._tracer.start_as_current_span(
@@ -176,7 +176,7 @@ class _TracedAttempt(AttemptTrace):
 
     @contextlib.contextmanager
     def _ending(self, name: str, error_code: str | None) -> Iterator[None]:
-        extra = {JOB_ERROR_CODE: error_code} if error_code else {}
+        extra = {JOB_ERROR_CODE: str(error_code)} if error_code else {}
         with self._span(name, **extra) as span:
             try:
                 yield

@@ -8,6 +8,7 @@ servers or channels are traced.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -44,6 +45,14 @@ class Capture:
         found = self.named(name)
         assert len(found) == 1, f"{len(found)} spans named {name!r}: {self.names()}"
         return found[0]
+
+    async def ended(self, name: str, count: int = 1, within: float = 5.0) -> list[ReadableSpan]:
+        """Wait until ``count`` spans called ``name`` have ended (a server span ends
+        after its answer is sent, so a client can see the answer first)."""
+        async with asyncio.timeout(within):
+            while len(self.named(name)) < count:  # noqa: ASYNC110 (the SDK ends spans; no event to wait on)
+                await asyncio.sleep(0.01)
+        return self.named(name)
 
     def names(self) -> list[str]:
         """Names of the ended spans."""

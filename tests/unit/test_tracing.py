@@ -200,6 +200,7 @@ async def test_a_traced_server_and_channel_make_one_client_and_one_server_span(
         await channel.close()
         await server.stop(0)
     name = "/zhixi.airuntime.worker.v1.WorkerStatusService/GetStatus"
+    await capture.ended(name, count=2)
     (client,) = [s for s in capture.named(name) if s.kind is SpanKind.CLIENT]
     (served,) = [s for s in capture.named(name) if s.kind is SpanKind.SERVER]
     assert client.parent is not None and client.parent.span_id == caller.get_span_context().span_id

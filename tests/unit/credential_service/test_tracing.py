@@ -46,7 +46,8 @@ async def test_resolve_joins_the_workers_trace_and_no_key_is_recorded(
     health = health_pb2_grpc.HealthStub(env.channel)
     await health.Check(health_pb2.HealthCheckRequest(service=""))
 
-    server = capture.one(RESOLVE)
+    await capture.ended("/zhixi.airuntime.job.v1.JobService/VerifyLease")
+    (server,) = await capture.ended(RESOLVE)
     assert server.kind is SpanKind.SERVER and service_of(server) == "credential_service"
     assert server.context is not None and server.context.trace_id == trace_id
     assert server.parent is not None and server.parent.span_id == worker_span
@@ -95,7 +96,7 @@ async def test_a_refused_call_is_recorded_with_its_status_and_code(
         )
     assert refused.value.code() is code
 
-    server = capture.one(RESOLVE)
+    (server,) = await capture.ended(RESOLVE)
     attributes = server.attributes or {}
     assert attributes["rpc.grpc.status_code"] == code.value[0]
     assert attributes["error.type"] == reason
