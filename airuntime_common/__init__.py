@@ -2,7 +2,8 @@
 
 Settings base, error codes (SPEC §4), enum mapping between the spec's strings
 and the protobuf enums, gRPC server bootstrap and interceptors, database
-engine helpers, canonical JSON, time helpers and structured logging.
+engine helpers, canonical JSON, time helpers, structured logging and
+OpenTelemetry tracing (:mod:`airuntime_common.tracing`).
 A service imports this package and the generated stubs in ``zhixi``, never
 another service's internals.
 """

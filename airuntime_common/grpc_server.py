@@ -3,8 +3,9 @@
 Every server gets: the internal-token interceptor (``x-internal-api-key``,
 compared in constant time; health and reflection stay open so probes and
 ``grpcurl list`` work), request-id propagation into the log context, the
-standard health service and server reflection (SPEC §1), optional TLS, and
-a graceful stop on SIGTERM/SIGINT.
+standard health service and server reflection (SPEC §1), optional TLS,
+OpenTelemetry server spans when the process has tracing (SPEC §9.5, see
+:mod:`airuntime_common.tracing`), and a graceful stop on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Histogram
 
 from airuntime_common import metadata
+from airuntime_common import tracing as _tracing
 from airuntime_common.errors import AppError, ErrorCode
-from airuntime_common.grpc_errors import to_status
+from airuntime_common.grpc_errors import abort
 from airuntime_common.logs import bind, log_context
 from airuntime_common.settings import MissingSetting
 
@@ -73,10 +75,16 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
     Also binds ``requestId`` and ``runtimeInstanceId`` from metadata into the
     log context of the call.
+
+    Args:
+        token: the internal service token.
+        traced: the server has the OpenTelemetry interceptor (in front of this one):
+            each call's final status is then put on its server span.
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, *, traced: bool = False) -> None:
         self._token = token.encode()
+        self._traced = traced
 
     async def intercept_service(
         self,
@@ -93,6 +101,7 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             return _with_context(
                 _refuse(AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key")),
                 method_label(method),
+                self._traced,
             )
         handler = await continuation(details)
         request_id = md.get(metadata.REQUEST_ID) or uuid.uuid4().hex
@@ -100,6 +109,7 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         return _with_context(
             handler,
             method_label(method),
+            self._traced,
             requestId=request_id,
             runtimeInstanceId=instance_id,
         )
@@ -107,7 +117,7 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 def _refuse(err: AppError) -> grpc.RpcMethodHandler:
     async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        await context.abort_with_status(to_status(err))
+        await abort(context, err)
 
     return grpc.unary_unary_rpc_method_handler(deny)
 
@@ -143,7 +153,7 @@ def _safe_deserializer(
 
 
 def _with_context(
-    handler: grpc.RpcMethodHandler | None, method: str, **fields: Any
+    handler: grpc.RpcMethodHandler | None, method: str, traced: bool, **fields: Any
 ) -> grpc.RpcMethodHandler:
     if handler is None or handler.unary_unary is None:
         return handler
@@ -155,23 +165,23 @@ def _with_context(
         token = bind(**fields)
         try:
             if isinstance(request, _Undecodable):
-                await context.abort_with_status(
-                    to_status(
-                        AppError(
-                            ErrorCode.INVALID_ARGUMENT,
-                            "request is not a valid protobuf message for this method",
-                            {"reason": request.reason},
-                        )
-                    )
+                await abort(
+                    context,
+                    AppError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        "request is not a valid protobuf message for this method",
+                        {"reason": request.reason},
+                    ),
                 )
             return await inner(request, context)
         except asyncio.CancelledError:  # the caller went away (deadline, cancel)
             code = "CANCELLED"
             raise
         finally:
-            RPC_SECONDS.labels(method, code or _status_name(context)).observe(
-                time.perf_counter() - started
-            )
+            final = code or _status_name(context)
+            RPC_SECONDS.labels(method, final).observe(time.perf_counter() - started)
+            if traced:
+                _tracing.note_rpc_status(final)
             log_context.reset(token)
 
     return grpc.unary_unary_rpc_method_handler(
@@ -232,6 +242,9 @@ class GrpcServer:
         service_names: full names of the services registered, for reflection and health.
         register: callback adding the servicers to the server.
         tls_cert_file, tls_key_file: optional PEM files for TLS.
+        tracing: the service's tracing; None: the process's
+            (:func:`airuntime_common.tracing.current`), if any. With tracing, every
+            call but health and reflection gets a server span.
 
     Raises:
         CannotListen: ``address`` cannot be bound (a port in use, an unknown host).
@@ -246,9 +259,14 @@ class GrpcServer:
         register: Callable[[grpc.aio.Server], None],
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        tracing: _tracing.Tracing | None = None,
     ) -> None:
+        traced = tracing or _tracing.current()
+        interceptors: list[Any] = [] if traced is None else traced.server_interceptors()
+        # the span's interceptor first: a call the token refuses is traced too
+        interceptors.append(InternalAuthInterceptor(token, traced=traced is not None))
         self.server = grpc.aio.server(
-            interceptors=[InternalAuthInterceptor(token)],
+            interceptors=interceptors,
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -306,7 +324,9 @@ def install_stop_signals(stop: asyncio.Event) -> None:
 ROUND_ROBIN_SERVICE_CONFIG = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 
 
-def insecure_or_tls_channel(target: str, ca_file: str | None = None) -> grpc.aio.Channel:
+def insecure_or_tls_channel(
+    target: str, ca_file: str | None = None, *, tracing: _tracing.Tracing | None = None
+) -> grpc.aio.Channel:
     """One channel per backend: TLS when a CA file is configured, else plaintext.
 
     ``target`` is any gRPC target: ``host:port``, a DNS name with several
@@ -314,6 +334,10 @@ def insecure_or_tls_channel(target: str, ca_file: str | None = None) -> grpc.aio
     launcher's ``--job-services N``). Calls are spread round robin over every
     address (:data:`ROUND_ROBIN_SERVICE_CONFIG`); an address that is down is
     skipped until it answers again.
+
+    With ``tracing`` (None: the process's, :func:`airuntime_common.tracing.current`)
+    every call but health and reflection gets a client span and carries its
+    ``traceparent``; without, the channel has no interceptor at all.
     """
     options = [
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -321,7 +345,9 @@ def insecure_or_tls_channel(target: str, ca_file: str | None = None) -> grpc.aio
         ("grpc.keepalive_time_ms", 30000),
         ("grpc.service_config", ROUND_ROBIN_SERVICE_CONFIG),
     ]
+    traced = tracing or _tracing.current()
+    interceptors = None if traced is None else traced.client_interceptors()
     if ca_file:
         creds = grpc.ssl_channel_credentials(Path(ca_file).read_bytes())
-        return grpc.aio.secure_channel(target, creds, options=options)
-    return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)

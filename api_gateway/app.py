@@ -9,6 +9,7 @@ import grpc
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
+from airuntime_common import tracing
 from api_gateway import errors
 from api_gateway.backends import Backends
 from api_gateway.cors import GatewayCORS
@@ -41,20 +42,27 @@ def create_app(
         The ASGI app. Without injected channels the backends connect on startup.
         ``/docs`` (Swagger UI) and ``/redoc`` load every script and stylesheet from
         the gateway itself; a path with a trailing slash is 404, never a redirect.
+        With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`)
+        every request but the probes has a server span and the backends' calls
+        carry its trace context.
 
     Raises:
         MissingSetting: a required secret is unset (the variable is named).
+        InvalidSetting: an unsupported OpenTelemetry exporter or protocol.
     """
     settings.check()
+    telemetry = tracing.setup("api_gateway")
     injected: Backends | None = None
     if job_channel is not None or credential_channel is not None:
         if job_channel is None or credential_channel is None:
             raise ValueError("inject both job_channel and credential_channel, or neither")
-        injected = Backends(settings, job_channel, credential_channel, owns_channels=False)
+        injected = Backends(
+            settings, job_channel, credential_channel, owns_channels=False, tracing=telemetry
+        )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        backends = injected or Backends.connect(settings)
+        backends = injected or Backends.connect(settings, tracing=telemetry)
         app.state.backends = backends
         try:
             yield
@@ -87,6 +95,8 @@ def create_app(
         max_json_depth=settings.MAX_JSON_DEPTH,
         metrics=metrics,
     )
+    if telemetry is not None:
+        telemetry.instrument_fastapi(app)
     if settings.cors_origins:  # outermost: the gateway's own refusals get CORS headers too
         app.add_middleware(GatewayCORS, origins=settings.cors_origins)
     return app

@@ -21,6 +21,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.metadata import outgoing
+from airuntime_common.tracing import Tracing
 from api_gateway.settings import GatewaySettings
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
 from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
@@ -40,6 +41,8 @@ class Backends:
         job_channel: channel to job_service.
         credential_channel: channel to credential_service.
         owns_channels: close the two channels in :meth:`aclose` (False when injected).
+        tracing: the gateway's tracing, for the worker status channels it opens
+            (None: the process's, if any; SPEC §9.5).
     """
 
     def __init__(
@@ -49,8 +52,10 @@ class Backends:
         credential_channel: grpc.aio.Channel,
         *,
         owns_channels: bool,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        self.tracing = tracing
         self.job_channel = job_channel
         self.credential_channel = credential_channel
         self.owns_channels = owns_channels
@@ -62,16 +67,19 @@ class Backends:
         self._closing: set[asyncio.Future[None]] = set()
 
     @classmethod
-    def connect(cls, settings: GatewaySettings) -> Backends:
+    def connect(cls, settings: GatewaySettings, *, tracing: Tracing | None = None) -> Backends:
         """Open one channel per backend from ``JOB_SERVICE_ADDR`` / ``CREDENTIAL_SERVICE_ADDR``.
 
-        Must run inside the serving event loop (the app's lifespan).
+        Must run inside the serving event loop (the app's lifespan). With ``tracing``
+        every call carries the request's trace context (SPEC §9.5).
         """
+        ca = settings.GRPC_TLS_CA_FILE
         return cls(
             settings,
-            insecure_or_tls_channel(settings.JOB_SERVICE_ADDR, settings.GRPC_TLS_CA_FILE),
-            insecure_or_tls_channel(settings.CREDENTIAL_SERVICE_ADDR, settings.GRPC_TLS_CA_FILE),
+            insecure_or_tls_channel(settings.JOB_SERVICE_ADDR, ca, tracing=tracing),
+            insecure_or_tls_channel(settings.CREDENTIAL_SERVICE_ADDR, ca, tracing=tracing),
             owns_channels=True,
+            tracing=tracing,
         )
 
     def worker(self, address: str) -> Any:
@@ -83,7 +91,9 @@ class Backends:
                 oldest = next(iter(self._worker_channels))
                 stale = self._worker_channels.pop(oldest)
                 self._closing.add(asyncio.ensure_future(stale.close()))
-            channel = insecure_or_tls_channel(address, self.settings.GRPC_TLS_CA_FILE)
+            channel = insecure_or_tls_channel(
+                address, self.settings.GRPC_TLS_CA_FILE, tracing=self.tracing
+            )
             self._worker_channels[address] = channel
         return worker_grpc.WorkerStatusServiceStub(channel)
 

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from airuntime_common import tracing
 from airuntime_common.db import make_engine, make_sessionmaker, opening_database
 from airuntime_common.grpc_server import GrpcServer, install_stop_signals
 from credential_service import SERVICE_NAME, migrate
@@ -83,10 +84,16 @@ async def serve(
         verifier: lease verifier override; by default a gRPC client of ``JOB_SERVICE_ADDR``.
         run_migrations: upgrade the database to head first (as production serve does).
 
+    With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`) every
+    call gets a server span, joined to its caller's trace, and the lease checks
+    with job_service carry it on.
+
     Raises:
         MissingSetting: missing token or missing/malformed master keys (clear message).
+        InvalidSetting: an unsupported OpenTelemetry exporter or protocol.
     """
     settings.validate_for_serve()
+    telemetry = tracing.setup("credential_service")
     keyring = Keyring.from_env_value(settings.CREDENTIAL_ENCRYPTION_KEYS.get_secret_value())
     if run_migrations:
         await migrate.upgrade(settings.CREDENTIAL_DATABASE_URL)
@@ -98,6 +105,7 @@ async def serve(
             settings.RUNTIME_SERVICE_TOKEN,
             timeout_seconds=settings.VERIFY_LEASE_TIMEOUT_SECONDS,
             ca_file=settings.GRPC_TLS_CA_FILE,
+            tracing=telemetry,
         )
         verifier = owned_verifier
     store = CredentialStore(make_sessionmaker(engine), keyring, settings, verifier)
@@ -114,6 +122,7 @@ async def serve(
         register=register,
         tls_cert_file=settings.GRPC_TLS_CERT_FILE,
         tls_key_file=settings.GRPC_TLS_KEY_FILE,
+        tracing=telemetry,
     )
     await server.start()
     metrics_server = _start_metrics(settings.CREDENTIAL_SERVICE_METRICS_PORT)

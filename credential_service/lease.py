@@ -8,6 +8,7 @@ resolves that arrive together in one call).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import json
 import time
@@ -21,6 +22,8 @@ from airuntime_common.enums import API_KEY_MODE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
+from airuntime_common.tracing import Tracing
+from airuntime_common.tracing import current as current_tracing
 from credential_service import metrics
 from zhixi.airuntime.job.v1 import request_response_pb2 as job_rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
@@ -87,6 +90,8 @@ MAX_CALLS_IN_FLIGHT = 1
 class _Waiting:
     request: job_rr.VerifyLeaseRequest
     future: asyncio.Future[LeaseInfo]
+    #: the asker's context (traced only): its batch's call is a span of its trace
+    context: contextvars.Context | None = None
 
 
 class GrpcLeaseVerifier:
@@ -103,12 +108,22 @@ class GrpcLeaseVerifier:
         token: the internal service token sent as ``x-internal-api-key``.
         timeout_seconds: deadline of every call.
         ca_file: PEM CA for TLS, or None for plaintext.
+        tracing: credential_service's tracing (None: the process's, if any): each
+            ``VerifyLeases`` call is a client span in the trace of the first
+            resolve of its batch.
     """
 
     def __init__(
-        self, target: str, token: str, *, timeout_seconds: float = 5.0, ca_file: str | None = None
+        self,
+        target: str,
+        token: str,
+        *,
+        timeout_seconds: float = 5.0,
+        ca_file: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
-        self._channel = insecure_or_tls_channel(target, ca_file)
+        self._channel = insecure_or_tls_channel(target, ca_file, tracing=tracing)
+        self._traced = (tracing or current_tracing()) is not None
         self._stub = job_grpc.JobServiceStub(self._channel)
         self._token = token
         self._timeout = timeout_seconds
@@ -131,7 +146,11 @@ class GrpcLeaseVerifier:
         if time.monotonic() < self._unbatched_until:
             return await self._verify_one(request, request_id)
         loop = asyncio.get_running_loop()
-        waiting = _Waiting(request, loop.create_future())
+        waiting = _Waiting(
+            request,
+            loop.create_future(),
+            contextvars.copy_context() if self._traced else None,
+        )
         self._waiting.append(waiting)
         self._schedule(loop)
         return await waiting.future
@@ -148,7 +167,9 @@ class GrpcLeaseVerifier:
             del self._waiting[:MAX_LEASES_PER_CALL]
             if batch:
                 self._in_flight += 1
-                task = asyncio.ensure_future(self._send(batch))
+                task = asyncio.get_running_loop().create_task(
+                    self._send(batch), context=batch[0].context
+                )
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 

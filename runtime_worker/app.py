@@ -10,6 +10,7 @@ import asyncio
 import logging
 import socket
 
+from airuntime_common import tracing
 from airuntime_common.grpc_server import GrpcServer
 from runtime_worker.client import RuntimeClient
 from runtime_worker.providers.base import ModelProvider
@@ -34,18 +35,29 @@ def _advertised(settings: WorkerSettings, port: int) -> str:
 class WorkerApp:
     """The whole worker process in one object.
 
+    With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`) each
+    attempt's spans join its job's trace (:mod:`runtime_worker.spans`), every gRPC
+    call is a client span and the DeepSeek provider's HTTP calls are httpx spans.
+
     Args:
         settings: worker settings (checked by :meth:`start`).
         provider: model provider; DeepSeek over httpx when omitted.
+
+    Raises:
+        InvalidSetting: an unsupported OpenTelemetry exporter or protocol.
     """
 
     def __init__(self, settings: WorkerSettings, provider: ModelProvider | None = None) -> None:
         self.settings = settings
+        self.tracing = tracing.setup("runtime_worker")
         self._own_provider = provider is None
         self.provider: ModelProvider = provider or DeepSeekProvider(
             max_connections=settings.WORKER_CONCURRENCY,
             max_response_bytes=settings.MODEL_MAX_RESPONSE_BYTES,
         )
+        if self.tracing is not None and isinstance(self.provider, DeepSeekProvider):
+            for http_client in self.provider.http_clients:
+                self.tracing.instrument_httpx(http_client)
         self.client = RuntimeClient(
             job_target=settings.JOB_SERVICE_ADDR,
             credential_target=settings.CREDENTIAL_SERVICE_ADDR,
@@ -55,6 +67,7 @@ class WorkerApp:
             retry_seconds=settings.RPC_RETRY_SECONDS,
             heartbeat_retry_seconds=settings.HEARTBEAT_INTERVAL_SECONDS,
             ca_file=settings.GRPC_TLS_CA_FILE,
+            tracing=self.tracing,
         )
         self.status_address = ""
         self.worker = Worker(
@@ -63,6 +76,7 @@ class WorkerApp:
             self.provider,
             status_address=lambda: self.status_address,
             on_draining=self._not_serving,
+            tracing=self.tracing,
         )
         self.server: GrpcServer | None = None
         self._metrics_started = False
@@ -91,6 +105,7 @@ class WorkerApp:
             register=lambda s: wgrpc.add_WorkerStatusServiceServicer_to_server(status, s),
             tls_cert_file=self.settings.GRPC_TLS_CERT_FILE,
             tls_key_file=self.settings.GRPC_TLS_KEY_FILE,
+            tracing=self.tracing,
         )
         await self.server.start()
         self.status_address = _advertised(self.settings, self.server.port)

@@ -31,6 +31,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.settings import DAY
+from airuntime_common.tracing import Tracing
 from runtime_worker import metrics as worker_metrics
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
@@ -69,6 +70,8 @@ class RuntimeClient:
         heartbeat_retry_seconds: how long one batched heartbeat keeps retrying (s); keep
             it at most the heartbeat interval so beats do not pile up.
         ca_file: CA bundle for TLS, or None for plaintext.
+        tracing: the worker's tracing (None: the process's, if any): every call is then
+            a client span of the current span and carries its ``traceparent``.
     """
 
     def __init__(
@@ -82,14 +85,15 @@ class RuntimeClient:
         retry_seconds: float = 30.0,
         heartbeat_retry_seconds: float = 5.0,
         ca_file: str | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.instance_id = instance_id
         self._token = token
         self._rpc_timeout = rpc_timeout
         self._retry_seconds = retry_seconds
         self._heartbeat_retry_seconds = heartbeat_retry_seconds
-        self._job_channel = insecure_or_tls_channel(job_target, ca_file)
-        self._cred_channel = insecure_or_tls_channel(credential_target, ca_file)
+        self._job_channel = insecure_or_tls_channel(job_target, ca_file, tracing=tracing)
+        self._cred_channel = insecure_or_tls_channel(credential_target, ca_file, tracing=tracing)
         self._jobs = job_grpc.JobServiceStub(self._job_channel)
         self._creds = cred_grpc.CredentialServiceStub(self._cred_channel)
 

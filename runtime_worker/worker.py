@@ -38,6 +38,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
 from airuntime_common.timeutil import utcnow
+from airuntime_common.tracing import Tracing
 from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
 from runtime_worker.generation import ABORTED, Invocation, generate
@@ -46,6 +47,7 @@ from runtime_worker.prompts import render_prompt
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
+from runtime_worker.spans import NO_TRACE, SPAN_FAIL, SPAN_RESULT, AttemptSpans, AttemptTrace
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
@@ -140,6 +142,8 @@ class JobRun:
     work: asyncio.Task[tuple[str, dict[str, Any]]] | None = None
     task: asyncio.Task[None] | None = None
     invocations: list[Invocation] = field(default_factory=list)
+    #: the attempt's spans (SPEC §9.5; a no-op with tracing off)
+    trace: AttemptTrace = NO_TRACE
     api_key_mode: int = 0
     credential_id: str | None = None
     model_provider: str = "deepseek"
@@ -177,6 +181,8 @@ class Worker:
         provider: the model provider.
         status_address: returns the address reported in ClaimJobs (may be "").
         on_draining: awaited once when draining starts (health → NOT_SERVING).
+        tracing: the worker's tracing: each attempt's spans (:mod:`runtime_worker.spans`)
+            join its job's trace. None: no spans.
     """
 
     def __init__(
@@ -187,8 +193,10 @@ class Worker:
         *,
         status_address: Callable[[], str] = lambda: "",
         on_draining: Callable[[], Awaitable[None]] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        self.spans = AttemptSpans(tracing)
         self.client = client
         self.provider = provider
         self.capabilities = settings.capabilities
@@ -299,6 +307,7 @@ class Worker:
         key = (run.job_id, run.attempt_no)
         if key in self.runs:  # a duplicate answer must not run the attempt twice
             return
+        run.trace = self.spans.start(job, claim)
         self.runs[key] = run
         self.keeper.register(run)
         run.task = asyncio.create_task(self._execute(run), name=f"job-{run.job_id}")
@@ -306,6 +315,10 @@ class Worker:
     # --------------------------------------------------------------- one job
 
     async def _execute(self, run: JobRun) -> None:
+        with run.trace.activate():
+            await self._attempt(run)
+
+    async def _attempt(self, run: JobRun) -> None:
         token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
         try:
             if run.age_seconds() > self.settings.HEARTBEAT_INTERVAL_SECONDS:
@@ -350,7 +363,9 @@ class Worker:
         # The key is resolved while the snapshot is read: both only need the lease
         # (locked or running), and neither waits for the other. The snapshot's
         # error, if any, is the one reported, as when they ran one after the other.
-        key_call = asyncio.ensure_future(self.client.resolve_credential(run.job_id, run.attempt_no))
+        key_call = asyncio.ensure_future(
+            run.trace.resolve(lambda: self.client.resolve_credential(run.job_id, run.attempt_no))
+        )
         try:
             snap_resp = run.snapshot
             if snap_resp is None:
@@ -388,7 +403,9 @@ class Worker:
         run.model_provider = cred.model_provider or job.model_provider or self.provider.name
         run.model_name = cred.model_name or job.model_name or "deepseek-chat"
         output = await generate(
-            self.provider,
+            run.trace.provider(
+                self.provider, model_provider=run.model_provider, model_name=run.model_name
+            ),
             job_type=run.job_type,
             prompt=prompt,
             model=run.model_name,
@@ -407,6 +424,7 @@ class Worker:
         if run.reason == LEASE_LOST:
             if not work.cancelled():
                 work.exception()  # retrieved: nothing is reported for a lost lease
+            run.trace.failed(ErrorCode.LOCK_NOT_HELD)
             self._count(LEASE_LOST)
             log.warning("attempt stopped: lease lost; nothing reported")
             return
@@ -425,6 +443,8 @@ class Worker:
         elif isinstance(exc, ModelError):
             await self._fail(run, exc.code, exc.message, exc.retry_after_seconds)
         elif isinstance(exc, AppError):
+            if exc.code in ABANDON_CODES or exc.code == ErrorCode.LOCK_NOT_HELD:
+                run.trace.failed(exc.code)  # not reported: the attempt still did not succeed
             if exc.code == ErrorCode.LOCK_NOT_HELD:
                 self._count(LEASE_LOST)
                 log.warning("attempt stopped: job_service says the lease is not held")
@@ -445,14 +465,15 @@ class Worker:
         self, run: JobRun, code: str, message: str, retry_after: float | None = None
     ) -> None:
         try:
-            await self.client.fail_job(
-                run.job_id,
-                run.attempt_no,
-                code,
-                message,
-                retry_after,
-                invocations=self._model_calls(run),
-            )
+            with run.trace.ending(SPAN_FAIL, code):
+                await self.client.fail_job(
+                    run.job_id,
+                    run.attempt_no,
+                    code,
+                    message,
+                    retry_after,
+                    invocations=self._model_calls(run),
+                )
             run.invocations.clear()  # logged with the fail
         except AppError as exc:
             if exc.code == ErrorCode.LOCK_NOT_HELD:
@@ -485,15 +506,16 @@ class Worker:
         began = time.monotonic()
         began_wall = time.time()
         try:
-            answer = await self.client.submit_result(
-                run.job_id,
-                run.attempt_no,
-                prompt_version=prompt_version,
-                output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
-                output=output,
-                invocations=self._model_calls(run),
-                claim_next=self._claim_next(),
-            )
+            with run.trace.ending(SPAN_RESULT):
+                answer = await self.client.submit_result(
+                    run.job_id,
+                    run.attempt_no,
+                    prompt_version=prompt_version,
+                    output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
+                    output=output,
+                    invocations=self._model_calls(run),
+                    claim_next=self._claim_next(),
+                )
             run.invocations.clear()  # logged with the result (or by the replayed original)
         except AppError as exc:
             if exc.code == ErrorCode.INVALID_SCHEMA:

@@ -179,6 +179,11 @@ class DeepSeekProvider:
         self._in_flight = [0] * len(self._clients)
 
     @property
+    def http_clients(self) -> tuple[httpx.AsyncClient, ...]:
+        """The ``httpx.AsyncClient`` pools the calls go through (to instrument them)."""
+        return tuple(self._clients)
+
+    @property
     def pools(self) -> int:
         """How many HTTP connection pools the calls are spread over."""
         return len(self._clients)
