@@ -5,7 +5,13 @@
   UPDATE's row count is rows *matched*, not rows changed (SPEC §3) — a
   same-microsecond heartbeat is never misread as a lost lease.
 * :func:`retry_transient` retries deadlocks (1213) and lock wait timeouts
-  (1205), and SQLite's "database is locked", invisibly (CONVENTIONS).
+  (1205), and SQLite's "database is locked", invisibly (CONVENTIONS). On a
+  MariaDB Galera cluster a write set that fails certification at COMMIT (a
+  conflicting write committed on another node first), or a transaction aborted
+  by a replicated one, is reported as the same 1213 and retried the same way.
+* Galera (SPEC §9.6): a node that is not in the Primary component (error
+  1047) counts as a lost connection, so the pool drops it and the next attempt
+  reconnects (through HAProxy: to the next writer).
 """
 
 from __future__ import annotations
@@ -33,6 +39,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MYSQL_TRANSIENT_ERRORS = frozenset({1213, 1205})
+#: ER_UNKNOWN_COM_ERROR, as a Galera node answers every statement while it is not
+#: part of the Primary component or not yet synced: "WSREP has not yet prepared node
+#: for application use". Nothing ran; another node (the proxy's next writer) can.
+WSREP_NOT_READY = 1047
 
 
 class DatabaseUnavailable(SystemExit):
@@ -296,11 +306,25 @@ def make_engine(
             },
         )
         event.listen(engine.sync_engine, "reset", _reset_if_in_transaction)
+        event.listen(engine.sync_engine, "handle_error", _wsrep_not_ready_is_a_disconnect)
         _skip_commit_after_batch(engine)
         if ping_idle_seconds is not None:
             _ping_when_idle(engine, ping_idle_seconds)
         return engine
     return create_async_engine(url)
+
+
+def _wsrep_not_ready_is_a_disconnect(context: Any) -> None:
+    """``handle_error`` listener: a Galera node outside the Primary component (1047,
+    :data:`WSREP_NOT_READY`) is treated as a lost connection. SQLAlchemy then
+    invalidates it (and the pool's other connections, opened to the same node)
+    instead of handing it out again, and the error carries ``connection_invalidated``,
+    which callers retry as a transaction that did not commit
+    (:class:`DisconnectedBeforeCommit`); the next connection goes through the proxy to
+    a node that is synced (SPEC §9.6)."""
+    args = getattr(context.original_exception, "args", ())
+    if args and args[0] == WSREP_NOT_READY:
+        context.is_disconnect = True
 
 
 def _ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
@@ -342,6 +366,23 @@ class DisconnectedBeforeCommit(Exception):
     def __init__(self, error: DBAPIError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+async def before_commit(fn: Callable[[Any], Awaitable[T]], db: Any) -> T:
+    """Await ``fn(db)`` inside a transaction whose COMMIT comes after it; a connection
+    found dead meanwhile (``connection_invalidated``: a failover, a KILL, a node that
+    left the cluster) is raised as :class:`DisconnectedBeforeCommit`, which
+    :func:`retry_transient` runs again (the server rolled the transaction back).
+
+    Raises:
+        DisconnectedBeforeCommit: for a :class:`DBAPIError` with ``connection_invalidated``.
+    """
+    try:
+        return await fn(db)
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise DisconnectedBeforeCommit(exc) from exc
+        raise
 
 
 def _in_transaction(dbapi_conn: Any) -> bool:
@@ -428,8 +469,20 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _backoff(attempt: int) -> float:
+    """Seconds before attempt ``attempt + 1``: 5 ms doubling, at most 0.5 s, jittered ±50 %."""
+    return min(0.5, 0.005 * 2.0**attempt) * (0.5 + random.random())
+
+
 async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) -> T:
     """Run ``fn`` (one whole transaction) again on a transient error, with jittered backoff.
+
+    Transient: a deadlock or lock wait timeout (:func:`is_transient`; on Galera also a
+    certification failure at COMMIT, which is reported as a deadlock), and a
+    connection that died before COMMIT (:class:`DisconnectedBeforeCommit`). The
+    first retry after a lost connection is at once (usually one stale pooled
+    connection); later ones back off like the others, so a failover to another
+    node (seconds) is waited for a while rather than met eight times in a row.
 
     Raises:
         The last error when every attempt failed, or any non-transient error at once.
@@ -443,11 +496,11 @@ async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) 
             log.info(
                 "connection lost before commit, retrying", extra={"fields": {"attempt": attempt}}
             )
-            continue
+            if attempt > 1:
+                await asyncio.sleep(_backoff(attempt))
         except DBAPIError as exc:
             if attempt == attempts or not is_transient(exc):
                 raise
-            delay = min(0.5, 0.005 * 2**attempt) * (0.5 + random.random())
             log.info("transient database error, retrying", extra={"fields": {"attempt": attempt}})
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_backoff(attempt))
     raise AssertionError("unreachable")
