@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,15 +56,29 @@ class DatabaseUnavailable(SystemExit):
     """A service's database could not be opened at start; exits with one line."""
 
 
+class UnsafeDatabaseTopology(RuntimeError):
+    """The database is reached in a way the services cannot run on safely (SPEC §9.6):
+    a Galera node written to directly (:func:`check_single_writer`). The message
+    completes ``<prog>: refusing to start: <variable> …``."""
+
+
+#: Set to ``true`` to let a service write straight to one node of a Galera cluster
+#: (a single writer that knows it is the only one; see :func:`check_single_writer`).
+GALERA_ALLOW_DIRECT_NODE = "GALERA_ALLOW_DIRECT_NODE"
+
+
 @contextlib.asynccontextmanager
 async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
     """Wrap a service's start: a database error inside (an unknown database, refused
     credentials, no server) stops the process with ``<prog>: refusing to start: the
     database of <variable> cannot be opened: <driver's message>`` instead of a
-    traceback. The URL itself is not shown (it may hold a password).
+    traceback, and so does a topology it cannot run on (:class:`UnsafeDatabaseTopology`:
+    ``<prog>: refusing to start: <variable> <why>``). The URL itself is not shown (it
+    may hold a password).
 
     Raises:
-        DatabaseUnavailable: for any :class:`DBAPIError` raised inside.
+        DatabaseUnavailable: for any :class:`DBAPIError` or
+            :class:`UnsafeDatabaseTopology` raised inside.
     """
     try:
         yield
@@ -72,6 +86,8 @@ async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
         raise DatabaseUnavailable(
             f"{prog}: refusing to start: the database of {variable} cannot be opened: {exc.orig}"
         ) from None
+    except UnsafeDatabaseTopology as exc:
+        raise DatabaseUnavailable(f"{prog}: refusing to start: {variable} {exc}") from None
 
 
 def binary_collation(dialect: Any) -> str:
@@ -223,6 +239,82 @@ def wsrep_on(connection: Any) -> bool:
     return row is not None and str(row[1]).upper() == "ON"
 
 
+def parse_addresses(value: str) -> set[tuple[str, int]]:
+    """``wsrep_incoming_addresses`` (``host:port,[v6]:port,…``) as ``{(host, port)}``;
+    entries without a port (``AUTO``, empty) are left out."""
+    out: set[tuple[str, int]] = set()
+    for item in value.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if sep and port.isdigit() and host:
+            out.add((host.strip("[]"), int(port)))
+    return out
+
+
+def _endpoint_addresses(host: str | None, port: int) -> set[tuple[str, int]]:
+    """Every IP address ``host`` resolves to, with ``port`` (empty when it does not)."""
+    if not host:
+        return set()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {(str(info[4][0]), port) for info in infos}
+
+
+def check_single_writer(connection: Any, env: Mapping[str, str] | None = None) -> None:
+    """Refuse a Galera node that this connection reaches directly (SPEC §9.6).
+
+    Galera lets every node take writes, but the services rely on locks that stay
+    on one node: ``SELECT … FOR UPDATE`` of the admission row that orders a
+    user's creates against a revoke, and a multi-statement batch ending in
+    ``COMMIT`` that a write set from another node can abort half-way (the
+    statements after the abort then commit on their own). Replicas writing to
+    different nodes at once let jobs slip past a revoke and can commit a job's
+    success without its result (see the README). So a service connects through a
+    single-writer proxy (HAProxy: one server, the others ``backup``); an endpoint
+    that is one of the cluster's own client addresses (``wsrep_incoming_addresses``)
+    of a cluster of two or more nodes is refused, unless
+    :data:`GALERA_ALLOW_DIRECT_NODE` is ``true`` (a single writer by construction).
+    Nothing is checked off Galera.
+
+    Args:
+        connection: a sync SQLAlchemy ``Connection``.
+        env: the environment (default: ``os.environ``).
+
+    Raises:
+        UnsafeDatabaseTopology: the endpoint is a node of a multi-node cluster.
+    """
+    if connection.dialect.name not in ("mysql", "mariadb") or not wsrep_on(connection):
+        return
+    if (env if env is not None else os.environ).get(
+        GALERA_ALLOW_DIRECT_NODE, ""
+    ).strip().lower() in ("1", "true", "yes", "on"):
+        return
+    status = {
+        str(k): str(v)
+        for k, v in connection.execute(
+            text(
+                "SHOW STATUS WHERE Variable_name IN"
+                " ('wsrep_cluster_size', 'wsrep_incoming_addresses')"
+            )
+        )
+    }
+    name = connection.execute(text("SELECT @@wsrep_node_name")).scalar()
+    size = int(status.get("wsrep_cluster_size", "0") or 0)
+    url = connection.engine.url
+    endpoint = _endpoint_addresses(url.host, int(url.port or 3306))
+    nodes = parse_addresses(status.get("wsrep_incoming_addresses", ""))
+    direct = bool(endpoint & nodes) or (not url.host and "unix_socket" in url.query)
+    if size >= 2 and direct:
+        raise UnsafeDatabaseTopology(
+            f"points straight at Galera node {name!r} of a {size}-node cluster: replicas"
+            " writing to different nodes at once are not safe (SPEC §9.6). Connect"
+            " through a single-writer proxy (HAProxy with one server and the others"
+            f" 'backup'), or set {GALERA_ALLOW_DIRECT_NODE}=true if this process is the"
+            " only writer."
+        )
+
+
 @contextlib.contextmanager
 def migration_lock(
     connection: Any, name: str, timeout_s: float = MIGRATION_LOCK_TIMEOUT_SECONDS
@@ -236,7 +328,9 @@ def migration_lock(
 
     * MySQL / MariaDB: ``GET_LOCK`` on ``connection``'s session (it outlives the
       DDL's implicit commits, and the server frees it if the process dies).
-    * MariaDB Galera (``wsrep_on``, SPEC §9.6): ``GET_LOCK`` is local to one node,
+    * MariaDB Galera (``wsrep_on``, SPEC §9.6): first :func:`check_single_writer`
+      (every replica migrates at start, so a replica that would write to a node
+      directly refuses to start here). ``GET_LOCK`` is local to one node,
       so two replicas writing to different nodes would both hold it. The lock is
       then a row of :data:`GALERA_LOCK_TABLE`, inserted by autocommit on a
       connection of its own: a commit is certified cluster-wide, so of two
@@ -253,6 +347,7 @@ def migration_lock(
 
     Raises:
         TimeoutError: the lock was not free within ``timeout_s`` seconds.
+        UnsafeDatabaseTopology: see :func:`check_single_writer`.
     """
     if connection.dialect.name not in ("mysql", "mariadb"):
         yield
@@ -262,6 +357,7 @@ def migration_lock(
     outer = connection.in_transaction()
     galera = wsrep_on(connection)
     if galera:
+        check_single_writer(connection)
         if not outer:
             connection.commit()
         lock = GaleraLock(_pymysql_connector(connection), name, lease_s=GALERA_LOCK_LEASE_SECONDS)
