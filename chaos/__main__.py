@@ -14,7 +14,8 @@ Options:
   with ``--galera`` and no ``--fault``: the three ``galera_*`` faults;
 * ``--direct-writes``: ``galera_multi_writer`` lets its replicas write to their
   nodes (``GALERA_ALLOW_DIRECT_NODE=true``) and measures what happens, instead of
-  expecting them to refuse at start;
+  expecting them to refuse at start; ``--replicas-via-proxy``: its control, both
+  replicas through HAProxy (so on one node) with the same load;
 * ``--skew-method auto|faketime|python``, ``--seed N``, ``--keep``;
 * ``--time-scale X|auto`` (``CHAOS_TIME_SCALE``): multiply leases and timeouts;
 * ``--json PATH``: also write every row with its details as JSON.
@@ -77,6 +78,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         " and measure what happens, instead of expecting them to refuse",
     )
     p.add_argument(
+        "--replicas-via-proxy",
+        action="store_true",
+        help="galera_multi_writer's control: both replicas through HAProxy (one node)",
+    )
+    p.add_argument(
         "--galera",
         action="store_true",
         help="run on a private 3-node Galera cluster behind HAProxy (default faults: galera_*)",
@@ -117,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         skew_method=args.skew_method,
         galera=args.galera,
         direct_writes=args.direct_writes,
+        replicas_via_proxy=args.replicas_via_proxy,
     )
     signal.signal(signal.SIGTERM, _interrupt)
     began = time.monotonic()

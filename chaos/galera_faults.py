@@ -246,78 +246,99 @@ async def galera_writer_kill(
 ) -> ScenarioResult:
     """SIGKILL the node HAProxy writes to, under load; let it rejoin; check it caught up.
 
-    Figures: ``failoverSeconds`` (kill → HAProxy's next server UP and chosen),
-    ``evictedSeconds`` (kill → the survivors' Primary component of 2),
-    ``probe.longestGapSeconds`` (the longest time no commit went through),
-    ``rejoinSeconds`` and ``rejoinKind`` (IST expected), ``failbackSeconds`` (Synced →
-    the proxy writes to it again, the backup's connections cut), recovery (kill →
-    every job in flight at the kill terminal again).
+    ``profile.kills`` rounds (2 short, 5 long), each: SIGKILL the writer with jobs in
+    flight, wait for HAProxy's next server and the survivors' view of 2, leave it
+    down 2 s under load, start it again (it rejoins by IST), wait until the proxy
+    writes to it again. Per round (``notes.rounds``): ``failoverSeconds`` (kill →
+    the next server UP and chosen), ``evictedSeconds`` (kill → the survivors'
+    Primary component of 2), ``rejoinSeconds`` and ``rejoinKind`` (IST expected),
+    ``failbackSeconds`` (Synced → the proxy writes to it again, the backup's
+    connections cut), ``recoverySeconds`` (kill → every job in flight at the kill
+    terminal again). ``probe.longestGapSeconds``: the longest time no commit went
+    through. At the end every node must hold the same rows.
     """
     run = Run(system, profile, "galera_writer_kill")
-    cluster, proxy = backend.cluster, backend.proxy
+    cluster = backend.cluster
     await run.standin({"delayMs": 800})
     probe = CommitProbe(backend.probe_connector())
     probe.start()
     run.start_sampler()
     load_stop = asyncio.Event()
-    loader = asyncio.create_task(run.load.run(profile.jobs * 20, profile.rate, load_stop))
+    loader = asyncio.create_task(run.load.run(profile.jobs * 50, profile.rate, load_stop))
+    rounds: list[dict[str, Any]] = []
+    recovering: list[asyncio.Task[float | None]] = []
     try:
-        flying = await _wait_in_flight(run, 2)
-        writer = await asyncio.to_thread(proxy.wait_writer)
-        run.notes["writer"] = writer.name
-        t0 = time.monotonic()
-        run.fault_window(t0)
-        await asyncio.to_thread(cluster.kill, writer)
-        new = await asyncio.to_thread(proxy.wait_writer, writer, 60.0)
-        run.notes["failoverSeconds"] = round(time.monotonic() - t0, 2)
-        run.notes["newWriter"] = new.name
-        await asyncio.to_thread(cluster.wait_cluster_size, len(cluster.nodes) - 1, 60.0)
-        run.notes["evictedSeconds"] = round(time.monotonic() - t0, 2)
-        recovering = asyncio.create_task(
-            _since(t0, run.wait_terminal(set(flying), profile.settle_seconds))
-        )
-        await asyncio.sleep(2.0)  # down a while under load: the others move on without it
-        t1 = time.monotonic()
-        await asyncio.to_thread(cluster.start_node, writer)
-        run.notes["rejoinSeconds"] = round(time.monotonic() - t1, 2)
-        run.notes["rejoinKind"] = cluster.rejoin_kind(writer)
-        run.notes["downSeconds"] = round(t1 - t0, 2)
-        # fail-back: Synced again, it passes its checks and takes the connections back;
-        # the backup's are cut at that moment (a single writer again)
-        t2 = time.monotonic()
-        back = await asyncio.to_thread(proxy.wait_writer, None, 30.0, node=writer)
-        run.notes["failbackSeconds"] = round(time.monotonic() - t2, 2)
-        run.notes["writerAfterRejoin"] = back.name
-        await asyncio.sleep(1.0)
-        run.notes["sessionsLeftOnBackup"] = (await asyncio.to_thread(proxy.sessions)).get(
-            new.name, 0
-        )
-        run.close_window()
+        for _ in range(max(1, profile.kills)):
+            rounds.append(await _kill_the_writer(run, backend, recovering))
         await _created(run, loader, profile.jobs)
         load_stop.set()
-        waited = await recovering
+        for entry, task in zip(rounds, recovering, strict=True):
+            waited = await task
+            entry["recoverySeconds"] = None if waited is None else round(waited, 2)
         await loader
     finally:
         load_stop.set()
         report = await asyncio.to_thread(probe.stop)
-    run.notes["inFlightAtKill"] = len(flying)
-    recovery = None if waited is None else waited
-    result = await run.finish(recovery)
+    run.notes["rounds"] = rounds
+    for key in ("failoverSeconds", "evictedSeconds", "rejoinSeconds", "failbackSeconds"):
+        run.notes[f"max{key[0].upper()}{key[1:]}"] = max(r[key] for r in rounds)
+    recoveries = [r["recoverySeconds"] for r in rounds if r["recoverySeconds"] is not None]
+    result = await run.finish(max(recoveries) if len(recoveries) == len(rounds) else None)
     await asyncio.to_thread(cluster.wait_cluster_size, len(cluster.nodes), 60.0)
     await asyncio.to_thread(probe.verify, backend)
     _probe_checks(report, result)
     await asyncio.to_thread(_caught_up, backend, backend.database, result)
     result.notes["retries"] = _log_counts(system)
-    if run.notes["rejoinKind"] != "IST":
-        result.checks.append(f"the killed node rejoined by {run.notes['rejoinKind']}, not IST")
-    if run.notes["newWriter"] == run.notes["writer"]:
-        result.checks.append("HAProxy did not move to another node")
-    if run.notes["sessionsLeftOnBackup"]:
-        result.checks.append(
-            f"{run.notes['sessionsLeftOnBackup']} connections left on {run.notes['newWriter']}"
-            " after fail-back"
-        )
+    for i, r in enumerate(rounds, 1):
+        if r["recoverySeconds"] is None:
+            result.checks.append(f"round {i}: jobs in flight at the kill not terminal in time")
+        if r["rejoinKind"] != "IST":
+            result.checks.append(f"round {i}: the killed node rejoined by {r['rejoinKind']}")
+        if r["newWriter"] == r["writer"]:
+            result.checks.append(f"round {i}: HAProxy did not move to another node")
+        if r["sessionsLeftOnBackup"]:
+            result.checks.append(
+                f"round {i}: {r['sessionsLeftOnBackup']} connections left on {r['newWriter']}"
+                " after fail-back"
+            )
     return result
+
+
+async def _kill_the_writer(
+    run: Run, backend: GaleraBackend, recovering: list[asyncio.Task[float | None]]
+) -> dict[str, Any]:
+    """One round of :func:`galera_writer_kill`; appends its recovery wait to ``recovering``."""
+    cluster, proxy = backend.cluster, backend.proxy
+    flying = await _wait_in_flight(run, 2)
+    writer = await asyncio.to_thread(proxy.wait_writer)
+    entry: dict[str, Any] = {"writer": writer.name, "inFlightAtKill": len(flying)}
+    t0 = time.monotonic()
+    run.fault_window(t0)
+    await asyncio.to_thread(cluster.kill, writer)
+    new = await asyncio.to_thread(proxy.wait_writer, writer, 60.0)
+    entry["failoverSeconds"] = round(time.monotonic() - t0, 2)
+    entry["newWriter"] = new.name
+    await asyncio.to_thread(cluster.wait_cluster_size, len(cluster.nodes) - 1, 60.0)
+    entry["evictedSeconds"] = round(time.monotonic() - t0, 2)
+    recovering.append(
+        asyncio.create_task(_since(t0, run.wait_terminal(set(flying), run.profile.settle_seconds)))
+    )
+    await asyncio.sleep(2.0)  # down a while under load: the others move on without it
+    t1 = time.monotonic()
+    await asyncio.to_thread(cluster.start_node, writer)
+    entry["rejoinSeconds"] = round(time.monotonic() - t1, 2)
+    entry["rejoinKind"] = cluster.rejoin_kind(writer)
+    entry["downSeconds"] = round(t1 - t0, 2)
+    # fail-back: Synced again, it passes its checks and takes the connections back;
+    # the backup's are cut at that moment (a single writer again)
+    t2 = time.monotonic()
+    back = await asyncio.to_thread(proxy.wait_writer, None, 30.0, node=writer)
+    entry["failbackSeconds"] = round(time.monotonic() - t2, 2)
+    entry["writerAfterRejoin"] = back.name
+    await asyncio.sleep(1.0)
+    entry["sessionsLeftOnBackup"] = (await asyncio.to_thread(proxy.sessions)).get(new.name, 0)
+    run.close_window()
+    return entry
 
 
 async def _kill_sql(backend: GaleraBackend, database: str) -> dict[str, int]:
@@ -472,8 +493,9 @@ async def galera_multi_writer(
     (:func:`airuntime_common.db.check_single_writer`); the row is clean when both
     did, with the message naming the node.
 
-    With ``direct_writes`` (``GALERA_ALLOW_DIRECT_NODE=true``) they start, and the
-    scenario measures what the refusal guards against: a race-sized load (one
+    With ``direct_writes`` (``GALERA_ALLOW_DIRECT_NODE=true``, or both replicas
+    through HAProxy as a control) they start, and the scenario measures what the
+    refusal guards against: a race-sized load (one
     attempt's claim, heartbeats and result may go to different nodes) while
     :func:`_revoke_race` sends a job create and an AI revoke at once for each of
     :data:`REVOKE_RACE_PAIRS` users. Figures: certification failures and
@@ -481,16 +503,17 @@ async def galera_multi_writer(
     ``wsrep_local_bf_aborts``), the retries each service logged, the revoke race's
     outcome, attempts that called the model twice, and the usual audit.
     """
-    run_name = "galera_multi_writer" + (" (direct writes)" if direct_writes else "")
     cluster = backend.cluster
-    nodes = {
-        spec.name: _NODE_RE.search(spec.env["DATABASE_URL"]) for spec in system.specs("job_service")
-    }
-    replica_nodes = {
-        name: cluster.by_port(int(m.group(1).rsplit(":", 1)[1])).name
-        for name, m in nodes.items()
-        if m is not None
-    }
+    ports = {n.port: n.name for n in cluster.nodes}
+    replica_nodes = {}
+    for spec in system.specs("job_service"):
+        m = _NODE_RE.search(spec.env["DATABASE_URL"])
+        port = int(m.group(1).rsplit(":", 1)[1]) if m else 0
+        replica_nodes[spec.name] = ports.get(port, "HAProxy")
+    via_proxy = set(replica_nodes.values()) == {"HAProxy"}
+    run_name = "galera_multi_writer" + (
+        " (via HAProxy)" if via_proxy else " (direct writes)" if direct_writes else ""
+    )
     began = time.monotonic()
     try:
         await system.start()

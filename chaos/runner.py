@@ -63,6 +63,8 @@ class Options:
         direct_writes: ``galera_multi_writer`` sets ``GALERA_ALLOW_DIRECT_NODE=true``, so
             the replicas start on their nodes instead of refusing, and measures what
             then happens (the unsafe topology the refusal guards against).
+        replicas_via_proxy: ``galera_multi_writer``'s control: both replicas through
+            HAProxy (so on one node), with the same load and revoke race.
     """
 
     skew_seconds: float = 90.0
@@ -74,6 +76,7 @@ class Options:
     keep: bool = False
     galera: bool = False
     direct_writes: bool = False
+    replicas_via_proxy: bool = False
 
 
 def on_galera(name: str, options: Options) -> bool:
@@ -130,7 +133,9 @@ async def run_on(
             "galera_conn_kill": gf.galera_conn_kill,
         }
         if name == "galera_multi_writer":
-            result = await gf.galera_multi_writer(system, profile, db, options.direct_writes)
+            result = await gf.galera_multi_writer(
+                system, profile, db, options.direct_writes or options.replicas_via_proxy
+            )
         else:
             result = await faults[name](system, profile, db)
         result.notes["clusterFormedSeconds"] = round(db.formed_seconds, 1)
@@ -212,7 +217,7 @@ async def scenario_system(
             db = galera
             url = galera.url
             kwargs["causal_reads"] = True
-            if name == "galera_multi_writer":
+            if name == "galera_multi_writer" and not options.replicas_via_proxy:
                 kwargs["replica_urls"] = [galera.node_url(0), galera.node_url(1)]
                 if options.direct_writes:
                     kwargs["extra_env"] = {GALERA_ALLOW_DIRECT_NODE: "true"}

@@ -43,10 +43,12 @@ async def test_the_writer_node_sigkilled_under_load_fails_over_and_rejoins_by_is
     result = await _run("galera_writer_kill", tmp_path)
     assert_clean(result)
     notes = result.notes
-    assert notes["newWriter"] != notes["writer"]
-    assert notes["failoverSeconds"] < 10
-    assert notes["rejoinKind"] == "IST"
-    assert notes["writerAfterRejoin"] == notes["writer"] and notes["sessionsLeftOnBackup"] == 0
+    assert len(notes["rounds"]) == profile().kills
+    for r in notes["rounds"]:
+        assert r["inFlightAtKill"] >= 1 and r["newWriter"] != r["writer"]
+        assert r["failoverSeconds"] < 10 and r["recoverySeconds"] is not None
+        assert r["rejoinKind"] == "IST"
+        assert r["writerAfterRejoin"] == r["writer"] and r["sessionsLeftOnBackup"] == 0
     # every commit the probe was told about is on every node, and the nodes agree
     assert notes["probe"]["acked"] > 0 and not any(notes["probe"]["missingOnNode"].values())
     assert notes["checksumsEqual"] and len(notes["nodesCompared"]) == 3
