@@ -537,7 +537,7 @@ async def galera_multi_writer(
     if race["slipped"]:
         result.checks.append(
             f"{race['slipped']} of {race['created']} jobs created while their user turned AI"
-            " off were not cancelled (SPEC §6): the admission lock is not cluster-wide"
+            " off were admitted after the revoke and never cancelled (SPEC §6)"
         )
     after = await asyncio.to_thread(cluster.counters)
     conflicts = _delta(after, before)
@@ -639,20 +639,44 @@ async def _revoke_race(run: Run, pairs: int) -> dict[str, Any]:
 
 
 async def _revoke_race_outcome(run: Run, created: dict[str, str]) -> dict[str, Any]:
-    """How the created jobs of the revoke race ended; ``slipped``: not cancelled."""
+    """How the revoke race's created jobs ended, and how many slipped past their revoke.
+
+    A create and a revoke of one user are ordered by the user's admission lock: the
+    create first, and the revoke finds the job (pending → ``cancelled``; leased →
+    ``cancelRequested``, after which a result committed before the worker saw it still
+    wins, SPEC §2.3); or the revoke first, and the create is refused. A job the
+    revoke neither cancelled nor flagged, and that had not finished before the revoke
+    (``finishedAt`` ≤ the switch's ``changedAt``), was admitted after AI was turned off:
+    it *slipped*.
+    """
     ids = set(created.values())
     await run.wait_terminal(ids, run.profile.settle_seconds)
     statuses: Counter[str] = Counter()
+    slipped = after = flagged = 0
     if ids:
         marks = ",".join(["%s"] * len(ids))
-        for (status,) in await run.sql(
-            f"SELECT status FROM ai_runtime_jobs WHERE job_id IN ({marks})", sorted(ids)
-        ):
+        rows = await run.sql(
+            "SELECT j.status, j.cancel_requested, j.created_at, j.finished_at, a.changed_at"
+            " FROM ai_runtime_jobs j LEFT JOIN ai_authorizations a ON a.user_id = j.user_id"
+            f" WHERE j.job_id IN ({marks})",
+            sorted(ids),
+        )
+        for status, cancel_requested, created_at, finished_at, changed_at in rows:
             statuses[str(status)] += 1
+            flagged += int(bool(cancel_requested))
+            if changed_at is not None and created_at > changed_at:
+                after += 1
+            if status == "cancelled" or cancel_requested:
+                continue
+            if finished_at is not None and changed_at is not None and finished_at <= changed_at:
+                continue  # it was over before the user turned AI off
+            slipped += 1
     return {
         "created": len(ids),
         "endedAs": dict(statuses),
-        "slipped": sum(v for k, v in statuses.items() if k != "cancelled"),
+        "cancelRequested": flagged,
+        "createdAfterRevoke": after,
+        "slipped": slipped,
     }
 
 
