@@ -139,6 +139,8 @@ async def run_on(
         else:
             result = await faults[name](system, profile, db)
         result.notes["clusterFormedSeconds"] = round(db.formed_seconds, 1)
+        if db.port_retries:
+            result.notes["clusterPortRetries"] = db.port_retries
         return result
     if name == "worker_kill":
         return await sc.worker_kill(system, profile)

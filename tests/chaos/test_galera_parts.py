@@ -147,3 +147,39 @@ def test_the_multi_writer_plan_puts_each_replica_on_its_node_and_spreads_every_c
         assert {s.env["JOB_SERVICE_ADDR"] for s in system.specs(kind)} == {both}
     cred = system.specs("credential_service")[0]
     assert cred.env["CREDENTIAL_DATABASE_URL"].endswith(":6033/chaos")  # through the proxy
+
+
+@needs_galera
+def test_a_start_that_lost_a_port_is_begun_again_on_fresh_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    starts: list[list[int]] = []
+
+    def start(self: GaleraCluster, timeout: float = 180.0) -> float:
+        starts.append([n.port for n in self.nodes])
+        if len(starts) == 1:
+            raise RuntimeError(
+                "node2 exited with 1:\nrsync daemon port '4444' has been taken by another program"
+            )
+        return 12.5
+
+    monkeypatch.setattr(GaleraCluster, "start", start)
+    monkeypatch.setattr(HAProxy, "start", lambda self, timeout=30.0: 0.1)
+    monkeypatch.setattr(GaleraCluster, "create_database", lambda self, name: None)
+    backend = galera.GaleraBackend(tmp_path)
+    backend.start()
+    assert backend.port_retries == 1 and backend.formed_seconds == 12.5
+    assert len(starts) == 2 and not set(starts[0]) & set(starts[1])
+    assert backend.cluster.base == (tmp_path / "retry-1" / "galera").resolve()
+    backend.stop()
+
+    failing = galera.GaleraBackend(tmp_path / "other")
+
+    def broken(self: GaleraCluster, timeout: float = 180.0) -> float:
+        raise RuntimeError("node1 exited with 1: [ERROR] InnoDB: cannot open datafile")
+
+    monkeypatch.setattr(GaleraCluster, "start", broken)
+    with pytest.raises(RuntimeError, match="InnoDB"):
+        failing.start()  # not a taken port: raised at once
+    assert failing.port_retries == 0
+    failing.stop()
