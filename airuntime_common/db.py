@@ -5,20 +5,33 @@
   UPDATE's row count is rows *matched*, not rows changed (SPEC §3) — a
   same-microsecond heartbeat is never misread as a lost lease.
 * :func:`retry_transient` retries deadlocks (1213) and lock wait timeouts
-  (1205), and SQLite's "database is locked", invisibly (CONVENTIONS).
+  (1205), and SQLite's "database is locked", invisibly (CONVENTIONS). On a
+  MariaDB Galera cluster a write set that fails certification at COMMIT (a
+  conflicting write committed on another node first), or a transaction aborted
+  by a replicated one, is reported as the same 1213 and retried the same way.
+* Galera (SPEC §9.6): :func:`migration_lock` takes a cluster-wide lock there
+  (``GET_LOCK`` is local to one node and not replicated), and a node that is not
+  in the Primary component (error 1047) counts as a lost connection, so the pool
+  drops it and the next attempt reconnects (through HAProxy: to the next writer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+import os
 import random
+import socket
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pymysql
 from sqlalchemy import bindparam, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError, OperationalError
@@ -33,10 +46,25 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MYSQL_TRANSIENT_ERRORS = frozenset({1213, 1205})
+#: ER_UNKNOWN_COM_ERROR, as a Galera node answers every statement while it is not
+#: part of the Primary component or not yet synced: "WSREP has not yet prepared node
+#: for application use". Nothing ran; another node (the proxy's next writer) can.
+WSREP_NOT_READY = 1047
 
 
 class DatabaseUnavailable(SystemExit):
     """A service's database could not be opened at start; exits with one line."""
+
+
+class UnsafeDatabaseTopology(RuntimeError):
+    """The database is reached in a way the services cannot run on safely (SPEC §9.6):
+    a Galera node written to directly (:func:`check_single_writer`). The message
+    completes ``<prog>: refusing to start: <variable> …``."""
+
+
+#: Set to ``true`` to let a service write straight to one node of a Galera cluster
+#: (a single writer that knows it is the only one; see :func:`check_single_writer`).
+GALERA_ALLOW_DIRECT_NODE = "GALERA_ALLOW_DIRECT_NODE"
 
 
 @contextlib.asynccontextmanager
@@ -44,10 +72,13 @@ async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
     """Wrap a service's start: a database error inside (an unknown database, refused
     credentials, no server) stops the process with ``<prog>: refusing to start: the
     database of <variable> cannot be opened: <driver's message>`` instead of a
-    traceback. The URL itself is not shown (it may hold a password).
+    traceback, and so does a topology it cannot run on (:class:`UnsafeDatabaseTopology`:
+    ``<prog>: refusing to start: <variable> <why>``). The URL itself is not shown (it
+    may hold a password).
 
     Raises:
-        DatabaseUnavailable: for any :class:`DBAPIError` raised inside.
+        DatabaseUnavailable: for any :class:`DBAPIError` or
+            :class:`UnsafeDatabaseTopology` raised inside.
     """
     try:
         yield
@@ -55,6 +86,8 @@ async def opening_database(prog: str, variable: str) -> AsyncIterator[None]:
         raise DatabaseUnavailable(
             f"{prog}: refusing to start: the database of {variable} cannot be opened: {exc.orig}"
         ) from None
+    except UnsafeDatabaseTopology as exc:
+        raise DatabaseUnavailable(f"{prog}: refusing to start: {variable} {exc}") from None
 
 
 def binary_collation(dialect: Any) -> str:
@@ -191,22 +224,130 @@ def is_mysql(url: str) -> bool:
 
 #: Seconds a migration waits for another process's migration of the same schema.
 MIGRATION_LOCK_TIMEOUT_SECONDS = 300
+#: Galera: the table holding one row per cluster-wide migration lock held
+#: (made by :func:`migration_lock` on first use; no migration owns it).
+GALERA_LOCK_TABLE = "airt_migration_locks"
+#: Galera: a held migration lock's lease (s). Its holder renews it every third of
+#: that, so the lock of a holder that died is free again within this long.
+GALERA_LOCK_LEASE_SECONDS = 30.0
+
+
+def wsrep_on(connection: Any) -> bool:
+    """Whether a sync MySQL/MariaDB ``Connection`` is on a Galera node replicating
+    writes (``wsrep_on = ON``); False on MySQL and on a MariaDB without Galera."""
+    row = connection.execute(text("SHOW VARIABLES LIKE 'wsrep_on'")).first()
+    return row is not None and str(row[1]).upper() == "ON"
+
+
+def parse_addresses(value: str) -> set[tuple[str, int]]:
+    """``wsrep_incoming_addresses`` (``host:port,[v6]:port,…``) as ``{(host, port)}``;
+    entries without a port (``AUTO``, empty) are left out."""
+    out: set[tuple[str, int]] = set()
+    for item in value.split(","):
+        host, sep, port = item.strip().rpartition(":")
+        if sep and port.isdigit() and host:
+            out.add((host.strip("[]"), int(port)))
+    return out
+
+
+def _endpoint_addresses(host: str | None, port: int) -> set[tuple[str, int]]:
+    """Every IP address ``host`` resolves to, with ``port`` (empty when it does not)."""
+    if not host:
+        return set()
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return set()
+    return {(str(info[4][0]), port) for info in infos}
+
+
+def check_single_writer(connection: Any, env: Mapping[str, str] | None = None) -> None:
+    """Refuse a Galera node that this connection reaches directly (SPEC §9.6).
+
+    Galera lets every node take writes, but the services rely on locks that stay
+    on one node: ``SELECT … FOR UPDATE`` of the admission row that orders a
+    user's creates against a revoke, and a multi-statement batch ending in
+    ``COMMIT`` that a write set from another node can abort half-way (the
+    statements after the abort then commit on their own). Replicas writing to
+    different nodes at once let jobs slip past a revoke and can commit a job's
+    success without its result (see the README). So a service connects through a
+    single-writer proxy (HAProxy: one server, the others ``backup``); an endpoint
+    that is one of the cluster's own client addresses (``wsrep_incoming_addresses``)
+    of a cluster of two or more nodes is refused, unless
+    :data:`GALERA_ALLOW_DIRECT_NODE` is ``true`` (a single writer by construction).
+    Nothing is checked off Galera.
+
+    Args:
+        connection: a sync SQLAlchemy ``Connection``.
+        env: the environment (default: ``os.environ``).
+
+    Raises:
+        UnsafeDatabaseTopology: the endpoint is a node of a multi-node cluster.
+    """
+    if connection.dialect.name not in ("mysql", "mariadb") or not wsrep_on(connection):
+        return
+    if (env if env is not None else os.environ).get(
+        GALERA_ALLOW_DIRECT_NODE, ""
+    ).strip().lower() in ("1", "true", "yes", "on"):
+        return
+    status = {
+        str(k): str(v)
+        for k, v in connection.execute(
+            text(
+                "SHOW STATUS WHERE Variable_name IN"
+                " ('wsrep_cluster_size', 'wsrep_incoming_addresses')"
+            )
+        )
+    }
+    name = connection.execute(text("SELECT @@wsrep_node_name")).scalar()
+    size = int(status.get("wsrep_cluster_size", "0") or 0)
+    url = connection.engine.url
+    endpoint = _endpoint_addresses(url.host, int(url.port or 3306))
+    nodes = parse_addresses(status.get("wsrep_incoming_addresses", ""))
+    direct = bool(endpoint & nodes) or (not url.host and "unix_socket" in url.query)
+    if size >= 2 and direct:
+        raise UnsafeDatabaseTopology(
+            f"points straight at Galera node {name!r} of a {size}-node cluster: replicas"
+            " writing to different nodes at once are not safe (SPEC §9.6). Connect"
+            " through a single-writer proxy (HAProxy with one server and the others"
+            f" 'backup'), or set {GALERA_ALLOW_DIRECT_NODE}=true if this process is the"
+            " only writer."
+        )
 
 
 @contextlib.contextmanager
 def migration_lock(
     connection: Any, name: str, timeout_s: float = MIGRATION_LOCK_TIMEOUT_SECONDS
 ) -> Iterator[None]:
-    """Hold a server-wide named lock around a schema migration (sync ``Connection``).
+    """Hold a server-wide (on Galera: cluster-wide) named lock around a schema migration.
 
     Replicas of a service that start together on one MySQL/MariaDB database each
     upgrade it at start; without the lock two would both create the first tables
     (``Table ... already exists``). With it the second waits, then finds the schema
-    at head and does nothing. ``GET_LOCK`` is per session and outlives the DDL's
-    implicit commits; on SQLite (one file, one process) this does nothing.
+    at head and does nothing. On SQLite (one file, one process) this does nothing.
+
+    * MySQL / MariaDB: ``GET_LOCK`` on ``connection``'s session (it outlives the
+      DDL's implicit commits, and the server frees it if the process dies).
+    * MariaDB Galera (``wsrep_on``, SPEC §9.6): first :func:`check_single_writer`
+      (every replica migrates at start, so a replica that would write to a node
+      directly refuses to start here). ``GET_LOCK`` is local to one node,
+      so two replicas writing to different nodes would both hold it. The lock is
+      then a row of :data:`GALERA_LOCK_TABLE`, inserted by autocommit on a
+      connection of its own: a commit is certified cluster-wide, so of two
+      replicas inserting it on different nodes only one succeeds (the other sees
+      1062 or a certification failure, 1213). The row is a lease of
+      :data:`GALERA_LOCK_LEASE_SECONDS` renewed by a background thread; a waiter
+      removes a lease that ran out (its holder died) and takes the lock.
+      Lease times are ``NOW(6)`` of the nodes, whose clocks are kept in sync.
+
+    Args:
+        connection: a sync SQLAlchemy ``Connection`` (inside ``run_sync``).
+        name: the lock's name (at most 64 characters).
+        timeout_s: seconds to wait for another holder.
 
     Raises:
         TimeoutError: the lock was not free within ``timeout_s`` seconds.
+        UnsafeDatabaseTopology: see :func:`check_single_writer`.
     """
     if connection.dialect.name not in ("mysql", "mariadb"):
         yield
@@ -214,6 +355,18 @@ def migration_lock(
     # the lock is the session's, not the transaction's: a caller's transaction is left
     # as it was; one begun here only for the lock query is ended at once
     outer = connection.in_transaction()
+    galera = wsrep_on(connection)
+    if galera:
+        check_single_writer(connection)
+        if not outer:
+            connection.commit()
+        lock = GaleraLock(_pymysql_connector(connection), name, lease_s=GALERA_LOCK_LEASE_SECONDS)
+        lock.acquire(timeout_s)
+        try:
+            yield
+        finally:
+            lock.release()
+        return
     got = connection.execute(
         text("SELECT GET_LOCK(:name, :timeout)"), {"name": name, "timeout": int(timeout_s)}
     ).scalar()
@@ -227,6 +380,153 @@ def migration_lock(
         connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
         if not outer:
             connection.commit()
+
+
+_PYMYSQL_PARAMS = frozenset(inspect.signature(pymysql.connections.Connection).parameters)
+
+
+def _pymysql_connector(connection: Any) -> Callable[[], pymysql.Connection]:
+    """A function opening a new autocommit pymysql connection to the server and
+    database of a sync SQLAlchemy ``Connection`` (its URL's host, port, user,
+    password, socket and TLS options, as its own dialect reads them)."""
+    _, params = connection.dialect.create_connect_args(connection.engine.url)
+    renamed = {"db": "database", "passwd": "password"}
+    kwargs = {renamed.get(k, k): v for k, v in params.items()}
+    kwargs = {k: v for k, v in kwargs.items() if k in _PYMYSQL_PARAMS}
+    kwargs.update(autocommit=True, connect_timeout=10, read_timeout=30, write_timeout=30)
+
+    def connect() -> pymysql.Connection:
+        return pymysql.connect(**kwargs)
+
+    return connect
+
+
+class GaleraLock:
+    """A cluster-wide named lock on MariaDB Galera: a leased row (see :func:`migration_lock`).
+
+    Args:
+        connect: opens a new autocommit pymysql connection to the database.
+        name: the lock's name (the row's key, at most 64 characters).
+        lease_s: seconds the lock stays held without a renewal.
+        holder: this holder's id (default: host, pid and a random part).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], pymysql.Connection],
+        name: str,
+        *,
+        lease_s: float = GALERA_LOCK_LEASE_SECONDS,
+        holder: str | None = None,
+    ) -> None:
+        self._connect = connect
+        self.name = name
+        self.lease_s = lease_s
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        #: True once a renewal found the row gone or another holder's (lease lost).
+        self.lost = False
+        self._conn: pymysql.Connection | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _execute(self, sql: str, args: Any = None) -> int:
+        if self._conn is None:
+            self._conn = self._connect()
+        try:
+            with self._conn.cursor() as cur:
+                return int(cur.execute(sql, args))
+        except pymysql.err.OperationalError as exc:
+            if exc.args and exc.args[0] in (2006, 2013, 1927, WSREP_NOT_READY):
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None  # the next call reconnects
+            raise
+
+    def acquire(self, timeout_s: float) -> None:
+        """Wait until the lock is this holder's; then renew it in a background thread.
+
+        Raises:
+            TimeoutError: another holder kept it for ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        self._execute(
+            f"CREATE TABLE IF NOT EXISTS `{GALERA_LOCK_TABLE}` ("
+            " name VARCHAR(64) NOT NULL PRIMARY KEY,"
+            " holder VARCHAR(191) NOT NULL,"
+            " acquired_at DATETIME(6) NOT NULL,"
+            " expires_at DATETIME(6) NOT NULL"
+            ") ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        waited = False
+        while True:
+            try:
+                self._execute(
+                    f"INSERT INTO `{GALERA_LOCK_TABLE}` (name, holder, acquired_at, expires_at)"
+                    " VALUES (%s, %s, NOW(6), NOW(6) + INTERVAL %s MICROSECOND)",
+                    (self.name, self.holder, int(self.lease_s * 1e6)),
+                )
+                break
+            except pymysql.MySQLError as exc:
+                # 1062: held; 1213: a concurrent insert on another node won certification;
+                # a lost connection or a node leaving the cluster: try again
+                code = exc.args[0] if exc.args else None
+                if code not in (1062, 1213, 1205, 2006, 2013, 1927, WSREP_NOT_READY):
+                    raise
+            with contextlib.suppress(pymysql.MySQLError):  # a holder that died: its lease ran out
+                if self._execute(
+                    f"DELETE FROM `{GALERA_LOCK_TABLE}` WHERE name = %s AND expires_at < NOW(6)",
+                    (self.name,),
+                ):
+                    log.warning(
+                        "took over an expired migration lock", extra={"fields": {"lock": self.name}}
+                    )
+                    continue
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"another process held the migration lock {self.name!r} for {timeout_s} s"
+                )
+            if not waited:
+                log.info("waiting for the migration lock", extra={"fields": {"lock": self.name}})
+                waited = True
+            time.sleep(0.2 + 0.3 * random.random())
+        self._renewer = threading.Thread(target=self._renew, name=f"lock-{self.name}", daemon=True)
+        self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                kept = self._execute(
+                    f"UPDATE `{GALERA_LOCK_TABLE}` SET expires_at = NOW(6) + INTERVAL %s"
+                    " MICROSECOND WHERE name = %s AND holder = %s",
+                    (int(self.lease_s * 1e6), self.name, self.holder),
+                )
+            except pymysql.MySQLError:
+                continue  # a failover or a conflict: the next renewal tries again
+            if not kept and not self.lost:
+                self.lost = True
+                log.error(
+                    "migration lock lost: its lease ran out before a renewal",
+                    extra={"fields": {"lock": self.name}},
+                )
+
+    def release(self) -> None:
+        """Stop renewing and delete the row (if it is still this holder's); close."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        for _ in range(5):
+            try:
+                self._execute(
+                    f"DELETE FROM `{GALERA_LOCK_TABLE}` WHERE name = %s AND holder = %s",
+                    (self.name, self.holder),
+                )
+                break
+            except pymysql.MySQLError:  # left as it is, its lease frees it
+                time.sleep(0.2)
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            self._conn = None
 
 
 #: The async MySQL/MariaDB drivers (aiomysql first: SPEC §1's, the default).
@@ -296,11 +596,25 @@ def make_engine(
             },
         )
         event.listen(engine.sync_engine, "reset", _reset_if_in_transaction)
+        event.listen(engine.sync_engine, "handle_error", _wsrep_not_ready_is_a_disconnect)
         _skip_commit_after_batch(engine)
         if ping_idle_seconds is not None:
             _ping_when_idle(engine, ping_idle_seconds)
         return engine
     return create_async_engine(url)
+
+
+def _wsrep_not_ready_is_a_disconnect(context: Any) -> None:
+    """``handle_error`` listener: a Galera node outside the Primary component (1047,
+    :data:`WSREP_NOT_READY`) is treated as a lost connection. SQLAlchemy then
+    invalidates it (and the pool's other connections, opened to the same node)
+    instead of handing it out again, and the error carries ``connection_invalidated``,
+    which callers retry as a transaction that did not commit
+    (:class:`DisconnectedBeforeCommit`); the next connection goes through the proxy to
+    a node that is synced (SPEC §9.6)."""
+    args = getattr(context.original_exception, "args", ())
+    if args and args[0] == WSREP_NOT_READY:
+        context.is_disconnect = True
 
 
 def _ping_when_idle(engine: AsyncEngine, idle_seconds: float) -> None:
@@ -342,6 +656,23 @@ class DisconnectedBeforeCommit(Exception):
     def __init__(self, error: DBAPIError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+async def before_commit(fn: Callable[[Any], Awaitable[T]], db: Any) -> T:
+    """Await ``fn(db)`` inside a transaction whose COMMIT comes after it; a connection
+    found dead meanwhile (``connection_invalidated``: a failover, a KILL, a node that
+    left the cluster) is raised as :class:`DisconnectedBeforeCommit`, which
+    :func:`retry_transient` runs again (the server rolled the transaction back).
+
+    Raises:
+        DisconnectedBeforeCommit: for a :class:`DBAPIError` with ``connection_invalidated``.
+    """
+    try:
+        return await fn(db)
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise DisconnectedBeforeCommit(exc) from exc
+        raise
 
 
 def _in_transaction(dbapi_conn: Any) -> bool:
@@ -428,8 +759,20 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def _backoff(attempt: int) -> float:
+    """Seconds before attempt ``attempt + 1``: 5 ms doubling, at most 0.5 s, jittered ±50 %."""
+    return min(0.5, 0.005 * 2.0**attempt) * (0.5 + random.random())
+
+
 async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) -> T:
     """Run ``fn`` (one whole transaction) again on a transient error, with jittered backoff.
+
+    Transient: a deadlock or lock wait timeout (:func:`is_transient`; on Galera also a
+    certification failure at COMMIT, which is reported as a deadlock), and a
+    connection that died before COMMIT (:class:`DisconnectedBeforeCommit`). The
+    first retry after a lost connection is at once (usually one stale pooled
+    connection); later ones back off like the others, so a failover to another
+    node (seconds) is waited for a while rather than met eight times in a row.
 
     Raises:
         The last error when every attempt failed, or any non-transient error at once.
@@ -443,11 +786,11 @@ async def retry_transient(fn: Callable[[], Awaitable[T]], *, attempts: int = 8) 
             log.info(
                 "connection lost before commit, retrying", extra={"fields": {"attempt": attempt}}
             )
-            continue
+            if attempt > 1:
+                await asyncio.sleep(_backoff(attempt))
         except DBAPIError as exc:
             if attempt == attempts or not is_transient(exc):
                 raise
-            delay = min(0.5, 0.005 * 2**attempt) * (0.5 + random.random())
             log.info("transient database error, retrying", extra={"fields": {"attempt": attempt}})
-            await asyncio.sleep(delay)
+            await asyncio.sleep(_backoff(attempt))
     raise AssertionError("unreachable")

@@ -3,11 +3,15 @@
 The database server is the one at ``mysql_url`` (``CHAOS_MYSQL_URL`` or
 ``TEST_MYSQL_URL``; a database ``chaos_<hex>`` is created and dropped per
 scenario) or, without one — and always for ``mariadb_restart`` — a private
-``mariadbd`` started for the run (:mod:`chaos.mariadb`).
+``mariadbd`` started for the run (:mod:`chaos.mariadb`). The ``galera_*``
+faults, and every scenario but ``mariadb_restart`` with ``Options.galera``,
+run on a private 3-node Galera cluster behind HAProxy formed for that
+scenario (:mod:`chaos.galera`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import tempfile
@@ -20,8 +24,10 @@ from typing import Any
 import pymysql
 from sqlalchemy.engine import make_url
 
-from airuntime_common.db import mysql_async_driver
+from airuntime_common.db import GALERA_ALLOW_DIRECT_NODE, mysql_async_driver
+from chaos import galera_faults as gf
 from chaos import scenarios as sc
+from chaos.galera import GaleraBackend
 from chaos.mariadb import PrivateMariaDB
 from chaos.system import System
 
@@ -34,7 +40,9 @@ FAULTS: tuple[str, ...] = (
     "clock_skew",
     "race",
 )
-ALL_SCENARIOS: tuple[str, ...] = (*FAULTS, "soak")
+#: SPEC §9.6: faults of a Galera cluster behind HAProxy (each on its own cluster).
+GALERA_FAULTS: tuple[str, ...] = ("galera_writer_kill", "galera_conn_kill", "galera_multi_writer")
+ALL_SCENARIOS: tuple[str, ...] = (*FAULTS, "soak", *GALERA_FAULTS)
 #: Scenarios that can share one running system (same settings, faults they recover from).
 SHAREABLE: tuple[str, ...] = ("worker_kill", "credential_down", "model_faults")
 
@@ -50,6 +58,13 @@ class Options:
             and random model-500 probability.
         seed: random seed of the race's kills.
         keep: keep databases and logs after the run.
+        galera: run every scenario (but ``mariadb_restart``) on a private Galera
+            cluster behind HAProxy; the ``galera_*`` faults always do.
+        direct_writes: ``galera_multi_writer`` sets ``GALERA_ALLOW_DIRECT_NODE=true``, so
+            the replicas start on their nodes instead of refusing, and measures what
+            then happens (the unsafe topology the refusal guards against).
+        replicas_via_proxy: ``galera_multi_writer``'s control: both replicas through
+            HAProxy (so on one node), with the same load and revoke race.
     """
 
     skew_seconds: float = 90.0
@@ -59,6 +74,14 @@ class Options:
     soak_fault_rate: float = 0.05
     seed: int | None = None
     keep: bool = False
+    galera: bool = False
+    direct_writes: bool = False
+    replicas_via_proxy: bool = False
+
+
+def on_galera(name: str, options: Options) -> bool:
+    """Whether scenario ``name`` runs on a private Galera cluster."""
+    return name in GALERA_FAULTS or (options.galera and name != "mariadb_restart")
 
 
 def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str, Any]:
@@ -80,6 +103,16 @@ def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str,
         return {"workers": profile.race_workers, "replicas": 2}
     if name == "soak":
         return {"workers": profile.soak_workers}
+    if name in ("galera_writer_kill", "galera_conn_kill"):
+        return {"workers": 3}
+    if name == "galera_multi_writer":
+        # both replicas start at once, each on its own node (see scenario_system)
+        return {
+            "workers": profile.race_workers,
+            "replicas": 2,
+            "replicas_together": True,
+            "spread": True,
+        }
     raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(ALL_SCENARIOS)}")
 
 
@@ -88,15 +121,33 @@ async def run_on(
     system: System,
     profile: sc.Profile,
     options: Options,
-    db: PrivateMariaDB | None = None,
+    db: PrivateMariaDB | GaleraBackend | None = None,
 ) -> sc.ScenarioResult:
-    """Run scenario ``name`` on an already started system."""
+    """Run scenario ``name`` on an already started system (``db``: the private server
+    or Galera cluster it runs on, which ``mariadb_restart`` and ``galera_*`` need)."""
+    if name in GALERA_FAULTS:
+        if not isinstance(db, GaleraBackend):
+            raise ValueError(f"{name} needs the Galera cluster")
+        faults = {
+            "galera_writer_kill": gf.galera_writer_kill,
+            "galera_conn_kill": gf.galera_conn_kill,
+        }
+        if name == "galera_multi_writer":
+            result = await gf.galera_multi_writer(
+                system, profile, db, options.direct_writes or options.replicas_via_proxy
+            )
+        else:
+            result = await faults[name](system, profile, db)
+        result.notes["clusterFormedSeconds"] = round(db.formed_seconds, 1)
+        if db.port_retries:
+            result.notes["clusterPortRetries"] = db.port_retries
+        return result
     if name == "worker_kill":
         return await sc.worker_kill(system, profile)
     if name == "job_service_restart":
         return await sc.job_service_restart(system, profile)
     if name == "mariadb_restart":
-        if db is None:
+        if not isinstance(db, PrivateMariaDB):
             raise ValueError("mariadb_restart needs the private MariaDB")
         return await sc.mariadb_restart(system, profile, db)
     if name == "credential_down":
@@ -154,22 +205,38 @@ async def scenario_system(
     *,
     mysql_url: str | None,
     work_dir: Path,
-) -> AsyncIterator[tuple[System, PrivateMariaDB | None]]:
-    """Database (shared server or private mariadbd) + started system for scenario ``name``."""
-    private: PrivateMariaDB | None = None
+) -> AsyncIterator[tuple[System, PrivateMariaDB | GaleraBackend | None]]:
+    """Database (shared server, private mariadbd or a private Galera cluster behind
+    HAProxy) + started system for scenario ``name``; everything started is stopped
+    on the way out, also when starting fails."""
+    db: PrivateMariaDB | GaleraBackend | None = None
+    kwargs = system_kwargs(name, profile, options)
     with contextlib.ExitStack() as stack:
-        if mysql_url is None or name == "mariadb_restart":
+        if on_galera(name, options):
+            galera = GaleraBackend(work_dir / "galera")
+            stack.callback(galera.stop, options.keep)
+            await asyncio.to_thread(galera.start)
+            db = galera
+            url = galera.url
+            kwargs["causal_reads"] = True
+            if name == "galera_multi_writer" and not options.replicas_via_proxy:
+                kwargs["replica_urls"] = [galera.node_url(0), galera.node_url(1)]
+                if options.direct_writes:
+                    kwargs["extra_env"] = {GALERA_ALLOW_DIRECT_NODE: "true"}
+        elif mysql_url is None or name == "mariadb_restart":
             private = PrivateMariaDB(work_dir / "mariadb")
             private.start()
             stack.callback(private.stop)
             private.create_database("chaos")
+            db = private
             url = private.url("chaos")
         else:
             url = stack.enter_context(shared_database(mysql_url, options.keep))
-        system = System(url, work_dir / name, **system_kwargs(name, profile, options))
-        await system.start()
+        system = System(url, work_dir / name, **kwargs)
         try:
-            yield system, private
+            if name != "galera_multi_writer":  # it starts the system itself: it may refuse
+                await system.start()
+            yield system, db
         finally:
             await system.stop()
 

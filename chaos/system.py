@@ -23,7 +23,7 @@ import pymysql
 from sqlalchemy.engine import make_url
 
 from launcher import Launcher, build_plan, isolated_env
-from launcher.plan import LOCAL_HOST, ServiceSpec, free_port
+from launcher.plan import LOCAL_HOST, ServiceSpec, free_port, grpc_address_list
 
 #: Short leases and timeouts for the harness (SPEC §7 names). The heartbeat
 #: interval is a third of the lease; the model-call cap is below the job
@@ -119,9 +119,15 @@ def harness_env(base: Mapping[str, str], database_url: str, **extra: str) -> dic
     return env
 
 
-def pymysql_connector(database_url: str) -> Any:
-    """A zero-argument function returning a new autocommit pymysql connection to the URL."""
+def pymysql_connector(database_url: str, *, causal_reads: bool = False) -> Any:
+    """A zero-argument function returning a new autocommit pymysql connection to the URL.
+
+    ``causal_reads``: on a Galera cluster, the session waits before each read until
+    its node has applied every write set the cluster committed before it
+    (``wsrep_sync_wait = 1``), so the audit never reads a node that lags behind.
+    """
     url = make_url(database_url)
+    init = "SET SESSION wsrep_sync_wait = 1" if causal_reads else None
 
     def connect() -> pymysql.Connection:
         return pymysql.connect(
@@ -133,6 +139,7 @@ def pymysql_connector(database_url: str) -> Any:
             autocommit=True,
             connect_timeout=3,
             read_timeout=30,
+            init_command=init,
         )
 
     return connect
@@ -169,6 +176,16 @@ class System:
         skew_seconds: when set, the LAST worker runs with its wall clock this far ahead.
         skew_method: one of :data:`SKEW_METHODS`.
         extra_env: more environment for every child (e.g. the stand-in delay).
+        replica_urls: the ``DATABASE_URL`` of each job_service replica, in order (default:
+            ``database_url`` for all); e.g. two Galera nodes written at once.
+        replicas_together: with 2 replicas, start (and migrate) both at once instead of
+            the second after the first.
+        spread: with 2 replicas, every client (gateway, credential service, workers)
+            dials both, round robin (``JOB_SERVICE_ADDR`` lists them, as the launcher's
+            ``--job-services 2``), instead of half the workers on each and the rest
+            on the first.
+        causal_reads: the harness's own SQL (audit, sampler) waits for its Galera node
+            to have applied everything committed before (``wsrep_sync_wait``).
     """
 
     def __init__(
@@ -181,6 +198,10 @@ class System:
         skew_seconds: float | None = None,
         skew_method: str = "auto",
         extra_env: Mapping[str, str] | None = None,
+        replica_urls: list[str] | None = None,
+        replicas_together: bool = False,
+        spread: bool = False,
+        causal_reads: bool = False,
     ) -> None:
         self.database_url = database_url
         self.work_dir = Path(work_dir)
@@ -193,34 +214,56 @@ class System:
         self.skew_method: str | None = None
         self.skewed_worker: str | None = None
         if replicas == 2:
-            self._add_replica(plan.services)
+            self._add_replica(plan.services, together=replicas_together, spread=spread)
         elif replicas != 1:
             raise ValueError("replicas must be 1 or 2")
+        if replica_urls is not None:
+            self._replica_databases(plan.services, replica_urls)
         if skew_seconds is not None:
             self._skew_last_worker(plan.services, skew_seconds, resolve_skew_method(skew_method))
         self.plan = plan
         self.launcher = Launcher(plan=plan, log_dir=self.log_dir, echo=False)
-        self.connect = pymysql_connector(database_url)
+        self.connect = pymysql_connector(database_url, causal_reads=causal_reads)
 
     # -- plan surgery -------------------------------------------------------
 
-    def _add_replica(self, services: list[ServiceSpec]) -> None:
+    @staticmethod
+    def _replica_databases(services: list[ServiceSpec], urls: list[str]) -> None:
+        replicas = [s for s in services if s.kind == "job_service"]
+        if len(urls) != len(replicas):
+            raise ValueError(f"{len(urls)} replica URLs for {len(replicas)} job_service replicas")
+        for spec, url in zip(replicas, urls, strict=True):
+            services[services.index(spec)] = dataclasses.replace(
+                spec, env={**spec.env, "DATABASE_URL": url}
+            )
+
+    def _add_replica(
+        self, services: list[ServiceSpec], *, together: bool = False, spread: bool = False
+    ) -> None:
         first = next(s for s in services if s.kind == "job_service")
         port = free_port()
         listen = f"{LOCAL_HOST}:{port}"
         env = dict(first.env)
         env.update({"JOB_SERVICE_LISTEN": listen, "JOB_SERVICE_METRICS_PORT": "0"})
-        # tier 1: starts once the first replica has migrated the database
+        # tier 1: starts once the first replica has migrated the database (unless
+        # ``together``: both migrate at once, taking turns on the migration lock)
         second = dataclasses.replace(
             first,
             name="job_service-2",
             env=env,
             target=listen,
             listen=f"grpc {listen}",
-            tier=1,
+            tier=first.tier if together else 1,
             bind=(LOCAL_HOST, port),
         )
         services.insert(services.index(first) + 1, second)
+        if spread:
+            both = grpc_address_list([first.target, listen])
+            for spec in [s for s in services if s.kind != "job_service"]:
+                services[services.index(spec)] = dataclasses.replace(
+                    spec, env={**spec.env, "JOB_SERVICE_ADDR": both}
+                )
+            return
         workers = [s for s in services if s.kind == "runtime_worker"]
         for i, spec in enumerate(workers):
             if i % 2 == 1:

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from airuntime_common.db import retry_transient
+from airuntime_common.db import before_commit, retry_transient
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.logs import redact_text
 from airuntime_common.model_providers import ProviderConfig
@@ -34,6 +36,7 @@ from credential_service.settings import CredentialSettings
 from credential_service.vault import Keyring, Sealed, mask_key
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: A job's model name when it names none (SPEC §2.2).
 DEFAULT_MODEL_NAME = "deepseek-chat"
@@ -196,6 +199,26 @@ class CredentialStore:
             if self._settings.platform_key(p.name, self._platform_keys) is not None
         ]
 
+    async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction on a new session, run again on a deadlock, a
+        lock wait timeout, a Galera certification failure (all 1213/1205) or a
+        connection lost before its COMMIT (a failover to another node, SPEC §9.6)."""
+
+        async def once() -> T:
+            async with self._sm() as session, session.begin():
+                return await before_commit(fn, session)
+
+        return await retry_transient(once)
+
+    async def _read(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run the read-only ``fn`` on a new session, retried as :meth:`_write` is."""
+
+        async def once() -> T:
+            async with self._sm() as session:
+                return await before_commit(fn, session)
+
+        return await retry_transient(once)
+
     # --- user-facing key management -------------------------------------------------
 
     async def put(self, user_id: str, provider: str, api_key: str) -> CredentialView:
@@ -220,7 +243,7 @@ class CredentialStore:
         api_key = _validate_api_key(api_key)
         masked = mask_key(api_key)
 
-        async def tx() -> ModelCredential:
+        async def tx(session: AsyncSession) -> ModelCredential:
             credential_id = new_credential_id()
             sealed = self.keyring.encrypt(api_key, user_id=user_id, credential_id=credential_id)
             now = _now()
@@ -237,13 +260,12 @@ class CredentialStore:
                 created_at=now,
                 updated_at=now,
             )
-            async with self._sm() as session, session.begin():
-                await repository.replace(session, row)
+            await repository.replace(session, row)
             return row
 
         for attempt in range(1, 6):
             try:
-                row = await retry_transient(tx)
+                row = await self._write(tx)
                 break
             except IntegrityError:  # a concurrent put for the same user won the insert
                 if attempt == 5:
@@ -263,8 +285,7 @@ class CredentialStore:
             AppError: ``NOT_FOUND`` when the user has none.
         """
         user_id = _validate_user_id(user_id)
-        async with self._sm() as session:
-            row = await repository.get_by_user(session, user_id)
+        row = await self._read(lambda session: repository.get_by_user(session, user_id))
         if row is None:
             raise AppError(ErrorCode.NOT_FOUND, "no model credential stored for this user")
         return CredentialView.of(row)
@@ -276,12 +297,7 @@ class CredentialStore:
             AppError: ``NOT_FOUND`` when the user has none.
         """
         user_id = _validate_user_id(user_id)
-
-        async def tx() -> int:
-            async with self._sm() as session, session.begin():
-                return await repository.delete_by_user(session, user_id)
-
-        if not await retry_transient(tx):
+        if not await self._write(lambda session: repository.delete_by_user(session, user_id)):
             raise AppError(ErrorCode.NOT_FOUND, "no model credential stored for this user")
         log.info("credential deleted", extra={"fields": {"userId": user_id}})
 
@@ -307,8 +323,7 @@ class CredentialStore:
         if api_key_mode != "user_deepseek_key":
             raise invalid_argument("apiKeyMode is not supported", field="apiKeyMode")
         user_id = _validate_user_id(user_id)
-        async with self._sm() as session:
-            row = await repository.get_by_user(session, user_id)
+        row = await self._read(lambda session: repository.get_by_user(session, user_id))
         if row is None:
             return CheckResult(False, "", "the user has no stored model key")
         if row.status != STATUS_VALID:
@@ -339,11 +354,9 @@ class CredentialStore:
             raise invalid_argument("credential_id is required", field="credentialId")
         text = redact_text((reason or "").strip())[:MAX_REASON_CHARS] or "rejected by the provider"
 
-        async def tx() -> int:
-            async with self._sm() as session, session.begin():
-                return await repository.mark_invalid(session, credential_id, text, _now())
-
-        if not await retry_transient(tx):
+        if not await self._write(
+            lambda session: repository.mark_invalid(session, credential_id, text, _now())
+        ):
             raise AppError(ErrorCode.NOT_FOUND, "no such credential")
         log.info("credential marked invalid", extra={"fields": {"credentialId": credential_id}})
 
@@ -368,40 +381,43 @@ class CredentialStore:
         current = self.keyring.current_kid
         old_known = [k for k in self.keyring.key_ids if k != current]
 
-        async def tx() -> tuple[int, int, int]:
+        async def tx(session: AsyncSession) -> tuple[int, int, int]:
             rotated = undecryptable = 0
-            async with self._sm() as session, session.begin():
-                rows = await repository.rotation_candidates(session, old_known, limit)
-                now = _now()
-                for row in rows:
-                    old = Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext))
-                    try:
-                        new = self.keyring.reseal(
-                            old, user_id=row.user_id, credential_id=row.credential_id
-                        )
-                    except AppError:
-                        if await repository.mark_undecryptable(
-                            session, credential_id=row.credential_id, old_nonce=old.nonce, now=now
-                        ):
-                            undecryptable += 1
-                        continue
-                    if await repository.store_resealed(
-                        session,
-                        credential_id=row.credential_id,
-                        old_key_id=old.key_id,
-                        old_nonce=old.nonce,
-                        key_id=new.key_id,
-                        nonce=new.nonce,
-                        ciphertext=new.ciphertext,
-                        now=now,
+            rows = await repository.rotation_candidates(session, old_known, limit)
+            now = _now()
+            for row in rows:
+                old = Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext))
+                try:
+                    new = self.keyring.reseal(
+                        old, user_id=row.user_id, credential_id=row.credential_id
+                    )
+                except AppError:
+                    if await repository.mark_undecryptable(
+                        session, credential_id=row.credential_id, old_nonce=old.nonce, now=now
                     ):
-                        rotated += 1
-                return rotated, undecryptable, len(rows)
+                        undecryptable += 1
+                    continue
+                if await repository.store_resealed(
+                    session,
+                    credential_id=row.credential_id,
+                    old_key_id=old.key_id,
+                    old_nonce=old.nonce,
+                    key_id=new.key_id,
+                    nonce=new.nonce,
+                    ciphertext=new.ciphertext,
+                    now=now,
+                ):
+                    rotated += 1
+            return rotated, undecryptable, len(rows)
 
-        rotated, undecryptable, examined = await retry_transient(tx)
-        async with self._sm() as session:
-            remaining = await repository.count_not_on(session, current)
-            counts = await repository.key_id_counts(session)
+        async def counted(session: AsyncSession) -> tuple[int, dict[str, int]]:
+            return (
+                await repository.count_not_on(session, current),
+                await repository.key_id_counts(session),
+            )
+
+        rotated, undecryptable, examined = await self._write(tx)
+        remaining, counts = await self._read(counted)
         unknown = tuple(sorted(k for k in counts if not self.keyring.has(k)))
         metrics.ROTATED.inc(rotated)
         metrics.UNDECRYPTABLE.inc(undecryptable)
@@ -513,8 +529,7 @@ class CredentialStore:
             return _answer(lease, "", key, provider, _served_model(provider, job_model))
         if lease.api_key_mode != "user_deepseek_key":
             raise AppError(ErrorCode.INVALID_CREDENTIAL, "unsupported api key mode")
-        async with self._sm() as session:
-            row = await repository.get_by_user(session, lease.user_id)
+        row = await self._read(lambda session: repository.get_by_user(session, lease.user_id))
         if row is None:
             raise AppError(
                 ErrorCode.INVALID_CREDENTIAL,

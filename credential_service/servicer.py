@@ -2,8 +2,10 @@
 
 Proto ↔ domain only: every method converts the request, calls
 :class:`~credential_service.domain.CredentialStore`, and converts the answer. An
-:class:`AppError` becomes a rich status (ErrorInfo.reason = the SPEC §4 code); any
-other exception is logged (redacted) and answered ``INTERNAL`` without its text.
+:class:`AppError` becomes a rich status (ErrorInfo.reason = the SPEC §4 code); a
+database that cannot be reached (a lost connection, a refused one, a Galera node
+that left its cluster) is ``UNAVAILABLE`` (retryable: SPEC §9.3, §9.6); any other
+exception is logged (redacted) and answered ``INTERNAL`` without its text.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from airuntime_common import metadata
 from airuntime_common.enums import API_KEY_MODE
@@ -35,7 +39,8 @@ _STATUS = {"valid": msg.CREDENTIAL_STATUS_VALID, "invalid": msg.CREDENTIAL_STATU
 def _rpc(
     fn: Callable[[Any, Req, Any], Awaitable[Resp]],
 ) -> Callable[[Any, Req, Any], Awaitable[Resp]]:
-    """Map AppError to rich status and anything else to a text-free INTERNAL."""
+    """Map AppError to rich status, an unreachable database to UNAVAILABLE and
+    anything else to a text-free INTERNAL."""
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Req, context: Any) -> Resp:
@@ -43,6 +48,19 @@ def _rpc(
             return await fn(self, request, context)
         except AppError as err:
             await abort(context, err)
+        except DBAPIError as exc:
+            if not (isinstance(exc, OperationalError) or exc.connection_invalidated):
+                log.exception("unexpected database error in %s", fn.__name__)
+                await abort(context, AppError(ErrorCode.INTERNAL, "internal error"))
+            log.warning(
+                "database unavailable in %s: %s",
+                fn.__name__,
+                type(exc.orig).__name__ if exc.orig is not None else type(exc).__name__,
+            )
+            await abort(
+                context,
+                AppError(ErrorCode.UNAVAILABLE, "the credential database is unavailable"),
+            )
         except Exception:
             log.exception("unexpected error in %s", fn.__name__)
             await abort(context, AppError(ErrorCode.INTERNAL, "internal error"))

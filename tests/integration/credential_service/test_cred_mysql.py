@@ -8,12 +8,15 @@ load, and a ciphertext copied to another user's row.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 
 from airuntime_common.errors import ErrorCode
 from credential_service.rotate import rotate_all
+from tests.conftest import _admin_connect
 from tests.unit.credential_service import conftest as unit
 from tests.unit.credential_service.conftest import INSTANCE, Env, Lease, StartFn, make_key
 from tests.unit.credential_service.test_servicer import put, refused, resolve
@@ -131,3 +134,84 @@ async def test_copied_ciphertext_is_refused_on_mysql(start_env: StartFn, mysql_u
     env.fake.hold("job-b", INSTANCE, 1, Lease(user_id="bob", credential_id=bob.credential_id))
     err = await refused(resolve(env, "job-b", 1))
     assert err.code == ErrorCode.INVALID_CREDENTIAL
+
+
+def _kill_connections_of(database: str) -> int:
+    """``KILL CONNECTION`` every session on ``database`` (as a failover or a DBA would)."""
+    admin = _admin_connect()
+    try:
+        with admin.cursor() as cur:
+            cur.execute(
+                "SELECT ID FROM information_schema.PROCESSLIST"
+                " WHERE DB = %s AND ID <> CONNECTION_ID()",
+                (database,),
+            )
+            ids = [int(r[0]) for r in cur.fetchall()]
+            for conn_id in ids:
+                cur.execute(f"KILL CONNECTION {conn_id}")
+        return len(ids)
+    finally:
+        admin.close()
+
+
+async def test_a_connection_cut_mid_transaction_is_retried_on_a_new_one(
+    start_env: StartFn, mysql_url: str
+) -> None:
+    """SPEC §9.6: a write (and a read) whose connection dies before COMMIT — a Galera
+    writer lost, HAProxy cutting sessions, ``KILL`` — runs again on a fresh connection;
+    the caller sees one answer and one stored key."""
+    env = await start_env(CREDENTIAL_DATABASE_URL=mysql_url)
+    database = str(make_url(mysql_url).database)
+    await put(env, "u1", "sk-before-the-cut-0000000000000aaaa")
+    cuts: list[int] = []
+
+    def cut_once(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        # the first statement of the next transaction finds its connection gone
+        if not cuts:
+            cuts.append(_kill_connections_of(database))
+
+    event.listen(env.handle.engine.sync_engine, "before_cursor_execute", cut_once)
+    try:
+        replaced = await put(env, "u1", "sk-after-the-cut-00000000000000bbbb")
+    finally:
+        event.remove(env.handle.engine.sync_engine, "before_cursor_execute", cut_once)
+    assert cuts and cuts[0] >= 1
+    got = await env.stub.GetCredential(rr.GetCredentialRequest(user_id="u1"), metadata=env.md())
+    assert got.credential.credential_id == replaced.credential_id
+    assert got.credential.masked_key == "sk-****bbbb"
+    async with env.handle.engine.connect() as conn:
+        rows = await conn.execute(
+            text("select count(*) from ai_model_credentials where user_id = 'u1'")
+        )
+        assert rows.scalar() == 1
+
+    cuts.clear()
+    event.listen(env.handle.engine.sync_engine, "before_cursor_execute", cut_once)
+    try:
+        env.fake.hold("job-1", INSTANCE, 1, Lease(user_id="u1"))
+        assert (await resolve(env, "job-1", 1)).api_key == "sk-after-the-cut-00000000000000bbbb"
+    finally:
+        event.remove(env.handle.engine.sync_engine, "before_cursor_execute", cut_once)
+    assert cuts and cuts[0] >= 1
+
+
+async def test_a_database_that_stays_down_is_unavailable_not_internal(
+    start_env: StartFn, mysql_url: str
+) -> None:
+    """Every attempt's connection cut: the call ends ``UNAVAILABLE`` (503 with
+    ``Retry-After`` at the gateway, retried by workers), never ``INTERNAL``."""
+    env = await start_env(CREDENTIAL_DATABASE_URL=mysql_url)
+    database = str(make_url(mysql_url).database)
+    await put(env, "u1", "sk-down-000000000000000000000000aaaa")
+
+    def cut(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+        _kill_connections_of(database)
+
+    event.listen(env.handle.engine.sync_engine, "before_cursor_execute", cut)
+    try:
+        err = await refused(
+            env.stub.GetCredential(rr.GetCredentialRequest(user_id="u1"), metadata=env.md())
+        )
+    finally:
+        event.remove(env.handle.engine.sync_engine, "before_cursor_execute", cut)
+    assert err.code == ErrorCode.UNAVAILABLE
