@@ -68,6 +68,8 @@ class JobTypeSpec:
         plan_table: the generation-plan table, when a job of this type has a plan
             (requested count, then generated / written / skipped counts).
         prompt: the prompt template's stem (``<prompt>.<version>.j2``).
+        prompt_dir: a directory the worker looks in for that template before its
+            own ``runtime_worker/prompts/`` (a type shipped outside the worker).
     """
 
     name: str
@@ -82,6 +84,7 @@ class JobTypeSpec:
     snapshot: SnapshotBudget = ANALYSIS_SNAPSHOT
     plan_table: str | None = None
     prompt: str = field(default="")
+    prompt_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt:

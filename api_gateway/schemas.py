@@ -9,9 +9,12 @@ protobuf fields are bounded accordingly.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+from airuntime_common import jobtypes
+from airuntime_common.states import JobStatus as JobStatusEnum
 
 INT32_MAX = 2**31 - 1
 #: Counters (tokens, ms) stay within the integers JSON tools handle exactly.
@@ -23,14 +26,14 @@ ID = Field(min_length=1, max_length=128)
 #: unknown id → 404, never 400"), not a length error (the body size limit bounds it).
 REF = Field(min_length=1)
 
-JobType = Literal[
-    "learning_state_analysis",
-    "weak_point_analysis",
-    "next_action_planning",
-    "quiz_generation",
-    "flashcard_generation",
-]
-JobStatus = Literal["pending", "locked", "running", "succeeded", "failed", "cancelled", "expired"]
+if TYPE_CHECKING:
+    JobType = str
+    JobStatus = str
+else:
+    #: The registered job types (:mod:`airuntime_common.jobtypes`) when the gateway starts.
+    JobType = Literal[jobtypes.names()]
+    #: Every job state (:class:`airuntime_common.states.JobStatus`).
+    JobStatus = Literal[tuple(s.value for s in JobStatusEnum)]
 TargetType = Literal["user", "material", "knowledge_point"]
 ApiKeyMode = Literal["platform_key", "user_deepseek_key"]
 QuestionType = Literal["single_choice", "multiple_choice", "true_false", "short_answer"]

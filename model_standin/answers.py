@@ -45,13 +45,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 #: Job types the stand-in can answer (SPEC §2.1).
-TASKS = (
-    "learning_state_analysis",
-    "weak_point_analysis",
-    "next_action_planning",
-    "quiz_generation",
-    "flashcard_generation",
-)
 QUESTION_TYPES = ("single_choice", "multiple_choice", "true_false", "short_answer")
 DIFFICULTIES = ("easy", "medium", "hard")
 
@@ -139,7 +132,7 @@ def parse_prompt(messages: Any) -> Prompt:
     task = find_task(messages)
     if task is None:
         raise PromptError("the system message must start with 'TASK: <jobType>'")
-    if task not in TASKS:
+    if task not in ANSWERERS:
         raise PromptError(f"unknown task {task!r}")
     users = [
         _content_text(m.get("content"))
@@ -1804,16 +1797,23 @@ def build_answer(prompt: Prompt) -> dict[str, Any]:
         generation types return ``{"items": []}`` (schema-invalid, as a real
         model would fail) when the snapshot has no usable text.
     """
-    view = View.of(prompt.snapshot)
-    if prompt.task == "learning_state_analysis":
-        return learning_state_analysis(view)
-    if prompt.task == "weak_point_analysis":
-        return weak_point_analysis(view)
-    if prompt.task == "next_action_planning":
-        return next_action_planning(view)
-    if prompt.task == "quiz_generation":
-        return quiz_generation(view, prompt.params, _rng(prompt))
-    return flashcard_generation(view, prompt.params)
+    return ANSWERERS[prompt.task](prompt)
+
+
+#: How the stand-in answers each task (job type); :func:`register_answerer` adds one.
+ANSWERERS: dict[str, Callable[[Prompt], dict[str, Any]]] = {
+    "learning_state_analysis": lambda p: learning_state_analysis(View.of(p.snapshot)),
+    "weak_point_analysis": lambda p: weak_point_analysis(View.of(p.snapshot)),
+    "next_action_planning": lambda p: next_action_planning(View.of(p.snapshot)),
+    "quiz_generation": lambda p: quiz_generation(View.of(p.snapshot), p.params, _rng(p)),
+    "flashcard_generation": lambda p: flashcard_generation(View.of(p.snapshot), p.params),
+}
+
+
+def register_answerer(task: str, answer: Callable[[Prompt], dict[str, Any]]) -> None:
+    """Teach the stand-in a new task (a job type registered with
+    :func:`airuntime_common.jobtypes.register`): ``answer(prompt)`` returns its output."""
+    ANSWERERS[task] = answer
 
 
 def schema_violation(task: str, answer: dict[str, Any]) -> dict[str, Any]:
@@ -1829,7 +1829,7 @@ def schema_violation(task: str, answer: dict[str, Any]) -> dict[str, Any]:
             "next_action_planning": "targetId",
             "quiz_generation": "stem",
             "flashcard_generation": "back",
-        }[task]
+        }.get(task, next(iter(items[0]), ""))
         items[0].pop(required, None)
         return out
     return {"results": []}

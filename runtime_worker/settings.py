@@ -13,7 +13,7 @@ import socket
 
 from pydantic import Field
 
-from airuntime_common.enums import JOB_TYPES
+from airuntime_common import jobtypes
 from airuntime_common.settings import DAY, CommonSettings, ListenAddress, MissingSetting
 from runtime_worker.providers.body import DEFAULT_MAX_RESPONSE_BYTES
 
@@ -40,7 +40,8 @@ class WorkerSettings(CommonSettings):
         RUNTIME_WORKER_ADVERTISE_ADDR: address reported to job_service as ``status_address``;
             derived from the hostname and the bound port when empty.
         RUNTIME_INSTANCE_ID: this process's id (``x-runtime-instance-id``).
-        WORKER_CAPABILITIES: comma list of job types this worker takes.
+        WORKER_CAPABILITIES: comma list of job types this worker takes; unset: every
+            registered job type (:mod:`airuntime_common.jobtypes`).
         LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
         CLAIM_BATCH_WINDOW_MS: with jobs in flight and fewer free slots than a
             quarter of ``WORKER_CONCURRENCY``, how long the claim loop waits for more
@@ -67,7 +68,7 @@ class WorkerSettings(CommonSettings):
     RUNTIME_WORKER_LISTEN: ListenAddress = "[::]:50053"
     RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
-    WORKER_CAPABILITIES: str = ",".join(JOB_TYPES)
+    WORKER_CAPABILITIES: str | None = None
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
     CLAIM_WITH_RESULT: bool = True
@@ -84,6 +85,8 @@ class WorkerSettings(CommonSettings):
     @property
     def capabilities(self) -> list[str]:
         """``WORKER_CAPABILITIES`` as a list of job types (order kept, duplicates dropped)."""
+        if self.WORKER_CAPABILITIES is None:
+            return list(jobtypes.names())
         out: list[str] = []
         for part in self.WORKER_CAPABILITIES.split(","):
             name = part.strip()
@@ -108,11 +111,11 @@ class WorkerSettings(CommonSettings):
                 f"LOCK_LEASE_SECONDS={self.LOCK_LEASE_SECONDS:g} (SPEC §7)"
             )
         caps = self.capabilities
-        unknown = [c for c in caps if c not in JOB_TYPES]
+        unknown = [c for c in caps if jobtypes.find(c) is None]
         if not caps or unknown:
             raise InvalidSettings(
                 f"refusing to start: WORKER_CAPABILITIES has unknown job types {unknown} "
-                f"or none; allowed: {', '.join(JOB_TYPES)}"
+                f"or none; allowed: {', '.join(jobtypes.names())}"
             )
         if self.MODEL_PRICES:
             try:

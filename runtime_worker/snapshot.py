@@ -13,9 +13,9 @@ from typing import Any, Literal
 
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from airuntime_common.enums import JOB_TYPES
+from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
 
 SNAPSHOT_SCHEMA_VERSION = "v1"
@@ -69,7 +69,15 @@ class SnapshotReading(_Item):
 class SnapshotPayload(_Item):
     """Snapshot payload v1."""
 
-    jobType: Literal[JOB_TYPES]  # type: ignore[valid-type]
+    jobType: str
+
+    @field_validator("jobType")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if jobtypes.find(value) is None:
+            raise ValueError(f"jobType must be one of {', '.join(jobtypes.names())}")
+        return value
+
     targetType: Literal["user", "material", "knowledge_point"]
     targetId: str = Field(min_length=1)
     userId: str = Field(min_length=1)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
+from airuntime_common import jobtypes
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
@@ -55,8 +56,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
-#: Job types whose ``params.count`` bounds the items of their output (SPEC §2.1).
-COUNTED_JOB_TYPES = frozenset({"quiz_generation", "flashcard_generation"})
 #: A claimed ``Job`` message's status when the claim also started it.
 RUNNING_STATUS = JOB_STATUS.to_proto("running")
 #: The most jobs one ClaimJobs returns (SPEC §2.6 limit cap).
@@ -691,10 +690,13 @@ class Worker:
 
 
 def _count_of(job_type: str, params: dict[str, Any]) -> int | None:
-    """The items a generation job asked for (``params.count``), or None for the other
-    job types: a longer answer submits only the first ``count`` (SPEC §9.4)."""
+    """The items a job asked for (``params.count`` of a type whose params have a
+    count and whose output is a list), or None: a longer answer submits only the
+    first ``count`` (SPEC §9.4)."""
     count = params.get("count")
-    if job_type in COUNTED_JOB_TYPES and isinstance(count, int) and not isinstance(count, bool):
+    spec = jobtypes.find(job_type)
+    counted = spec is not None and spec.itemized and "count" in spec.params.model_fields
+    if counted and isinstance(count, int) and not isinstance(count, bool):
         return count if count >= 1 else None
     return None
 

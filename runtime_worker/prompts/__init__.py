@@ -20,6 +20,7 @@ with ``INVALID_SNAPSHOT``.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 
 import jinja2
 
+from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
 from runtime_worker.snapshot import SnapshotPayload
 
@@ -34,28 +36,32 @@ PROMPT_DIR = Path(__file__).parent
 DEFAULT_PROMPT_VERSION = "v1"
 MAX_SNAPSHOT_CHARS = 48_000
 
-#: Output token cap per job type (deepseek-chat allows up to 8K).
-MAX_TOKENS: dict[str, int] = {
-    "learning_state_analysis": 2048,
-    "weak_point_analysis": 2048,
-    "next_action_planning": 2048,
-    "quiz_generation": 6144,
-    "flashcard_generation": 6144,
-}
 
 #: Order in which snapshot lists are shortened (from their end).
 TRUNCATION_ORDER = ("blocks", "reading", "knowledgePoints", "materials")
 
-_env = jinja2.Environment(
-    loader=jinja2.FileSystemLoader(str(PROMPT_DIR)),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,
-    keep_trailing_newline=False,
-    trim_blocks=True,
-    # the templates ship with the code and never change under a running worker:
-    # no stat() of every template file on every render
-    auto_reload=False,
-)
+
+def _environment(*dirs: str) -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(list(dirs)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=False,
+        trim_blocks=True,
+        # the templates ship with the code and never change under a running worker:
+        # no stat() of every template file on every render
+        auto_reload=False,
+    )
+
+
+_env = _environment(str(PROMPT_DIR))
+
+
+@functools.cache
+def _env_with(prompt_dir: str) -> jinja2.Environment:
+    """Templates of ``prompt_dir`` first, then the worker's own (a job type's
+    :attr:`~airuntime_common.jobtypes.JobTypeSpec.prompt_dir`)."""
+    return _environment(prompt_dir, str(PROMPT_DIR))
 
 
 @dataclass(frozen=True)
@@ -123,8 +129,11 @@ def template_for(job_type: str, version: str = DEFAULT_PROMPT_VERSION) -> jinja2
     Raises:
         AppError: ``INVALID_ARGUMENT`` when no such template exists.
     """
+    spec = jobtypes.find(job_type)
+    stem = spec.prompt if spec is not None else job_type
     try:
-        return _env.get_template(f"{job_type}.{version}.j2")
+        env = _env_with(spec.prompt_dir) if spec is not None and spec.prompt_dir else _env
+        return env.get_template(f"{stem}.{version}.j2")
     except jinja2.TemplateNotFound:
         raise AppError(
             ErrorCode.INVALID_ARGUMENT,
@@ -148,7 +157,8 @@ def render_prompt(
     """Render the system and user messages of one job.
 
     Args:
-        job_type: one of the five job types.
+        job_type: a registered job type (its template and token cap come from
+            :mod:`airuntime_common.jobtypes`).
         snapshot: the validated snapshot payload.
         params: the job's params (already with server defaults), JSON data.
         version: template version, default ``"v1"``.
@@ -177,7 +187,7 @@ def render_prompt(
     return RenderedPrompt(
         prompt_version=f"{job_type}.{version}",
         messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-        max_tokens=MAX_TOKENS.get(job_type, 4096),
+        max_tokens=jobtypes.get(job_type).max_tokens,
         dropped=dropped,
     )
 

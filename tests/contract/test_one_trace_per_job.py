@@ -35,7 +35,7 @@ from credential_service.app import serve as serve_credentials
 from credential_service.settings import CredentialSettings
 from job_service.app import JobServiceApp
 from job_service.app import serve as serve_jobs
-from job_service.domain.ports import GrpcCredentialChecker
+from job_service.services.ports import GrpcCredentialChecker
 from launcher.token import mint_token
 from model_standin import StandIn, run_standin
 from runtime_worker.app import WorkerApp
