@@ -19,7 +19,13 @@ from typing import Any
 from airuntime_common.errors import AppError
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION, validate_output
 from runtime_worker.prompts import RenderedPrompt, reask_messages
-from runtime_worker.providers.base import ModelError, ModelProvider, ModelRequest, Usage
+from runtime_worker.providers.base import (
+    ModelError,
+    ModelProvider,
+    ModelRequest,
+    ModelResponse,
+    Usage,
+)
 from runtime_worker.providers.classify import REASKABLE, Fault, code_for
 
 #: Placeholder code of a call aborted by cancel/lease loss/shutdown; the worker
@@ -155,27 +161,11 @@ async def generate(
         if remaining <= 0:
             raise ModelError(code_for(Fault.JOB_DEADLINE), "the attempt's time budget is used up")
         request = ModelRequest(
-            model=model,
-            messages=messages,
-            max_tokens=prompt.max_tokens,
-            api_key=api_key,
-            base_url=base_url,
-            timeout_seconds=min(max_call_seconds, remaining),
+            model=model, messages=messages, max_tokens=prompt.max_tokens, api_key=api_key,
+            base_url=base_url, timeout_seconds=min(max_call_seconds, remaining),
             timeout_is_job_deadline=remaining <= max_call_seconds,
-        )
-        start = time.monotonic()
-        try:
-            response = await provider.complete(request)
-        except ModelError as exc:
-            invocations.append(
-                Invocation("failed", exc.code, exc.usage, exc.latency_ms, exc.provider_request_id)
-            )
-            raise
-        except asyncio.CancelledError:
-            invocations.append(
-                Invocation("failed", ABORTED, Usage(), int((time.monotonic() - start) * 1000))
-            )
-            raise
+        )  # fmt: skip
+        response = await _call(provider, request, invocations)
         try:
             output = parse_content(job_type, response.content, response.finish_reason, max_items)
         except ContentFault as fault:
@@ -189,13 +179,7 @@ async def generate(
                     response.provider_request_id,
                 )
             )
-            can_reask = (
-                allow_reask
-                and not reasked
-                and fault.fault in REASKABLE
-                and job_deadline - time.monotonic() >= MIN_REASK_SECONDS
-            )
-            if can_reask:
+            if allow_reask and not reasked and _reaskable(fault, job_deadline):
                 reasked = True
                 messages = reask_messages(prompt, fault.problem)
                 continue
@@ -208,14 +192,35 @@ async def generate(
             ) from None
         invocations.append(
             Invocation(
-                "succeeded",
-                None,
-                response.usage,
-                response.latency_ms,
-                response.provider_request_id,
+                "succeeded", None, response.usage, response.latency_ms, response.provider_request_id
             )
         )
         return output
+
+
+def _reaskable(fault: ContentFault, job_deadline: float) -> bool:
+    """Whether an unusable answer may be asked for once more: a kind a re-ask can fix,
+    with at least :data:`MIN_REASK_SECONDS` of the attempt's budget left."""
+    return fault.fault in REASKABLE and job_deadline - time.monotonic() >= MIN_REASK_SECONDS
+
+
+async def _call(
+    provider: ModelProvider, request: ModelRequest, invocations: list[Invocation]
+) -> ModelResponse:
+    """One model call; a failed or aborted one is logged in ``invocations`` and raised."""
+    start = time.monotonic()
+    try:
+        return await provider.complete(request)
+    except ModelError as exc:
+        invocations.append(
+            Invocation("failed", exc.code, exc.usage, exc.latency_ms, exc.provider_request_id)
+        )
+        raise
+    except asyncio.CancelledError:
+        invocations.append(
+            Invocation("failed", ABORTED, Usage(), int((time.monotonic() - start) * 1000))
+        )
+        raise
 
 
 __all__ = [
