@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from airuntime_common import tracing
 from airuntime_common.db import make_sessionmaker
 from airuntime_common.grpc_server import GrpcServer
 from airuntime_common.settings import require
@@ -90,6 +91,8 @@ async def serve(
         MissingSetting: without ``RUNTIME_SERVICE_TOKEN``.
     """
     require(settings, "RUNTIME_SERVICE_TOKEN")
+    # first: the servers and channels built below take the process's tracing (SPEC §9.5)
+    tracing.setup("job_service")
     if settings.JOB_SERVICE_MIGRATE_ON_START:
         await upgrade_head_async(settings.DATABASE_URL)
     engine = make_job_engine(settings.DATABASE_URL)

@@ -49,6 +49,28 @@ BREAKER_FAILURES = Gauge(
     "Consecutive platform-key failures counted by the breaker",
 )
 
+OLDEST_PENDING_AGE = Gauge(
+    "airt_jobs_oldest_pending_age_seconds",
+    "Seconds since availableAt of the pending job next in line (the one a claim would pick), "
+    "by job type; 0 when none is waiting",
+    ["job_type"],
+)
+PLATFORM_SPEND = Gauge(
+    "airt_platform_spend_usd",
+    "Platform-key model cost of the database's current UTC day (what create admission "
+    "compares with the budget)",
+)
+PLATFORM_BUDGET = Gauge("airt_platform_budget_usd", "PLATFORM_DAILY_BUDGET_USD")
+WORKERS_LIVE = Gauge(
+    "airt_runtime_workers_live",
+    "Runtime instances the registry counts alive (seen within the alive window)",
+)
+MODEL_COST = Counter(
+    "airt_model_cost_usd_total",
+    "USD cost (MODEL_PRICES) of the model calls logged by this replica",
+    ["model_provider", "model_name", "api_key_mode"],
+)
+
 BREAKER_STATES = ("closed", "open", "half_open")
 
 

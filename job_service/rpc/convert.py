@@ -68,6 +68,7 @@ def job_to_proto(job: JobRecord) -> msg.Job:
         max_retry_count=job.max_retry_count,
         timeout_seconds=job.timeout_seconds,
         cancel_requested=bool(job.cancel_requested),
+        version=job.version,
     )
     for name in (
         "snapshot_id",
@@ -78,6 +79,7 @@ def job_to_proto(job: JobRecord) -> msg.Job:
         "error_code",
         "error_message",
         "retried_from_job_id",
+        "trace_parent",
     ):
         value = getattr(job, name)
         if value is not None:

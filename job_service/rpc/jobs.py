@@ -3,6 +3,7 @@ re-run, and the AI switch. Proto ↔ domain translation only."""
 
 from __future__ import annotations
 
+from airuntime_common import tracing
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.timeutil import to_timestamp
@@ -45,6 +46,7 @@ class JobRpcs:
             else None,
             plan=request.plan if request.HasField("plan") else None,
             actor=request.actor,
+            trace_parent=tracing.job_trace_parent(context),
         )
         job, replayed = await self.domain.create(req)
         return rr.CreateJobResponse(job=job_to_proto(job), replayed=replayed)
@@ -87,6 +89,7 @@ class JobRpcs:
             job_id_of(request.job_id),
             rebuild_snapshot=request.rebuild_snapshot,
             actor=request.actor or "admin",
+            trace_parent=tracing.job_trace_parent(context),
         )
         return rr.RerunJobResponse(job=job_to_proto(job))
 

@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from airuntime_common.errors import AppError, ErrorCode
+from job_service import metrics
 from job_service.services.core import Core, new_id
 from job_service.services.inputs import ModelCallInput
 from job_service.store import statements as st
@@ -102,8 +103,9 @@ class Accounting:
         job: JobRecord | ResultFacts,
         attempt_no: int,
         calls: Sequence[ModelCallInput],
-    ) -> list[str]:
-        """Queue the log rows of ``calls`` and their platform spend in ``batch``; their ids.
+    ) -> list[dict[str, Any]]:
+        """Queue the log rows of ``calls`` and their platform spend in ``batch``; the rows
+        (hand them to :meth:`observe` once the transaction committed).
 
         Raises:
             AppError: as :meth:`call_rows` (nothing queued).
@@ -115,7 +117,15 @@ class Accounting:
         spend = spend_row(rows)
         if spend is not None:
             batch.add(st.add_platform_spend.sql(clock, spend))
-        return [str(row["id"]) for row in rows]
+        return rows
+
+    @staticmethod
+    def observe(rows: Sequence[dict[str, Any]]) -> None:
+        """Feed ``airt_model_cost_usd_total`` with logged call ``rows`` (after their commit)."""
+        for row in rows:
+            metrics.MODEL_COST.labels(
+                row["model_provider"], row["model_name"], row["api_key_mode"]
+            ).inc(float(row["cost_usd"]))
 
     async def record_invocation(self, *, job_id: str, attempt_no: int, call: ModelCallInput) -> str:
         """Store one model call with its cost (SPEC §5); returns the log id.
@@ -136,7 +146,7 @@ class Accounting:
                 ErrorCode.INVALID_ARGUMENT, "attemptNo must be ≥ 0", {"field": "attemptNo"}
             )
 
-        async def body(db: DbExec) -> str:
+        async def body(db: DbExec) -> list[dict[str, Any]]:
             job = await self.core.must_get_job(db, job_id)
             if attempt_no > job.attempt_no:
                 raise AppError(
@@ -145,11 +155,13 @@ class Accounting:
                     {"field": "attemptNo"},
                 )
             batch = new_batch(db)
-            [log_id] = self.queue_calls(batch, job, attempt_no, [call])
+            rows = self.queue_calls(batch, job, attempt_no, [call])
             await batch.run()
-            return log_id
+            return rows
 
-        return await self.core.store.lean_tx(body)
+        rows = await self.core.store.lean_tx(body)
+        self.observe(rows)
+        return str(rows[0]["id"])
 
     async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
         """Cost roll-up over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).

@@ -61,6 +61,7 @@ class NewJob:
     retried_from_job_id: str | None
     model_provider: str = "deepseek"
     model_name: str = "deepseek-chat"
+    trace_parent: str | None = None
 
 
 class Admission:
@@ -117,6 +118,7 @@ class Admission:
                 new_id(), req.user_id, req.job_type, req.target_type, req.target_id,
                 snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
                 req.priority, req.max_retry_count, req.timeout_seconds, None,
+                trace_parent=req.trace_parent,
             )  # fmt: skip
             job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
             return job, False
@@ -134,7 +136,14 @@ class Admission:
             self.created(job)
         return job, replayed
 
-    async def rerun(self, job_id: str, *, rebuild_snapshot: bool, actor: str) -> JobRecord:
+    async def rerun(
+        self,
+        job_id: str,
+        *,
+        rebuild_snapshot: bool,
+        actor: str,
+        trace_parent: str | None = None,
+    ) -> JobRecord:
         """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (SPEC §2.3).
 
         The new job passes the create-time checks a create of its user would (SPEC
@@ -178,7 +187,7 @@ class Admission:
                 new_id(), old.user_id, old.job_type, old.target_type, old.target_id,
                 snapshot_id, old.params, old.api_key_mode, credential_id, None,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
-                old.model_provider, old.model_name,
+                old.model_provider, old.model_name, trace_parent,
             )  # fmt: skip
             return await self.insert_job(session, new, actor=actor or "admin")
 
@@ -327,6 +336,8 @@ class Admission:
             "max_retry_count": _or(new.max_retry_count, s.MAX_RETRY_COUNT),
             "timeout_seconds": _or(new.timeout_seconds, s.JOB_TIMEOUT_SECONDS),
             "cancel_requested": False,
+            "version": 0,
+            "trace_parent": new.trace_parent,
         }
         first_event = event_params(
             job_id=new.job_id, from_status=None, to_status=PENDING, actor=actor, attempt_no=0

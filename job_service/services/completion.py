@@ -77,6 +77,7 @@ class _Submitted:
     facts: ResultFacts
     db_now: datetime
     invalid: AppError | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class _Failed:
     job: JobRecord
     repeated: bool = False
     refused_credential: str | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -160,6 +162,7 @@ class Completion:
             n,
         )
         done = await self.core.store.lean_tx(lambda db: self._submit(db, sub))
+        self.accounting.observe(done.calls)
         for job in done.outcome.claimed:
             observe_pickup(job)
         if done.invalid is not None or not done.outcome.replayed:
@@ -283,7 +286,7 @@ class Completion:
             raise lease_refusal(lease, facts.status)
         batch = new_batch(db)
         end.queue_fenced(batch, "end")
-        self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
         try:
             await batch.run()
         except FenceBroken:
@@ -292,7 +295,7 @@ class Completion:
             # Neutral for the breaker, but it frees a half-open probe slot.
             await breaker.record_ending(db, clock, self.core.settings, ErrorCode.INVALID_SCHEMA)
         outcome = SubmitOutcome(facts.job_id, ending.ending.to_state, "", sub.output_hash, False)
-        return _Submitted(outcome, facts, read.db_now, invalid=err)
+        return _Submitted(outcome, facts, read.db_now, invalid=err, calls=calls)
 
     async def _accept(
         self, db: DbExec, read: _Read, sub: _Submission, prepared: PreparedResult
@@ -325,7 +328,7 @@ class Completion:
         batch = new_batch(db)
         for statement in prepared.statements(clock):
             batch.add(statement)
-        self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
         batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)))
         succeed.queue_fenced(batch, "succeed")
         pick = batch.add(self.claiming.pick_sql(sub.next_caps, sub.next_n)) if sub.next_n else None
@@ -355,7 +358,7 @@ class Completion:
             claimed.jobs,
             claimed.snapshots,
         )
-        return _Submitted(outcome, facts, read.db_now)
+        return _Submitted(outcome, facts, read.db_now, calls=calls)
 
     def _attempt_ended(self, sub: _Submission, done: _Submitted) -> None:
         """Metrics and the log line of an attempt a result ended (not of a replay)."""
@@ -418,6 +421,7 @@ class Completion:
             lambda db: self._fail(db, lease, code, message, retry_after_seconds, calls)
         )
         job = done.job
+        self.accounting.observe(done.calls)
         if done.repeated:
             return job
         if done.refused_credential is not None:
@@ -484,7 +488,7 @@ class Completion:
             raise lease_refusal(lease, job.status)
         batch = new_batch(db)
         end.queue_fenced(batch, "end")
-        self.accounting.queue_calls(batch, job, lease.attempt_no, calls)
+        logged = self.accounting.queue_calls(batch, job, lease.attempt_no, calls)
         read = batch.add(st.get_job.sql(clock, {"g_job_id": job.job_id}, False))
         try:
             out = await batch.run()
@@ -495,7 +499,7 @@ class Completion:
             await breaker.record_ending(db, clock, self.core.settings, code)
         elif code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
             refused = job.credential_id
-        return _Failed(job_of(out[read].rows[0]), refused_credential=refused)
+        return _Failed(job_of(out[read].rows[0]), refused_credential=refused, calls=logged)
 
     async def _attempt_ended_by(self, db: DbExec, lease: Lease, code: str) -> bool:
         """Whether the lease's holder ended its attempt with ``code`` (its event row): a

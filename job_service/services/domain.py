@@ -144,9 +144,18 @@ class JobDomain:
         """:meth:`Admission.create`."""
         return await self.admission.create(req)
 
-    async def rerun(self, job_id: str, *, rebuild_snapshot: bool, actor: str) -> JobRecord:
+    async def rerun(
+        self,
+        job_id: str,
+        *,
+        rebuild_snapshot: bool,
+        actor: str,
+        trace_parent: str | None = None,
+    ) -> JobRecord:
         """:meth:`Admission.rerun`."""
-        return await self.admission.rerun(job_id, rebuild_snapshot=rebuild_snapshot, actor=actor)
+        return await self.admission.rerun(
+            job_id, rebuild_snapshot=rebuild_snapshot, actor=actor, trace_parent=trace_parent
+        )
 
     async def get_authorization(self, user_id: str) -> AuthorizationView:
         """:meth:`Authorization.get`."""

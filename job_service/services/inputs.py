@@ -31,6 +31,7 @@ class CreateJobInput:
         priority, max_retry_count, timeout_seconds: admin overrides; None = defaults.
         plan: the caller's ``plan`` claim for the per-plan daily quota.
         actor: ``"user:<id>"`` / ``"admin:<id>"``.
+        trace_parent: the create request's W3C ``traceparent`` (SPEC §9.5), or None.
     """
 
     user_id: str
@@ -45,6 +46,7 @@ class CreateJobInput:
     timeout_seconds: int | None = None
     plan: str | None = None
     actor: str = ""
+    trace_parent: str | None = None
 
 
 @dataclass(frozen=True)

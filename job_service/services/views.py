@@ -15,6 +15,7 @@ from job_service.maintenance import breaker
 from job_service.maintenance.workers import WorkerView
 from job_service.services.core import Core
 from job_service.store import statements as st
+from job_service.store.batch import new_batch
 from job_service.store.records import EventRecord, InvocationRecord, JobRecord
 
 log = logging.getLogger("job_service.views")
@@ -94,14 +95,29 @@ class Views:
             ``{(state, jobType): count}`` of the non-terminal jobs (also published
             as ``airt_jobs_queue_depth``; pairs that emptied are set to 0).
         """
-        cooldown = self.core.settings.BREAKER_COOLDOWN_SECONDS
+        settings, clock = self.core.settings, self.core.clock
+        types = jobtypes.names()
         async with self.core.store.sessions() as session:
             rows = (await session.execute(st.queue_depth())).all()
-            view = await breaker.read(session, self.core.clock, cooldown)
+            view = await breaker.read(session, clock, settings.BREAKER_COOLDOWN_SECONDS)
+            batch = new_batch(session)
+            spent = batch.add(st.platform_spent_today.sql(clock, {}))
+            heads = [batch.add(st.next_in_line.sql(clock, {"n_type": t})) for t in types]
+            out = await batch.run()
+            workers = await self.core.registry.list_workers(
+                session, settings.worker_alive_seconds()
+            )
         depth = {(str(r[0]), str(r[1])): int(r[2]) for r in rows}
         for state in sorted(LIVE):
-            for job_type in jobtypes.names():
+            for job_type in types:
                 metrics.QUEUE_DEPTH.labels(state, job_type).set(depth.get((state, job_type), 0))
+        for job_type, index in zip(types, heads, strict=True):
+            head = out[index].rows
+            age = (head[0][1] - head[0][0]).total_seconds() if head else 0.0
+            metrics.OLDEST_PENDING_AGE.labels(job_type).set(max(0.0, age))
+        metrics.PLATFORM_SPEND.set(float(out[spent].rows[0][0]))
+        metrics.PLATFORM_BUDGET.set(float(settings.PLATFORM_DAILY_BUDGET_USD))
+        metrics.WORKERS_LIVE.set(sum(w.status == "alive" for w in workers))
         metrics.set_breaker(view.state, view.consecutive_failures)
         return depth
 

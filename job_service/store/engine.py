@@ -40,9 +40,30 @@ WRITE_TX: contextvars.ContextVar[bool] = contextvars.ContextVar("job_write_tx", 
 IDLE_PING_SECONDS = 1.0
 
 
+#: Key of a pooled connection's ``info``: its server is a Galera node (``wsrep_on``).
+GALERA = "airt_galera"
+
+
 def make_job_engine(url: str) -> AsyncEngine:
-    """Engine for the job database (see module doc)."""
+    """Engine for the job database (see module doc).
+
+    On MySQL/MariaDB each new connection notes whether its server is a Galera node
+    (:data:`GALERA` in the connection's ``info``): there a statement batch never
+    carries its COMMIT (:mod:`job_service.store.mysql_batch`).
+    """
     engine = make_engine(url, ping_idle_seconds=IDLE_PING_SECONDS)
+    if engine.dialect.name in ("mysql", "mariadb"):
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _note_galera(dbapi_conn: Any, record: Any) -> None:
+            cursor = dbapi_conn.cursor()
+            try:
+                cursor.execute("SHOW VARIABLES LIKE 'wsrep_on'")
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
+            record.info[GALERA] = row is not None and str(row[1]).upper() == "ON"
+
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine.sync_engine, "connect")

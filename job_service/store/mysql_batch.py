@@ -66,6 +66,7 @@ from sqlalchemy.sql import Select
 
 from airuntime_common.db import clear_committed, mark_committed
 from job_service.store.batch import FenceBroken, Outcome, Queued, StatementBatch
+from job_service.store.engine import GALERA
 
 #: The fence: a no-op when the previous statement matched exactly one row, else
 #: a scalar subquery of two rows, which the server refuses with error 1242 (a
@@ -289,19 +290,28 @@ class MultiStatementBatch(StatementBatch):
     async def _execute(self, queue: list[Queued]) -> list[Outcome]:
         conn = await self._connection()
         dialect = conn.dialect
+        # On a Galera node the COMMIT goes alone: a write set from another node can
+        # abort the transaction while the batch runs, and the server then runs the
+        # statements after the abort in a new transaction that the batch's COMMIT
+        # would commit (MariaDB 10.11; SPEC §9.6). The 1213 of the abort is raised at
+        # that COMMIT, and the caller's block rolls the leftover back.
+        galera = bool(conn.info.get(GALERA))
         items: list[_Item] = []
         indexes: list[int] = []  # statement number → position in ``items``
         for entry in queue:
             if entry.fence is not None:
                 items.append(_Item(None, {}, FENCE_SQL, fence=entry.fence))
             elif entry.sql is None:
-                items.append(_Item(None, {}, "COMMIT"))
+                if not galera:
+                    items.append(_Item(None, {}, "COMMIT"))
             else:
                 sql = entry.sql
                 indexes.append(len(items))
                 items.append(
                     _Item(_compiled(dialect, sql.key, sql.statement, sql.params), sql.params)
                 )
+        if not items:
+            return []
         raw = await conn.get_raw_connection()
         driver: Any = raw.driver_connection
         clear_committed(driver)  # this transaction's COMMIT is to be sent unless we send it

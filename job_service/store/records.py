@@ -52,6 +52,10 @@ class JobRecord:
     error_message: str | None
     created_at: datetime
     updated_at: datetime
+    #: +1 on every change of the row (SPEC §9.1 ETag).
+    version: int = 0
+    #: the create's W3C traceparent (SPEC §9.5), or None.
+    trace_parent: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> JobRecord:

@@ -26,6 +26,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    update,
 )
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -117,12 +118,15 @@ def live_jobs_of_user(clock: DbClock) -> Any:
 
 @Statement
 def admission_lock(clock: DbClock) -> Any:
-    """The user's (``a_user``) admission row, locked (MySQL/MariaDB; a plain read on
-    SQLite, whose single writer already serialises creates)."""
-    stmt = select(admission_locks.c.user_id).where(
-        admission_locks.c.user_id == bindparam("a_user", type_=String())
+    """Take the user's (``a_user``) admission lock by writing their row (``changes + 1``):
+    one admission per user at a time on every replica, and on Galera a write the
+    other nodes certify against (SPEC §6, §9.6). On SQLite, whose single writer
+    already serialises creates, the row does not exist and nothing is written."""
+    return (
+        update(admission_locks)
+        .where(admission_locks.c.user_id == bindparam("a_user", type_=String()))
+        .values(changes=admission_locks.c.changes + 1)
     )
-    return _for_update(clock, stmt)
 
 
 @Statement
@@ -493,6 +497,22 @@ def queue_depth() -> Select[Any]:
         select(jobs.c.status, jobs.c.job_type, func.count())
         .where(jobs.c.status.in_(sorted(LIVE)))
         .group_by(jobs.c.status, jobs.c.job_type)
+    )
+
+
+@Statement
+def next_in_line(clock: DbClock) -> Any:
+    """``(availableAt, now)`` of the pending, available job of type ``n_type`` a claim
+    would pick next (the poll index's first row), at most one row."""
+    return (
+        select(jobs.c.available_at, clock.now())
+        .where(
+            jobs.c.status == JobStatus.PENDING,
+            jobs.c.job_type == bindparam("n_type", type_=String()),
+            jobs.c.available_at <= clock.now(),
+        )
+        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+        .limit(1)
     )
 
 

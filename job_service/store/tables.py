@@ -26,6 +26,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects import mysql
 from sqlalchemy.orm import Mapped, mapped_column
@@ -86,6 +87,10 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    #: +1 on every UPDATE of the row (the ETag of SPEC §9.1).
+    version: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    #: The create request's W3C ``traceparent`` (SPEC §9.5), or NULL.
+    trace_parent: Mapped[str | None] = mapped_column(String(55))
 
     __table_args__ = (
         CheckConstraint("retry_count >= 0", name="retry_count_nonneg"),
@@ -212,15 +217,19 @@ breaker = cast(Table, CircuitBreakerRow.__table__)
 class UserAdmissionLock(Base):
     """``ai_user_admission_locks``: one row per user, locked by every create (SPEC §6).
 
-    The create transaction takes ``SELECT … FOR UPDATE`` on the caller's row
-    before counting the day's jobs, so concurrent creates of one user (on any
-    replica) are admitted one at a time and the daily quota is never
-    overshot. (SQLite already runs every write transaction alone.)
+    The create transaction writes the caller's row (``changes + 1``) before
+    counting the day's jobs, so concurrent creates of one user (on any replica)
+    are admitted one at a time and the daily quota is never overshot; a write,
+    not a ``SELECT … FOR UPDATE``, so that on a Galera cluster admissions of one
+    user on two nodes conflict at certification instead of both passing (SPEC
+    §9.6). (SQLite already runs every write transaction alone.)
     """
 
     __tablename__ = "ai_user_admission_locks"
 
     user_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    #: +1 by every admission: the lock is taken by this write (replicated on Galera).
+    changes: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
 
 
 admission_locks = cast(Table, UserAdmissionLock.__table__)

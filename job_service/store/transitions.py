@@ -358,7 +358,11 @@ def transition_sql(
     states = t.from_states if from_state is None else t.from_states & {from_state}
     if not states:
         return None
-    sets: dict[str, Any] = {"updated_at": clock.now(), **(values or {})}
+    sets: dict[str, Any] = {
+        "updated_at": clock.now(),
+        "version": VERSION_PLUS_ONE,
+        **(values or {}),
+    }
     if t.to_state is not None:
         sets["status"] = t.to_state
     shape = _shape(sets)
@@ -442,7 +446,7 @@ def transition_many_sql(
     t = TRANSITIONS[op]
     if t.holder_only and holder is None:
         raise ValueError(f"{op} needs a lease")
-    sets: dict[str, Any] = {"updated_at": clock.now(), **values}
+    sets: dict[str, Any] = {"updated_at": clock.now(), "version": VERSION_PLUS_ONE, **values}
     if t.to_state is not None:
         sets["status"] = t.to_state
     shape = _shape(sets)
@@ -488,7 +492,11 @@ def renew_many(
         lambda: (
             update(jobs)
             .where(jobs.c.status.in_(sorted(t.from_states)), leases_guard(clock, instance_id, refs))
-            .values(lock_until=clock.plus(lease_seconds), updated_at=clock.now())
+            .values(
+                lock_until=clock.plus(lease_seconds),
+                updated_at=clock.now(),
+                version=VERSION_PLUS_ONE,
+            )
         ),
         {},
     )
@@ -518,5 +526,7 @@ def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[s
 
 #: ``retry_count + 1``, shared so statements embedding it are cached.
 RETRY_COUNT_PLUS_ONE: Any = cache.stable(jobs.c.retry_count + 1)
+#: ``version + 1``: every UPDATE of a job row moves its version (SPEC §9.1 ETag).
+VERSION_PLUS_ONE: Any = cache.stable(jobs.c.version + 1)
 #: ``attempt_no + 1`` (lock/claim), shared so statements embedding it are cached.
 NEXT_ATTEMPT: Any = cache.stable(jobs.c.attempt_no + 1)

@@ -47,14 +47,6 @@ from tests.unit.job_service.conftest import create_schema, make_settings
 
 __all__ = ["capture"]
 
-pytestmark = pytest.mark.skip(
-    reason=(
-        "needs job_service: CreateJob/RerunJob must store the create's traceparent "
-        "(column ai_runtime_jobs.trace_parent, airuntime_common.tracing.job_trace_parent) "
-        "and fill Job.trace_parent in every Job it answers (ClaimJobs, SubmitResult's "
-        "claimed_jobs, LockJob, PollJobs); until then each attempt is a trace of its own"
-    )
-)
 
 PLATFORM_KEY = "sk-canary-platform-" + secrets.token_hex(10)
 CANARY_SENTENCE = "Purple herons of the canary marsh nest only in the winter rain."

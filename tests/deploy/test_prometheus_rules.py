@@ -142,7 +142,6 @@ def test_rules_and_their_test_series_read_metrics_the_services_define(
     assert promql.check_queries(series, known, queries=False) == []
 
 
-@pytest.mark.skip(reason="needs job_service: the metrics of tests/deploy/promql.py AWAITED")
 @pytest.mark.parametrize("family", sorted(promql.AWAITED))
 def test_job_service_exports_the_metrics_the_rules_await(family: str) -> None:
     spec = promql.AWAITED[family]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -185,3 +187,43 @@ async def test_lapsed_lease_is_dead_before_the_reaper(domain: JobDomain) -> None
             await s.execute(select(jobs.c.status).where(jobs.c.job_id == job.job_id))
         ).scalar_one()
     assert status == "locked"
+
+
+async def test_every_change_of_the_row_moves_its_version(domain: JobDomain) -> None:
+    """The ETag of SPEC §9.1 follows every UPDATE of a job: lock, start, a lease renewal,
+    a cancel request, the ending."""
+    job = await new_job(domain)
+    seen = [job.version]
+    await domain.claim("w1", ["learning_state_analysis"], 1, 0)
+    lease = Lease(job.job_id, "w1", 1)
+    for step in (
+        lambda: domain.get(job.job_id),
+        lambda: domain.start(lease),
+        lambda: domain.heartbeat(lease),
+        lambda: domain.cancel(job.job_id, user_id="u1", actor="user:u1"),
+    ):
+        await step()
+        seen.append((await domain.get(job.job_id)).version)
+    await domain.fail(lease, error_code="CANCELLED", error_message="stopped")
+    seen.append((await domain.get(job.job_id)).version)
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
+async def test_the_gauges_show_queue_age_spend_budget_and_live_workers(
+    make_domain: Callable[..., Any],
+) -> None:
+    """The gauges the alert rules read (deploy/prometheus/alerts.yml)."""
+    from prometheus_client import REGISTRY
+
+    domain: JobDomain = await make_domain(PLATFORM_DAILY_BUDGET_USD=12.5)
+    await new_job(domain)
+    await domain.seen("w-live", ["learning_state_analysis"])
+    await asyncio.sleep(0.05)
+    await domain.refresh_gauges()
+    get = REGISTRY.get_sample_value
+    age = get("airt_jobs_oldest_pending_age_seconds", {"job_type": "learning_state_analysis"})
+    assert age is not None and 0 < age < 60
+    assert get("airt_jobs_oldest_pending_age_seconds", {"job_type": "quiz_generation"}) == 0
+    assert get("airt_platform_budget_usd") == 12.5
+    assert get("airt_platform_spend_usd") == 0
+    assert get("airt_runtime_workers_live") == 1
