@@ -27,7 +27,7 @@ Unset or empty, ``MODEL_PROVIDERS`` is one ``deepseek`` entry made of
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Mapping, Iterator
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
@@ -162,6 +162,22 @@ def parse_model_providers(
     return ModelProviders.model_validate_json(raw)
 
 
+#: The key platform-key attempts use against the local stand-in (dev, demo, tests only:
+#: ``ALLOW_PLATFORM_KEY_STANDIN``); never a real provider's key.
+STANDIN_PLATFORM_KEY = "sk-standin-local"
+
+
+def platform_keys_from(providers: ModelProviders, env: Mapping[str, str]) -> dict[str, str]:
+    """Each provider's platform key as ``env`` holds it (its ``apiKeyEnv``, stripped);
+    a provider whose variable is unset or blank is left out: it has none (SPEC §9.4)."""
+    keys: dict[str, str] = {}
+    for provider in providers:
+        value = env.get(provider.apiKeyEnv or "", "").strip()
+        if provider.apiKeyEnv and value:
+            keys[provider.name] = value
+    return keys
+
+
 class ModelProvidersSettings(BaseModel):
     """The settings of a service that reads ``MODEL_PROVIDERS`` (mixed into its
     pydantic-settings class, which reads them from the environment).
@@ -190,9 +206,11 @@ __all__ = [
     "DEFAULT_API_KEY_ENV",
     "DEFAULT_DEEPSEEK_BASE_URL",
     "DEFAULT_PROVIDER",
+    "STANDIN_PLATFORM_KEY",
     "ModelProviders",
     "ModelProvidersSettings",
     "ProviderConfig",
     "default_providers",
     "parse_model_providers",
+    "platform_keys_from",
 ]

@@ -231,9 +231,17 @@ def _throughput_params(p: Params) -> dict[str, Any]:
 
 async def throughput_run(p: Params, slots: int) -> dict[str, Any]:
     """One throughput run: a backlog of ``p.jobs`` jobs through the full path, one worker
-    of ``slots`` slots, on a fresh database (figures: :func:`_run_backlog`)."""
+    of ``slots`` slots, on a fresh database (figures: :func:`_run_backlog`).
+
+    The worker holds the platform key (``WORKER_PLATFORM_KEYS``, the seed's deployment:
+    the runtime has ``DEEPSEEK_API_KEY``), so a platform-key attempt needs no
+    ResolveCredential round trip; ``BENCH_WORKER_PLATFORM_KEYS=0`` measures with it."""
     with fresh_database(p.base_url) as url:
-        env = {"WORKER_CONCURRENCY": str(slots), **metrics_ports()}
+        env = {
+            "WORKER_CONCURRENCY": str(slots),
+            "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
+            **metrics_ports(),
+        }
         async with System(url, extra_env=env, job_services=p.job_services) as system:
             return await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
 

@@ -14,7 +14,11 @@ from collections.abc import Mapping
 
 from pydantic import Field, SecretStr
 
-from airuntime_common.model_providers import DEFAULT_API_KEY_ENV, ModelProvidersSettings
+from airuntime_common.model_providers import (
+    DEFAULT_API_KEY_ENV,
+    STANDIN_PLATFORM_KEY,
+    ModelProvidersSettings,
+)
 from airuntime_common.settings import (
     DEFAULT_CREDENTIAL_DB,
     CommonSettings,
@@ -26,7 +30,6 @@ from airuntime_common.settings import (
 
 #: The literal platform key used only when ``ALLOW_PLATFORM_KEY_STANDIN=1`` and no
 #: ``DEEPSEEK_API_KEY`` is configured (dev launcher, demo, tests; SPEC §5).
-STANDIN_PLATFORM_KEY = "sk-standin-local"
 
 
 class CredentialSettings(ModelProvidersSettings, CommonSettings):

@@ -10,10 +10,17 @@ import json
 import os
 import secrets
 import socket
+from collections.abc import Mapping
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from airuntime_common import jobtypes
+from airuntime_common.model_providers import (
+    DEFAULT_API_KEY_ENV,
+    STANDIN_PLATFORM_KEY,
+    ModelProvidersSettings,
+    platform_keys_from,
+)
 from airuntime_common.settings import DAY, CommonSettings, ListenAddress, MissingSetting
 from runtime_worker.providers.body import DEFAULT_MAX_RESPONSE_BYTES
 
@@ -27,7 +34,7 @@ class InvalidSettings(MissingSetting):
     """A setting has a value the worker refuses to start with (exits with the message)."""
 
 
-class WorkerSettings(CommonSettings):
+class WorkerSettings(ModelProvidersSettings, CommonSettings):
     """Every variable the worker reads.
 
     Attributes:
@@ -40,6 +47,14 @@ class WorkerSettings(CommonSettings):
         RUNTIME_WORKER_ADVERTISE_ADDR: address reported to job_service as ``status_address``;
             derived from the hostname and the bound port when empty.
         RUNTIME_INSTANCE_ID: this process's id (``x-runtime-instance-id``).
+        WORKER_PLATFORM_KEYS: the worker holds the platform keys itself (each provider's
+            ``apiKeyEnv`` in its own environment, as the seed's deployment gives the
+            runtime ``DEEPSEEK_API_KEY``): a platform-key attempt on a provider whose key
+            it holds runs on it without a ResolveCredential round trip (the claim names
+            the provider; the lease is the worker's own claim). User keys always resolve.
+        DEEPSEEK_API_KEY: the default provider's platform key (with ``WORKER_PLATFORM_KEYS``).
+        ALLOW_PLATFORM_KEY_STANDIN: dev/demo/test only, as credential_service's: with
+            ``WORKER_PLATFORM_KEYS``, a provider without a key uses the stand-in's.
         WORKER_CAPABILITIES: comma list of job types this worker takes; unset: every
             registered job type (:mod:`airuntime_common.jobtypes`).
         LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
@@ -68,6 +83,9 @@ class WorkerSettings(CommonSettings):
     RUNTIME_WORKER_LISTEN: ListenAddress = "[::]:50053"
     RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
+    WORKER_PLATFORM_KEYS: bool = False
+    DEEPSEEK_API_KEY: SecretStr | None = None
+    ALLOW_PLATFORM_KEY_STANDIN: bool = False
     WORKER_CAPABILITIES: str | None = None
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
@@ -81,6 +99,22 @@ class WorkerSettings(CommonSettings):
     RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0, le=DAY)
     MODEL_PRICES: str | None = None
     WORKER_METRICS_PORT: int = Field(default=9103, ge=0, le=65535)
+
+    def platform_keys(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The platform keys this worker holds, by provider name (empty unless
+        ``WORKER_PLATFORM_KEYS``): each provider's ``apiKeyEnv`` (``DEEPSEEK_API_KEY`` is
+        this settings' value), else the stand-in key where that is allowed."""
+        if not self.WORKER_PLATFORM_KEYS:
+            return {}
+        source = dict(os.environ if env is None else env)
+        source.pop(DEFAULT_API_KEY_ENV, None)
+        if self.DEEPSEEK_API_KEY is not None:
+            source[DEFAULT_API_KEY_ENV] = self.DEEPSEEK_API_KEY.get_secret_value()
+        keys = platform_keys_from(self.providers(), source)
+        if self.ALLOW_PLATFORM_KEY_STANDIN:
+            for provider in self.providers():
+                keys.setdefault(provider.name, STANDIN_PLATFORM_KEY)
+        return keys
 
     @property
     def capabilities(self) -> list[str]:

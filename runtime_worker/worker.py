@@ -37,6 +37,7 @@ from airuntime_common import jobtypes
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
+from airuntime_common.model_providers import ProviderConfig
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
 from airuntime_common.timeutil import utcnow
 from airuntime_common.tracing import Tracing
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
+#: The platform key's ``ApiKeyMode`` number.
+PLATFORM_KEY_MODE = API_KEY_MODE.to_proto("platform_key")
+#: A job's model when it names none (SPEC §2.2).
+DEFAULT_MODEL_NAME = "deepseek-chat"
 #: A claimed ``Job`` message's status when the claim also started it.
 RUNNING_STATUS = JOB_STATUS.to_proto("running")
 #: The most jobs one ClaimJobs returns (SPEC §2.6 limit cap).
@@ -195,6 +200,12 @@ class Worker:
         tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings
+        #: provider name → (its config, the platform key this worker holds for it)
+        self.platform: dict[str, tuple[ProviderConfig, str]] = {
+            name: (config, key)
+            for name, key in settings.platform_keys().items()
+            if (config := settings.providers().get(name)) is not None
+        }
         self.spans = AttemptSpans(tracing)
         self.client = client
         self.provider = provider
@@ -362,8 +373,13 @@ class Worker:
         # The key is resolved while the snapshot is read: both only need the lease
         # (locked or running), and neither waits for the other. The snapshot's
         # error, if any, is the one reported, as when they ran one after the other.
+        local = self._held_platform_key(job)
         key_call = asyncio.ensure_future(
-            run.trace.resolve(lambda: self.client.resolve_credential(run.job_id, run.attempt_no))
+            _ready(local)
+            if local is not None
+            else run.trace.resolve(
+                lambda: self.client.resolve_credential(run.job_id, run.attempt_no)
+            )
         )
         try:
             snap_resp = run.snapshot
@@ -416,6 +432,21 @@ class Worker:
             max_items=_count_of(run.job_type, params),
         )
         return prompt.prompt_version, output
+
+    def _held_platform_key(self, job: Any) -> HeldKey | None:
+        """The platform key this worker holds for ``job``'s provider, as a resolve would
+        answer it, or None (a user key, a provider it holds no key for, or a model that
+        provider does not serve: then the attempt resolves as usual)."""
+        if not self.platform or job.api_key_mode != PLATFORM_KEY_MODE:
+            return None
+        held = self.platform.get(job.model_provider)
+        if held is None:
+            return None
+        config, key = held
+        model = config.model_for(job.model_name or DEFAULT_MODEL_NAME)
+        if model is None:
+            return None
+        return HeldKey(PLATFORM_KEY_MODE, "", key, config.name, model, config.baseUrl)
 
     async def _finish(self, run: JobRun) -> None:
         work = run.work
@@ -687,6 +718,22 @@ class Worker:
             "counters": dict(self.counters),
             "draining": self.draining,
         }
+
+
+@dataclass(frozen=True)
+class HeldKey:
+    """A platform key the worker holds, in the shape of a ResolveCredential answer."""
+
+    api_key_mode: int
+    credential_id: str
+    api_key: str
+    model_provider: str
+    model_name: str
+    base_url: str
+
+
+async def _ready(value: HeldKey) -> HeldKey:
+    return value
 
 
 def _count_of(job_type: str, params: dict[str, Any]) -> int | None:

@@ -801,3 +801,49 @@ def test_a_skewed_clock_keeps_the_start_within_the_call() -> None:
     ):
         job.started_at.FromMicroseconds(int(started_wall * 1e6))
         assert window.start_of(job) == pytest.approx(expected)
+
+
+async def test_a_worker_holding_the_platform_key_runs_platform_jobs_without_a_resolve(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """``WORKER_PLATFORM_KEYS`` (SPEC §9.4: the claim names the attempt's provider): a
+    platform-key job runs on the key the worker holds for that provider, with no
+    ResolveCredential call; a user-key job, or a provider it holds no key for, resolves."""
+    b = backend[0]
+    b.add_job(make_job("job-platform"))
+    user = make_job("job-user")
+    user.api_key_mode = API_KEY_MODE.to_proto("user_deepseek_key")
+    b.add_job(user)
+    other = make_job("job-other")
+    other.model_provider = "elsewhere"
+    b.add_job(other)
+    provider = ScriptedProvider()
+    app = await start_app(
+        backend,
+        apps,
+        provider,
+        WORKER_PLATFORM_KEYS=True,
+        DEEPSEEK_API_KEY="sk-held-by-the-worker-0001",
+    )
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 3)
+    resolved = [r.job_id for n, r in b.calls if n == "ResolveCredential"]
+    assert sorted(resolved) == ["job-other", "job-user"]
+    keys = {r.api_key for r in provider.requests}
+    assert "sk-held-by-the-worker-0001" in keys
+    platform_call = next(i for i in b.invocations if i.job_id == "job-platform")
+    assert platform_call.api_key_mode == API_KEY_MODE.to_proto("platform_key")
+    assert not platform_call.HasField("credential_id")
+
+
+def test_platform_keys_are_held_only_when_asked() -> None:
+    from runtime_worker.settings import WorkerSettings
+
+    base = {"RUNTIME_SERVICE_TOKEN": "t", "DEEPSEEK_API_KEY": "sk-x-123456789"}
+    assert WorkerSettings(**base).platform_keys(env={}) == {}
+    assert WorkerSettings(**base, WORKER_PLATFORM_KEYS=True).platform_keys(env={}) == {
+        "deepseek": "sk-x-123456789"
+    }
+    standin = WorkerSettings(
+        RUNTIME_SERVICE_TOKEN="t", WORKER_PLATFORM_KEYS=True, ALLOW_PLATFORM_KEY_STANDIN=True
+    )
+    assert standin.platform_keys(env={}) == {"deepseek": "sk-standin-local"}
