@@ -27,7 +27,7 @@ Unset or empty, ``MODEL_PROVIDERS`` is one ``deepseek`` entry made of
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Iterator
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator

@@ -175,3 +175,14 @@ def test_the_one_shot_commands_report_an_unopenable_database_in_one_line(
         f"{module}: refusing to start: the database of {variable} cannot be opened: "
     )
     assert "\n" not in message and "secret-pw" not in message
+
+
+def test_a_mysql_url_without_a_driver_runs_on_the_compiled_one() -> None:
+    from airuntime_common.db import make_engine
+    from job_service.settings import JobServiceSettings
+
+    settings = JobServiceSettings(
+        RUNTIME_SERVICE_TOKEN="t", DATABASE_URL="mysql://u:p@127.0.0.1:3306/airuntime"
+    )
+    assert settings.DATABASE_URL == "mysql+asyncmy://u:p@127.0.0.1:3306/airuntime"
+    assert make_engine("mariadb://u@127.0.0.1/x").dialect.driver == "asyncmy"
