@@ -359,15 +359,17 @@ async def test_a_token_equal_to_the_service_token_is_refused_even_if_it_is_a_val
 
 # ---------------------------------------------------------------- stricter claims (SPEC §9.3)
 
+_DROP = object()
+_FAR = int(time.time()) + 86400
+
 
 def _claims(**overrides: Any) -> dict[str, Any]:
-    claims: dict[str, Any] = {"sub": OWNER, "role": "user", "exp": int(time.time()) + 600}
+    # Built when the tests are collected: the expiry must outlast the whole suite.
+    claims: dict[str, Any] = {"sub": OWNER, "role": "user", "exp": _FAR}
     claims.update(overrides)
     return {k: v for k, v in claims.items() if v is not _DROP}
 
 
-_DROP = object()
-_FAR = int(time.time()) + 86400
 
 
 @pytest.mark.parametrize(
