@@ -19,7 +19,7 @@ import logging
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -97,13 +97,16 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         md = {m.key: m.value for m in (details.invocation_metadata or ())}
         given = md.get(metadata.INTERNAL_API_KEY, "")
         given_b = given.encode() if isinstance(given, str) else bytes(given)
+        handler = await continuation(details)
         if not hmac.compare_digest(given_b, self._token):
             return _with_context(
-                _refuse(AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key")),
+                _refuse(
+                    AppError(ErrorCode.UNAUTHENTICATED, "missing or wrong x-internal-api-key"),
+                    handler,
+                ),
                 method_label(method),
                 self._traced,
             )
-        handler = await continuation(details)
         request_id = md.get(metadata.REQUEST_ID) or uuid.uuid4().hex
         instance_id = md.get(metadata.RUNTIME_INSTANCE_ID)
         return _with_context(
@@ -115,10 +118,21 @@ class InternalAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         )
 
 
-def _refuse(err: AppError) -> grpc.RpcMethodHandler:
+def _refuse(err: AppError, handler: grpc.RpcMethodHandler | None) -> grpc.RpcMethodHandler:
+    """A handler refusing every call with ``err``, of the arity of the method's own
+    ``handler`` (a stream is refused as a stream)."""
+
     async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await abort(context, err)
 
+    async def deny_stream(
+        _requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Any]:
+        await abort(context, err)
+        yield  # unreachable: abort raises
+
+    if handler is not None and handler.stream_stream is not None:
+        return grpc.stream_stream_rpc_method_handler(deny_stream)
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
@@ -155,6 +169,8 @@ def _safe_deserializer(
 def _with_context(
     handler: grpc.RpcMethodHandler | None, method: str, traced: bool, **fields: Any
 ) -> grpc.RpcMethodHandler:
+    if handler is not None and handler.stream_stream is not None:
+        return _stream_with_context(handler, method, **fields)
     if handler is None or handler.unary_unary is None:
         return handler
     inner = handler.unary_unary
@@ -185,6 +201,43 @@ def _with_context(
             log_context.reset(token)
 
     return grpc.unary_unary_rpc_method_handler(
+        wrapped,
+        request_deserializer=_safe_deserializer(handler.request_deserializer),
+        response_serializer=handler.response_serializer,
+    )
+
+
+def _stream_with_context(
+    handler: grpc.RpcMethodHandler, method: str, **fields: Any
+) -> grpc.RpcMethodHandler:
+    """A bidirectional stream with the call's log fields bound for its whole life (the
+    tasks it starts inherit them) and a request that does not parse ending the stream
+    ``INVALID_ARGUMENT``. The stream's own duration is not observed: the calls it
+    carries observe theirs (e.g. ``RuntimeSession``)."""
+    inner = handler.stream_stream
+
+    async def checked(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        async for request in requests:
+            if isinstance(request, _Undecodable):
+                await abort(
+                    context,
+                    AppError(
+                        ErrorCode.INVALID_ARGUMENT,
+                        "request is not a valid protobuf message for this method",
+                        {"reason": request.reason},
+                    ),
+                )
+            yield request
+
+    async def wrapped(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        token = bind(**fields)
+        try:
+            async for answer in inner(checked(requests, context), context):
+                yield answer
+        finally:
+            log_context.reset(token)
+
+    return grpc.stream_stream_rpc_method_handler(
         wrapped,
         request_deserializer=_safe_deserializer(handler.request_deserializer),
         response_serializer=handler.response_serializer,

@@ -235,11 +235,14 @@ async def throughput_run(p: Params, slots: int) -> dict[str, Any]:
 
     The worker holds the platform key (``WORKER_PLATFORM_KEYS``, the seed's deployment:
     the runtime has ``DEEPSEEK_API_KEY``), so a platform-key attempt needs no
-    ResolveCredential round trip; ``BENCH_WORKER_PLATFORM_KEYS=0`` measures with it."""
+    ResolveCredential round trip; ``BENCH_WORKER_PLATFORM_KEYS=0`` measures with it. Its
+    job_service calls travel over one ``RuntimeSession`` stream (the worker's default);
+    ``BENCH_WORKER_RPC_SESSION=0`` measures them as one unary call each."""
     with fresh_database(p.base_url) as url:
         env = {
             "WORKER_CONCURRENCY": str(slots),
             "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
+            "WORKER_RPC_SESSION": os.environ.get("BENCH_WORKER_RPC_SESSION", "1"),
             **metrics_ports(),
         }
         async with System(url, extra_env=env, job_services=p.job_services) as system:

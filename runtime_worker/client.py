@@ -10,6 +10,11 @@ a failed commit, case L4) for up to ``RPC_RETRY_SECONDS``, so a job_service
 restart in the middle of a call is survived. ClaimJobs is never retried (a
 lost answer would leak leases until they expire). Every failure is raised as
 :class:`~airuntime_common.errors.AppError`.
+
+With ``session`` the job_service runtime calls (claim, start, heartbeats, snapshot,
+result, fail, invocation logs) travel over one ``RuntimeSession`` stream
+(:mod:`runtime_worker.session`) instead of one unary call each; the rules above
+hold for them alike. Tracing on, they stay unary: each call is then its own span.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import grpc
 from google.protobuf.struct_pb2 import Struct
 
 from airuntime_common import metadata
+from airuntime_common import tracing as _tracing
 from airuntime_common.enums import JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
@@ -33,6 +39,7 @@ from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.settings import DAY
 from airuntime_common.tracing import Tracing
 from runtime_worker import metrics as worker_metrics
+from runtime_worker.session import RuntimeSession
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
 from zhixi.airuntime.job.v1 import message_pb2 as job_msg
@@ -72,6 +79,8 @@ class RuntimeClient:
         ca_file: CA bundle for TLS, or None for plaintext.
         tracing: the worker's tracing (None: the process's, if any): every call is then
             a client span of the current span and carries its ``traceparent``.
+        session: send the job_service runtime calls over one ``RuntimeSession`` stream
+            (``WORKER_RPC_SESSION``); ignored while tracing is on.
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class RuntimeClient:
         heartbeat_retry_seconds: float = 5.0,
         ca_file: str | None = None,
         tracing: Tracing | None = None,
+        session: bool = False,
     ) -> None:
         self.instance_id = instance_id
         self._token = token
@@ -96,9 +106,29 @@ class RuntimeClient:
         self._cred_channel = insecure_or_tls_channel(credential_target, ca_file, tracing=tracing)
         self._jobs = job_grpc.JobServiceStub(self._job_channel)
         self._creds = cred_grpc.CredentialServiceStub(self._cred_channel)
+        traced = tracing is not None or _tracing.current() is not None
+        #: the RuntimeSession stream, or None: every call unary
+        self.session = (
+            RuntimeSession(self._jobs, metadata.outgoing(token, instance_id))
+            if session and not traced
+            else None
+        )
+        self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
+
+    def _job_method(self, name: str, field: str) -> Callable[..., Awaitable[Any]]:
+        """The JobService method ``name``: over the session (as its ``field``) when there
+        is one, else the unary stub's."""
+        found = self._methods.get(name)
+        if found is None:
+            unary = getattr(self._jobs, name)
+            found = unary if self.session is None else self.session.method(field, unary)
+            self._methods[name] = found
+        return found
 
     async def close(self) -> None:
-        """Close both channels."""
+        """Close the session, then both channels."""
+        if self.session is not None:
+            await self.session.close()
         await self._job_channel.close()
         await self._cred_channel.close()
 
@@ -166,7 +196,7 @@ class RuntimeClient:
             with_snapshots=True,
         )
         response = await self._call(
-            self._jobs.ClaimJobs,
+            self._job_method("ClaimJobs", "claim_jobs"),
             request,
             name="ClaimJobs",
             retry=False,
@@ -177,7 +207,7 @@ class RuntimeClient:
     async def start_job(self, job_id: str, attempt_no: int) -> Any:
         """StartJob (idempotent for the holder). Returns ``StartJobResponse``."""
         return await self._call(
-            self._jobs.StartJob,
+            self._job_method("StartJob", "start_job"),
             rr.StartJobRequest(job_id=job_id, attempt_no=attempt_no),
             name="StartJob",
             retry=True,
@@ -196,7 +226,7 @@ class RuntimeClient:
                 leases=[job_msg.LeaseRef(job_id=j, attempt_no=a) for j, a in chunk]
             )
             response = await self._call(
-                self._jobs.HeartbeatLeases,
+                self._job_method("HeartbeatLeases", "heartbeat_leases"),
                 request,
                 name="HeartbeatLeases",
                 retry=True,
@@ -208,7 +238,7 @@ class RuntimeClient:
     async def get_snapshot(self, job_id: str, attempt_no: int) -> Any:
         """GetSnapshot for the lease holder. Returns ``GetSnapshotResponse``."""
         return await self._call(
-            self._jobs.GetSnapshot,
+            self._job_method("GetSnapshot", "get_snapshot"),
             rr.GetSnapshotRequest(job_id=job_id, attempt_no=attempt_no),
             name="GetSnapshot",
             retry=True,
@@ -258,7 +288,7 @@ class RuntimeClient:
         if claim_next is not None:
             request.claim_next.CopyFrom(claim_next)
         return await self._call(
-            self._jobs.SubmitResult,
+            self._job_method("SubmitResult", "submit_result"),
             request,
             name="SubmitResult",
             retry=True,
@@ -290,11 +320,16 @@ class RuntimeClient:
         )
         if retry_after_seconds is not None:
             request.retry_after_seconds = min(float(retry_after_seconds), MAX_RETRY_AFTER_SECONDS)
-        return await self._call(self._jobs.FailJob, request, name="FailJob", retry=True)
+        return await self._call(
+            self._job_method("FailJob", "fail_job"), request, name="FailJob", retry=True
+        )
 
     async def record_invocation(self, request: Any) -> Any:
         """RecordInvocation (one row per model call). Not retried: a call that reached the
         server and lost its answer would be recorded twice and double-count cost."""
         return await self._call(
-            self._jobs.RecordInvocation, request, name="RecordInvocation", retry=False
+            self._job_method("RecordInvocation", "record_invocation"),
+            request,
+            name="RecordInvocation",
+            retry=False,
         )

@@ -72,6 +72,9 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
             ``WORKER_CONCURRENCY`` × this in answer bodies.
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
         RPC_RETRY_SECONDS: how long idempotent internal calls retry on UNAVAILABLE (s).
+        WORKER_RPC_SESSION: send the job_service runtime calls over one long-lived
+            ``RuntimeSession`` stream (default true); false, or tracing on, one unary
+            call each. A job_service without the stream is detected and called unary.
         MODEL_PRICES: optional JSON price table (informational; job_service computes cost).
         WORKER_METRICS_PORT: Prometheus port, 0 = off.
     """
@@ -97,6 +100,7 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
     )
     RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0, le=DAY)
     RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0, le=DAY)
+    WORKER_RPC_SESSION: bool = True
     MODEL_PRICES: str | None = None
     WORKER_METRICS_PORT: int = Field(default=9103, ge=0, le=65535)
 

@@ -351,9 +351,9 @@ def test_mariadb_pid_is_the_process_of_the_server_asked(mysql_url: str) -> None:
         pytest.skip("the MariaDB server is not on this machine")
     port = urlsplit(mysql_url).port or 3306
     listening: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for proc_table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = Path(table).read_text().splitlines()[1:]
+            lines = Path(proc_table).read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

@@ -5,7 +5,8 @@
   :class:`RuntimeStack`: the real job_service (real learning-data modules) and
   credential_service served in-process on ephemeral ports, and the real
   api_gateway app wired to them through ``httpx.ASGITransport``. The ``rt``
-  fixture is parametrized ``["grpc", "rest"]``: ``rt("w1")`` is a
+  fixture is parametrized ``["grpc", "session", "rest"]`` (``session``: the runtime
+  calls over one ``RuntimeSession`` stream, as the worker sends them): ``rt("w1")`` is a
   :class:`~tests.contract.transports.RuntimeTransport` for instance ``w1`` over
   that transport, so every test runs once per transport.
 
@@ -23,7 +24,7 @@ import base64
 import os
 import shutil
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,12 @@ from job_service.app import JobServiceApp
 from job_service.app import serve as serve_jobs
 from job_service.services.ports import GrpcCredentialChecker
 from job_service.store.tables import jobs, workers
+from runtime_worker.session import RuntimeSession
 from tests.contract.transports import (
     GrpcTransport,
     RestTransport,
     RuntimeTransport,
+    SessionTransport,
     job_json,
     to_json,
 )
@@ -86,6 +89,7 @@ class RuntimeStack:
     credential_channel: grpc.aio.Channel
     gateway: FastAPI
     http: httpx.AsyncClient
+    sessions: list[RuntimeSession] = field(default_factory=list)
 
     @property
     def stub(self) -> job_grpc.JobServiceStub:
@@ -96,9 +100,14 @@ class RuntimeStack:
         return cred_grpc.CredentialServiceStub(self.credential_channel)
 
     def transport(self, kind: str, instance: str) -> RuntimeTransport:
-        """A transport of ``kind`` (``grpc`` | ``rest``) bound to runtime ``instance``."""
+        """A transport of ``kind`` (``grpc`` | ``session`` | ``rest``) bound to runtime
+        ``instance``."""
         if kind == "grpc":
             return GrpcTransport(self.job_channel, self.credential_channel, TOKEN, instance)
+        if kind == "session":
+            made = SessionTransport(self.job_channel, self.credential_channel, TOKEN, instance)
+            self.sessions.append(made.session)
+            return made
         return RestTransport(self.http, TOKEN, instance)
 
     async def create(
@@ -305,6 +314,8 @@ async def start_stack(
 
 
 async def stop_stack(stack: RuntimeStack) -> None:
+    for session in stack.sessions:
+        await session.close()
     await stack.http.aclose()
     await stack.job_channel.close()
     await stack.credential_channel.close()
@@ -345,7 +356,7 @@ async def stack(
         await stop_stack(started)
 
 
-@pytest.fixture(params=["grpc", "rest"])
+@pytest.fixture(params=["grpc", "session", "rest"])
 def transport_kind(request: pytest.FixtureRequest) -> str:
     """Which transport this run of the test uses."""
     kind: str = request.param

@@ -40,6 +40,8 @@ from airuntime_common import metadata
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.timeutil import rfc3339
+from job_service.rpc.session import SESSION_CALLS
+from runtime_worker.session import RuntimeSession
 from tests.spec_fields import JOB_KEYS
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.credential.v1 import service_pb2_grpc as cred_grpc
@@ -420,6 +422,42 @@ class GrpcTransport:
             "status": resp.status,
             "workers": [{k: to_json(w)[k] for k in keys} for w in resp.workers],
         }
+
+
+class _SessionStub:
+    """The JobService stub with the runtime calls a ``RuntimeSession`` carries sent over it."""
+
+    def __init__(self, stub: job_grpc.JobServiceStub, session: RuntimeSession) -> None:
+        self._stub = stub
+        self._session = session
+
+    def __getattr__(self, name: str) -> Any:
+        unary = getattr(self._stub, name)
+        field = SESSION_FIELDS.get(name)
+        return unary if field is None else self._session.method(field, unary)
+
+
+#: JobService method → its call's name on a RuntimeSession.
+SESSION_FIELDS = {method: field for field, (method, _) in SESSION_CALLS.items()}
+
+
+class SessionTransport(GrpcTransport):
+    """The runtime contract with claim, start, heartbeats, snapshot, result, fail and
+    invocation logs over one ``RuntimeSession`` stream (the worker's default); the
+    rest (poll, lock, the single heartbeat, resolve, health) unary as over ``grpc``."""
+
+    name = "session"
+
+    def __init__(
+        self,
+        job_channel: grpc.aio.Channel,
+        credential_channel: grpc.aio.Channel,
+        token: str,
+        instance: str,
+    ) -> None:
+        super().__init__(job_channel, credential_channel, token, instance)
+        self.session = RuntimeSession(self.job, self.md)
+        self.job = _SessionStub(self.job, self.session)  # type: ignore[assignment]
 
 
 # ---------------------------------------------------------------- REST

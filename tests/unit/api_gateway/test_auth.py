@@ -370,8 +370,6 @@ def _claims(**overrides: Any) -> dict[str, Any]:
     return {k: v for k, v in claims.items() if v is not _DROP}
 
 
-
-
 @pytest.mark.parametrize(
     "claims",
     [

@@ -621,3 +621,59 @@ class VerifyLeasesResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     verdicts: _containers.RepeatedCompositeFieldContainer[LeaseVerdict]
     def __init__(self, verdicts: _Optional[_Iterable[_Union[LeaseVerdict, _Mapping]]] = ...) -> None: ...
+
+class RuntimeSessionRequest(_message.Message):
+    __slots__ = ("id", "request_id", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "cancel")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_JOBS_FIELD_NUMBER: _ClassVar[int]
+    START_JOB_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_LEASES_FIELD_NUMBER: _ClassVar[int]
+    GET_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_RESULT_FIELD_NUMBER: _ClassVar[int]
+    FAIL_JOB_FIELD_NUMBER: _ClassVar[int]
+    RECORD_INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request_id: str
+    claim_jobs: ClaimJobsRequest
+    start_job: StartJobRequest
+    heartbeat_leases: HeartbeatLeasesRequest
+    get_snapshot: GetSnapshotRequest
+    submit_result: SubmitResultRequest
+    fail_job: FailJobRequest
+    record_invocation: RecordInvocationRequest
+    cancel: int
+    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., claim_jobs: _Optional[_Union[ClaimJobsRequest, _Mapping]] = ..., start_job: _Optional[_Union[StartJobRequest, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesRequest, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotRequest, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultRequest, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobRequest, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationRequest, _Mapping]] = ..., cancel: _Optional[int] = ...) -> None: ...
+
+class RuntimeSessionError(_message.Message):
+    __slots__ = ("grpc_code", "message", "status")
+    GRPC_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    grpc_code: int
+    message: str
+    status: bytes
+    def __init__(self, grpc_code: _Optional[int] = ..., message: _Optional[str] = ..., status: _Optional[bytes] = ...) -> None: ...
+
+class RuntimeSessionResponse(_message.Message):
+    __slots__ = ("id", "error", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_JOBS_FIELD_NUMBER: _ClassVar[int]
+    START_JOB_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_LEASES_FIELD_NUMBER: _ClassVar[int]
+    GET_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    SUBMIT_RESULT_FIELD_NUMBER: _ClassVar[int]
+    FAIL_JOB_FIELD_NUMBER: _ClassVar[int]
+    RECORD_INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    error: RuntimeSessionError
+    claim_jobs: ClaimJobsResponse
+    start_job: StartJobResponse
+    heartbeat_leases: HeartbeatLeasesResponse
+    get_snapshot: GetSnapshotResponse
+    submit_result: SubmitResultResponse
+    fail_job: FailJobResponse
+    record_invocation: RecordInvocationResponse
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[RuntimeSessionError, _Mapping]] = ..., claim_jobs: _Optional[_Union[ClaimJobsResponse, _Mapping]] = ..., start_job: _Optional[_Union[StartJobResponse, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesResponse, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultResponse, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobResponse, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationResponse, _Mapping]] = ...) -> None: ...

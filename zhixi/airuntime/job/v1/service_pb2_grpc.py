@@ -181,6 +181,11 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.FromString,
                 _registered_method=True)
+        self.RuntimeSession = channel.stream_stream(
+                '/zhixi.airuntime.job.v1.JobService/RuntimeSession',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -364,6 +369,16 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RuntimeSession(self, request_iterator, context):
+        """One long-lived stream per worker carrying its runtime calls (claim, start,
+        heartbeats, snapshot, result, fail, invocation logs) as numbered messages
+        answered in any order: each behaves exactly as its unary RPC, without a call's
+        setup per message (SPEC §3; the unary RPCs stay for every other runtime).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -511,6 +526,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.VerifyLeases,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.SerializeToString,
+            ),
+            'RuntimeSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.RuntimeSession,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1298,6 +1318,33 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/VerifyLeases',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.VerifyLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RuntimeSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/RuntimeSession',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,232 @@
+"""``RuntimeSession``: a worker's runtime calls over one bidirectional stream (SPEC §3).
+
+Each request message names one call (``claim_jobs``, ``start_job``,
+``heartbeat_leases``, ``get_snapshot``, ``submit_result``, ``fail_job``,
+``record_invocation``) and an ``id``; the call runs as its own task through the
+very servicer method its unary RPC runs (same checks, same transaction, same
+refusals), and its answer, or its refusal as the rich status the unary call would
+have ended with, comes back under the same ``id`` in whatever order the calls
+finish. A ``cancel`` stops the call it names, as a cancelled unary call stops.
+The stream's metadata (token, runtime instance id) holds for every call on it.
+
+Why: a unary call costs a stream's setup, its metadata and the interceptors on
+both sides per message; a worker's calls per job (claim, heartbeat, result) are
+small, so that overhead was a large part of a job's CPU. The unary RPCs and the
+REST shim stay for every other runtime.
+
+A call's duration is observed in ``airt_grpc_server_handling_seconds`` under its own
+method's label (``JobService/ClaimJobs``…), as the unary call's would be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.grpc_errors import abort
+from airuntime_common.grpc_server import RPC_SECONDS
+from airuntime_common.logs import bind, log_context
+from job_service.rpc.common import Ctx
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+log = logging.getLogger("job_service.rpc")
+
+#: The request's ``call`` field → (servicer method, response field).
+SESSION_CALLS: dict[str, tuple[str, str]] = {
+    "claim_jobs": ("ClaimJobs", "claim_jobs"),
+    "start_job": ("StartJob", "start_job"),
+    "heartbeat_leases": ("HeartbeatLeases", "heartbeat_leases"),
+    "get_snapshot": ("GetSnapshot", "get_snapshot"),
+    "submit_result": ("SubmitResult", "submit_result"),
+    "fail_job": ("FailJob", "fail_job"),
+    "record_invocation": ("RecordInvocation", "record_invocation"),
+}
+#: Calls one session may have in flight; a worker holds at most its slots' worth of
+#: leases plus a claim and a heartbeat, so this only stops a runaway client.
+MAX_CALLS_IN_FLIGHT = 1024
+
+
+#: What the stream's answer queue holds: an answer, the end of the caller's calls
+#: (None), or the protocol error that ends the stream.
+Answer = rr.RuntimeSessionResponse | AppError | None
+
+
+def _protocol_error(request: rr.RuntimeSessionRequest, kind: str | None) -> AppError | None:
+    """The INVALID_ARGUMENT ending the stream for a message no conforming caller sends:
+    no call, a message numbered 0 (proto3's unset), a cancel of call 0."""
+    if kind is None:
+        return AppError(
+            ErrorCode.INVALID_ARGUMENT, "a session message names no call", {"field": "call"}
+        )
+    if request.id == 0:
+        return AppError(
+            ErrorCode.INVALID_ARGUMENT, "a session message needs an id ≥ 1", {"field": "id"}
+        )
+    if kind == "cancel" and request.cancel == 0:
+        return AppError(
+            ErrorCode.INVALID_ARGUMENT, "cancel names call 0: ids start at 1", {"field": "cancel"}
+        )
+    return None
+
+
+def _forget(calls: dict[int, asyncio.Task[None]], call_id: int, _task: object) -> None:
+    calls.pop(call_id, None)
+
+
+class CallRefused(grpc.aio.AbortError):  # type: ignore[misc]
+    """Raised by :class:`CallContext` where a unary call's context would abort: the
+    refusal of one call on the session, not of the stream."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, status: bytes = b"") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+
+    def answer(self, call_id: int) -> rr.RuntimeSessionResponse:
+        """The call's answer carrying this refusal."""
+        return rr.RuntimeSessionResponse(
+            id=call_id,
+            error=rr.RuntimeSessionError(
+                grpc_code=self.code.value[0], message=self.message, status=self.status
+            ),
+        )
+
+
+class CallContext:
+    """The servicer context of one call on a session: the stream's metadata and peer,
+    and an ``abort`` that refuses this call only (:class:`CallRefused`)."""
+
+    def __init__(self, stream: Ctx) -> None:
+        self._stream = stream
+        self.code: grpc.StatusCode | None = None
+
+    def invocation_metadata(self) -> Any:
+        """The stream's metadata (``x-runtime-instance-id``…)."""
+        return self._stream.invocation_metadata()
+
+    def peer(self) -> str:
+        """The stream's peer."""
+        return str(self._stream.peer())
+
+    def time_remaining(self) -> float | None:
+        """No per-call deadline on the server: the caller cancels a late call."""
+        return None
+
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        """Refuse this call with ``status`` (a rich status, as :func:`grpc_errors.abort` builds)."""
+        self.code = status.code
+        details = dict(status.trailing_metadata or ()).get("grpc-status-details-bin", b"")
+        raise CallRefused(status.code, status.details or "", bytes(details))
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> None:
+        """Refuse this call with a plain status."""
+        self.code = code
+        raise CallRefused(code, details)
+
+
+class SessionRpcs:
+    """``RuntimeSession``: the runtime calls of :class:`~job_service.rpc.runtime.RuntimeRpcs`
+    over one stream."""
+
+    async def RuntimeSession(
+        self, requests: AsyncIterator[rr.RuntimeSessionRequest], context: Ctx
+    ) -> AsyncIterator[rr.RuntimeSessionResponse]:
+        """Run every call the stream sends, concurrently; yield each answer as it is ready.
+
+        The stream ends once the caller has half-closed it and every call in flight
+        has answered; a caller that goes away cancels every call in flight at once. A
+        message no conforming caller sends (no call, id 0) ends it INVALID_ARGUMENT.
+        """
+        answers: asyncio.Queue[Answer] = asyncio.Queue()
+        calls: dict[int, asyncio.Task[None]] = {}
+        reader = asyncio.create_task(self._read_calls(requests, context, calls, answers))
+        reading = True
+        try:
+            while reading or calls or not answers.empty():
+                answer = await answers.get()
+                if answer is None:
+                    reading = False
+                    continue
+                if isinstance(answer, AppError):
+                    await abort(context, answer)
+                yield answer
+        finally:
+            reader.cancel()
+            for task in list(calls.values()):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    async def _read_calls(
+        self,
+        requests: AsyncIterator[rr.RuntimeSessionRequest],
+        context: Ctx,
+        calls: dict[int, asyncio.Task[None]],
+        answers: asyncio.Queue[Answer],
+    ) -> None:
+        try:
+            async for request in requests:
+                kind = request.WhichOneof("call")
+                broken = _protocol_error(request, kind)
+                if broken is not None:
+                    answers.put_nowait(broken)
+                    return
+                if kind == "cancel":
+                    task = calls.get(request.cancel)
+                    if task is not None:
+                        task.cancel()
+                    continue
+                if request.id in calls or len(calls) >= MAX_CALLS_IN_FLIGHT:
+                    answers.put_nowait(
+                        CallRefused(
+                            grpc.StatusCode.RESOURCE_EXHAUSTED
+                            if request.id not in calls
+                            else grpc.StatusCode.INVALID_ARGUMENT,
+                            "too many calls in flight on this session"
+                            if request.id not in calls
+                            else "a call with this id is in flight",
+                        ).answer(request.id)
+                    )
+                    continue
+                task = asyncio.create_task(self._run_call(request, kind, context, answers))
+                calls[request.id] = task
+                task.add_done_callback(functools.partial(_forget, calls, request.id))
+        finally:
+            answers.put_nowait(None)
+
+    async def _run_call(
+        self,
+        request: rr.RuntimeSessionRequest,
+        kind: str,
+        context: Ctx,
+        answers: asyncio.Queue[Answer],
+    ) -> None:
+        method_name, field = SESSION_CALLS[kind]
+        method: Callable[[Any, Any], Awaitable[Any]] = getattr(self, method_name)
+        call_context = CallContext(context)
+        started = time.perf_counter()
+        token = bind(requestId=request.request_id or None)
+        status = "OK"
+        try:
+            response = await method(getattr(request, field), call_context)
+            answers.put_nowait(rr.RuntimeSessionResponse(id=request.id, **{field: response}))
+        except CallRefused as refused:
+            status = refused.code.name
+            answers.put_nowait(refused.answer(request.id))
+        except asyncio.CancelledError:
+            status = "CANCELLED"
+            raise
+        finally:
+            RPC_SECONDS.labels(f"JobService/{method_name}", status).observe(
+                time.perf_counter() - started
+            )
+            log_context.reset(token)

@@ -1,0 +1,204 @@
+"""The worker's end of ``RuntimeSession``: its runtime calls over one stream (SPEC §3).
+
+:class:`RuntimeSession` keeps one bidirectional stream to job_service open and
+multiplexes the worker's calls over it: each call is a numbered message, its
+answer is matched by number, any number may be in flight at once. A call's
+deadline is kept here (a late call is cancelled on the server by a ``cancel``
+message); a refusal arrives as the rich status the unary call would have ended
+with, raised as the same :class:`grpc.aio.AioRpcError`, so the client's retry
+rules and error mapping apply unchanged.
+
+When the stream breaks (job_service restarted, the network cut), every call in
+flight on it fails ``UNAVAILABLE`` (the retryable calls are then retried, as a
+unary call cut the same way would be) and the next call opens a new stream. A
+job_service that does not know the method (``UNIMPLEMENTED``) is remembered and
+every call goes unary from then on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import grpc
+
+from airuntime_common import metadata as md_keys
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
+
+log = logging.getLogger(__name__)
+
+#: The stream's own failures passed to its calls as they are: refusals of the stream
+#: itself (a wrong token, an unknown method). Any other failure is the transport's
+#: and its calls fail ``UNAVAILABLE``.
+STREAM_REFUSALS = frozenset(
+    {
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+Pending = dict[int, "asyncio.Future[rr.RuntimeSessionResponse]"]
+
+
+def _rpc_error(code: grpc.StatusCode, message: str, status: bytes = b"") -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata(("grpc-status-details-bin", status)) if status else None
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing or grpc.aio.Metadata(), message)
+
+
+class RuntimeSession:
+    """One long-lived ``RuntimeSession`` stream, opened on first use and again after a break.
+
+    Args:
+        stub: the JobService stub of the worker's channel.
+        metadata: the stream's metadata (token, runtime instance id), sent once.
+    """
+
+    def __init__(self, stub: job_grpc.JobServiceStub, metadata: Sequence[tuple[str, str]]) -> None:
+        self._stub = stub
+        self._metadata = tuple(metadata)
+        self._ids = itertools.count(1)
+        self._stream: Any = None
+        self._pending: Pending = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._write_lock = asyncio.Lock()
+        self._open_lock = asyncio.Lock()
+        #: job_service answered UNIMPLEMENTED: calls go unary
+        self.unsupported = False
+        #: streams opened so far (a reopen after a break counts)
+        self.opened = 0
+
+    async def _current(self) -> tuple[Any, Pending]:
+        async with self._open_lock:
+            if self._stream is None:
+                self._stream = self._stub.RuntimeSession(metadata=self._metadata)
+                self._pending = {}
+                self._reader = asyncio.create_task(self._read(self._stream, self._pending))
+                self.opened += 1
+            return self._stream, self._pending
+
+    async def _read(self, stream: Any, pending: Pending) -> None:
+        error: grpc.aio.AioRpcError
+        try:
+            async for answer in stream:
+                future = pending.pop(answer.id, None)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+            error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the runtime session ended")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self.unsupported = True
+            if exc.code() in STREAM_REFUSALS:
+                error = exc
+            else:
+                error = _rpc_error(
+                    grpc.StatusCode.UNAVAILABLE, f"the runtime session broke: {exc.code().name}"
+                )
+        except asyncio.CancelledError:
+            error = _rpc_error(grpc.StatusCode.CANCELLED, "the runtime session was closed")
+        finally:
+            if self._stream is stream:
+                self._stream = None
+        if not self.unsupported and error.code() != grpc.StatusCode.CANCELLED:
+            log.warning("runtime session ended: %s", error.details())
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+        pending.clear()
+
+    async def call(
+        self, field: str, request: Any, *, deadline_s: float | None, request_id: str = ""
+    ) -> Any:
+        """Send one call (``field`` is its name in ``RuntimeSessionRequest.call``) and wait
+        for its answer, at most ``deadline_s`` seconds (None: no limit).
+
+        Returns:
+            The unary RPC's response message.
+
+        Raises:
+            grpc.aio.AioRpcError: the call's refusal (its rich status), UNAVAILABLE when
+                the stream broke, DEADLINE_EXCEEDED after ``deadline_s``.
+        """
+        stream, pending = await self._current()
+        call_id = next(self._ids)
+        future: asyncio.Future[rr.RuntimeSessionResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        pending[call_id] = future
+        message = rr.RuntimeSessionRequest(id=call_id, request_id=request_id, **{field: request})
+        try:
+            async with self._write_lock:
+                await stream.write(message)
+        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            pending.pop(call_id, None)
+            if future.done() and future.exception() is not None:
+                raise future.exception() from None  # type: ignore[misc]
+            raise _rpc_error(
+                grpc.StatusCode.UNAVAILABLE, f"the runtime session broke: {exc}"
+            ) from None
+        try:
+            answer = await asyncio.wait_for(asyncio.shield(future), deadline_s)
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            pending.pop(call_id, None)
+            future.cancel()
+            await self._cancel(stream, call_id)
+            if isinstance(exc, TimeoutError):
+                raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
+            raise
+        if answer.WhichOneof("answer") == "error":
+            err = answer.error
+            raise _rpc_error(
+                _CODES.get(err.grpc_code, grpc.StatusCode.UNKNOWN), err.message, err.status
+            )
+        return getattr(answer, field)
+
+    async def _cancel(self, stream: Any, call_id: int) -> None:
+        with contextlib.suppress(Exception):
+            async with self._write_lock:
+                await stream.write(rr.RuntimeSessionRequest(id=next(self._ids), cancel=call_id))
+
+    async def close(self) -> None:
+        """Half-close the stream and stop reading; calls in flight fail CANCELLED."""
+        stream, reader = self._stream, self._reader
+        self._stream = None
+        if stream is not None:
+            stream.cancel()
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    def method(
+        self, field: str, unary: Callable[..., Awaitable[Any]]
+    ) -> Callable[..., Awaitable[Any]]:
+        """A callable shaped like the unary stub method ``unary`` (``(request, *, metadata,
+        timeout)``) that sends the call on this session, or unary once job_service is
+        known not to have ``RuntimeSession``."""
+
+        async def call(
+            request: Any,
+            *,
+            metadata: Any = (),
+            timeout: float | None = None,  # noqa: ASYNC109 (the unary stub's signature)
+        ) -> Any:
+            if not self.unsupported:
+                try:
+                    request_id = dict(metadata).get(md_keys.REQUEST_ID, "") or uuid.uuid4().hex
+                    return await self.call(
+                        field, request, deadline_s=timeout, request_id=request_id
+                    )
+                except grpc.aio.AioRpcError as exc:
+                    if not (self.unsupported and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
+                        raise
+                    log.info("job_service has no RuntimeSession: runtime calls go unary")
+            return await unary(request, metadata=metadata, timeout=timeout)
+
+        return call

@@ -1,0 +1,171 @@
+"""``RuntimeSession``: the runtime calls over one stream (SPEC §3), on the real job_service.
+
+The contract suite runs whole over the session (``transport_kind == "session"``);
+these tests cover what only a stream has: calls answered out of order, a late call
+cancelled on the server, the stream's own refusal, a break failing the calls in
+flight as retryable, and the unary fallback for a job_service without the method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+
+from airuntime_common import metadata
+from airuntime_common.enums import JOB_STATUS, JOB_TYPE
+from airuntime_common.errors import ErrorCode
+from airuntime_common.grpc_errors import from_rpc_error
+from airuntime_common.grpc_server import RPC_SECONDS
+from runtime_worker.client import RuntimeClient
+from runtime_worker.session import RuntimeSession
+from tests.contract.conftest import TOKEN, RuntimeStack
+from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
+
+LSA = "learning_state_analysis"
+
+
+def _claim(wait_ms: int = 0) -> rr.ClaimJobsRequest:
+    return rr.ClaimJobsRequest(
+        capabilities=[JOB_TYPE.to_proto(LSA)],  # type: ignore[list-item]
+        limit=1,
+        wait_ms=wait_ms,
+    )
+
+
+def _session(stack: RuntimeStack, instance: str = "w1", token: str = TOKEN) -> RuntimeSession:
+    session = RuntimeSession(stack.stub, metadata.outgoing(token, instance))
+    stack.sessions.append(session)
+    return session
+
+
+def _samples(method: str) -> float:
+    for metric in RPC_SECONDS.collect():
+        for sample in metric.samples:
+            if (
+                sample.name.endswith("_count")
+                and sample.labels.get("method") == method
+                and sample.labels.get("code") == "OK"
+            ):
+                return float(sample.value)
+    return 0.0
+
+
+async def test_calls_on_one_stream_answer_in_any_order(stack: RuntimeStack) -> None:
+    """A long-polling claim in flight does not hold up a heartbeat sent after it; the
+    claim then answers with the job created meanwhile. One stream carried both."""
+    session = _session(stack)
+    claims_before = _samples("JobService/ClaimJobs")
+    claim = asyncio.create_task(session.call("claim_jobs", _claim(5000), deadline_s=10))
+    await asyncio.sleep(0.2)
+    beat = await session.call("heartbeat_leases", rr.HeartbeatLeasesRequest(), deadline_s=5)
+    assert not claim.done() and list(beat.leases) == []
+    job = await stack.create()
+    answer = await claim
+    assert [j.job_id for j in answer.jobs] == [job["jobId"]]
+    assert session.opened == 1
+    # a call on the session is observed under its own method, as the unary one is
+    assert _samples("JobService/ClaimJobs") == claims_before + 1
+
+
+async def test_a_refusal_is_the_unary_calls_rich_status(stack: RuntimeStack) -> None:
+    """A result for a lease the caller does not hold is refused with the same SPEC §4
+    code as over a unary call, and the stream goes on serving."""
+    session = _session(stack)
+    job = await stack.create()
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await session.call(
+            "fail_job",
+            rr.FailJobRequest(job_id=job["jobId"], attempt_no=1, error_code="MODEL_TIMEOUT"),
+            deadline_s=5,
+        )
+    assert from_rpc_error(refused.value).code == ErrorCode.LOCK_NOT_HELD
+    claimed = await session.call("claim_jobs", _claim(), deadline_s=5)
+    assert [j.job_id for j in claimed.jobs] == [job["jobId"]]
+    assert session.opened == 1
+
+
+async def test_a_late_call_is_cancelled_on_the_server(stack: RuntimeStack) -> None:
+    """A claim past its deadline fails DEADLINE_EXCEEDED and is stopped on the server:
+    the job created afterwards is not leased to it but to the next claim."""
+    session = _session(stack)
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await session.call("claim_jobs", _claim(5000), deadline_s=0.3)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(0.2)
+    job = await stack.create()
+    claimed = await session.call("claim_jobs", _claim(), deadline_s=5)
+    assert [j.job_id for j in claimed.jobs] == [job["jobId"]]
+
+
+async def test_a_wrong_token_refuses_the_stream(stack: RuntimeStack) -> None:
+    session = _session(stack, token="not-the-token-0123456789abcdef")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await session.call("claim_jobs", _claim(), deadline_s=5)
+    assert from_rpc_error(refused.value).code == ErrorCode.UNAUTHENTICATED
+    assert not session.unsupported
+
+
+async def test_a_broken_stream_fails_its_calls_unavailable(stack: RuntimeStack) -> None:
+    """job_service going away mid-call fails the call UNAVAILABLE (retryable, as a unary
+    call cut the same way), and the session is ready to open a new stream."""
+    session = _session(stack)
+    claim = asyncio.create_task(session.call("claim_jobs", _claim(10000), deadline_s=15))
+    await asyncio.sleep(0.3)
+    await stack.jobs.stop(grace=0)
+    with pytest.raises(grpc.aio.AioRpcError) as broken:
+        await claim
+    assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert session._stream is None
+
+
+class _OnlyStartJob(job_grpc.JobServiceServicer):  # type: ignore[misc]
+    """A job_service of an older release: no RuntimeSession."""
+
+    async def StartJob(self, request: Any, context: Any) -> rr.StartJobResponse:
+        return rr.StartJobResponse(status=JOB_STATUS.to_proto("running"))  # type: ignore[arg-type]
+
+
+async def test_without_the_method_calls_go_unary() -> None:
+    server = grpc.aio.server()
+    job_grpc.add_JobServiceServicer_to_server(_OnlyStartJob(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    client = RuntimeClient(
+        job_target=f"127.0.0.1:{port}",
+        credential_target=f"127.0.0.1:{port}",
+        token=TOKEN,
+        instance_id="w1",
+        session=True,
+    )
+    try:
+        assert client.session is not None
+        first = await client.start_job("job-1", 1)
+        second = await client.start_job("job-1", 1)
+        assert first.status == second.status == JOB_STATUS.to_proto("running")
+        assert client.session.unsupported and client.session.opened == 1
+    finally:
+        await client.close()
+        await server.stop(0)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        pytest.param(rr.RuntimeSessionRequest(id=1), id="no-call"),
+        pytest.param(rr.RuntimeSessionRequest(id=0, claim_jobs=_claim()), id="id-0"),
+        pytest.param(rr.RuntimeSessionRequest(id=2, cancel=0), id="cancel-0"),
+    ],
+)
+async def test_a_message_no_caller_sends_ends_the_stream(
+    stack: RuntimeStack, message: rr.RuntimeSessionRequest
+) -> None:
+    stream = stack.stub.RuntimeSession(metadata=metadata.outgoing(TOKEN, "w1"))
+    await stream.write(message)
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        async for _ in stream:
+            pass
+    assert from_rpc_error(ended.value).code == ErrorCode.INVALID_ARGUMENT
