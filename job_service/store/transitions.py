@@ -365,9 +365,36 @@ def transition_sql(
     }
     if t.to_state is not None:
         sets["status"] = t.to_state
+    sorted_states = tuple(sorted(states))
+    event = None
+    if t.records_event and record:
+        frm = from_state if from_state is not None else next(iter(states))
+        event = event_params(
+            job_id=job_id,
+            from_status=frm,
+            to_status=t.to_state or frm,
+            actor=actor,
+            attempt_no=_event_attempt(attempt_no, lease),
+            error_code=error_code,
+        )
+    return _cached_update(clock, sorted_states, sets, lease, where, where_params, job_id, event)
+
+
+def _cached_update(
+    clock: DbClock,
+    sorted_states: tuple[str, ...],
+    sets: dict[str, Any],
+    lease: Lease | None,
+    where: ColumnElement[bool] | None,
+    where_params: dict[str, Any] | None,
+    job_id: str,
+    event: dict[str, Any] | None,
+) -> TransitionSql:
+    """The transition's UPDATE as a cached statement (its key: the dialect, the from-states,
+    the lease guard, the extra guard and the SET shape), or built inline when a value of
+    ``sets`` or ``where`` cannot be bound (:func:`cache.stable_id` None)."""
     shape = _shape(sets)
     where_id = 0 if where is None else cache.stable_id(where)
-    sorted_states = tuple(sorted(states))
 
     def build(bound: bool) -> Any:
         conds: list[ColumnElement[bool]] = [
@@ -380,17 +407,6 @@ def transition_sql(
             conds.append(where)
         return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
 
-    event = None
-    if t.records_event and record:
-        frm = from_state if from_state is not None else next(iter(states))
-        event = event_params(
-            job_id=job_id,
-            from_status=frm,
-            to_status=t.to_state or frm,
-            actor=actor,
-            attempt_no=_event_attempt(attempt_no, lease),
-            error_code=error_code,
-        )
     if shape is None or where_id is None:
         return TransitionSql(Sql(None, lambda: build(False), {}), clock, event)
     key = ("apply", clock.dialect, sorted_states, lease is not None, where_id, shape)

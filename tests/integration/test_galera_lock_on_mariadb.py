@@ -1,6 +1,6 @@
 """The cluster-wide migration lock Galera gets instead of ``GET_LOCK`` (SPEC §9.6).
 
-:class:`airuntime_common.db.GaleraLock` is plain SQL on a leased row, so its rules
+:class:`airuntime_common.galera_lock.GaleraLock` is plain SQL on a leased row, so its rules
 are checked here on the shared MariaDB: one holder at a time, a waiter that gives
 up with the lock's name, a holder's renewals, a dead holder's lease taken over,
 and a lease found lost. (Two nodes inserting the row at once is the harness's
@@ -16,7 +16,7 @@ import pymysql
 import pytest
 from sqlalchemy.engine import make_url
 
-from airuntime_common.db import GALERA_LOCK_TABLE, GaleraLock
+from airuntime_common.galera_lock import GALERA_LOCK_TABLE, GaleraLock
 
 pytestmark = pytest.mark.mysql
 
