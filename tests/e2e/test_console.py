@@ -325,6 +325,83 @@ def test_overview_jobs_per_minute_breakers_and_workers(
     assert console.errors == []
 
 
+def test_pages_of_a_users_jobs(console: Console, data: dict[str, Any]) -> None:
+    """Two per page: older pages follow the API's page tokens, newer ones come back."""
+    system, user = console.system, data["user"]
+    everything = [j["jobId"] for j in _api(system, f"/admin/ai/jobs?userId={user}")["jobs"]]
+    assert len(everything) >= 3
+    console.login(_admin(system))
+    console.go(f"#/jobs?userId={user}&pageSize=2")
+    console.expect("#jobTable tr[data-job]").to_have_count(2)
+    assert console.rows() == everything[:2]
+    console.expect("#prev").to_be_disabled()
+    console.page.click("#next")
+    console.expect(f'#jobTable tr[data-job="{everything[2]}"]').to_be_visible()
+    assert console.rows() == everything[2:4]
+    console.expect("#pageInfo").to_have_text("page 2")
+    console.page.click("#prev")
+    console.expect(f'#jobTable tr[data-job="{everything[0]}"]').to_be_visible()
+    assert console.rows() == everything[:2]
+    # the counts are for the filter, not the page
+    console.expect("#countTotal").to_have_text(str(len(everything)))
+    assert console.errors == []
+
+
+def test_cancel_a_running_job(console: Console, data: dict[str, Any]) -> None:
+    """A job whose model call takes a while is cancelled from its page: the cancel is
+    requested (shown in the timeline), and the job ends as the API says."""
+    system, user = console.system, data["user"]
+    system.add_faults([{"kind": "delay", "ms": 8000, "count": 1}])
+    job = system.create_job(system.token(user), user)
+    console.login(_admin(system))
+    console.go(f"#/job/{job['jobId']}")
+    console.expect("#jobStatus").to_have_text("running")
+    console.expect("#rerun").to_be_disabled()
+    console.page.click("#cancel")
+    console.expect("#actionMsg").to_contain_text("Cancel requested")
+    console.expect("#attempt-1 .timeline").to_contain_text("(cancel requested)")
+    done = system.wait_terminal(system.token(user), job["jobId"])
+    console.expect("#jobStatus").to_have_text(done["status"])
+    assert done["status"] in ("cancelled", "succeeded")  # the cancel race of SPEC §2.3
+    console.expect("#cancel").to_be_disabled()
+    console.shot("job-cancelled")
+    assert console.errors == []
+
+
+def test_breakers_of_each_provider(console: Console, data: dict[str, Any]) -> None:
+    """With a ``providers`` list (SPEC §9.4) each provider's breaker has its row and its
+    reset names it (the answer is stubbed in the browser; the real one has the fields)."""
+    answer = {
+        "state": "closed",
+        "consecutiveFailures": 0,
+        "openedAt": None,
+        "halfOpenAt": None,
+        "providers": [
+            {"name": "deepseek", "state": "closed", "consecutiveFailures": 0,
+             "openedAt": None, "halfOpenAt": None},
+            {"name": "backup", "state": "open", "consecutiveFailures": 5,
+             "openedAt": "2026-12-03T10:00:00.000Z", "halfOpenAt": "2026-12-03T10:01:00.000Z"},
+        ],
+    }  # fmt: skip
+
+    def breaker(route: Any) -> None:
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answer))
+
+    console.page.route("**/admin/ai/circuit-breaker**", breaker)
+    console.login(_admin(console.system))
+    console.go("#/overview")
+    console.expect("#breakers tr[data-provider]").to_have_count(2)
+    console.expect('#breakers tr[data-provider="backup"]').to_contain_text("open")
+    console.expect('#breakers tr[data-provider="backup"]').to_contain_text("5")
+    console.expect('#breakers tr[data-provider="deepseek"] button.reset').to_be_disabled()
+    with console.page.expect_request("**/admin/ai/circuit-breaker/reset**") as sent:
+        console.page.click('#breakers tr[data-provider="backup"] button.reset')
+    assert sent.value.method == "POST"
+    assert sent.value.url.endswith("/admin/ai/circuit-breaker/reset?provider=backup")
+    console.expect('#breakers tr[data-provider="backup"]').to_be_visible()
+    assert console.errors == []
+
+
 def assert_png_not_blank(path: Path, min_bytes: int = 30_000) -> None:
     """A real PNG of the window's size with many distinct pixel values (not one flat colour)."""
     raw = path.read_bytes()

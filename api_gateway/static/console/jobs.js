@@ -3,8 +3,8 @@ import { api, query } from "./api.js";
 import { esc, localToUtc, pill, utcToLocal, when } from "./format.js";
 
 export const STATES = ["pending", "locked", "running", "succeeded", "failed", "cancelled"];
-const FILTERS = ["status", "jobType", "userId", "createdFrom", "createdTo"];
-const PAGE_SIZE = 25;
+const FILTERS = ["status", "jobType", "userId", "createdFrom", "createdTo", "pageSize"];
+const PAGE_SIZES = ["10", "25", "50", "100"];
 let jobTypes = null;
 
 /** The registered job types, as the API document lists them for the jobType filter. */
@@ -33,6 +33,7 @@ function go(filters) {
 /** The list view for the filters in `params` (URLSearchParams of the hash). */
 export function jobsView(params) {
   const filters = Object.fromEntries(FILTERS.map((k) => [k, params.get(k) || ""]));
+  const pageSize = filters.pageSize || "25";
   const tokens = []; // page tokens of the pages before this one
   let pageToken = "";
   let el = null;
@@ -49,6 +50,8 @@ export function jobsView(params) {
           <label>user id<input name="userId" id="fUser" value="${esc(filters.userId)}" placeholder="any user" size="24"></label>
           <label>created from (UTC)<input type="datetime-local" step="1" name="createdFrom" id="fFrom" value="${esc(utcToLocal(filters.createdFrom))}"></label>
           <label>created before (UTC)<input type="datetime-local" step="1" name="createdTo" id="fTo" value="${esc(utcToLocal(filters.createdTo))}"></label>
+          <label>per page<select name="pageSize" id="fPageSize">${PAGE_SIZES.concat(PAGE_SIZES.includes(pageSize) ? [] : [pageSize]).map((n) =>
+            `<option${n === pageSize ? " selected" : ""}>${esc(n)}</option>`).join("")}</select></label>
           <button type="submit" class="primary" id="apply">Apply</button>
           <button type="button" id="lastHour">Last hour</button>
           <button type="button" id="lastDay">Last 24 h</button>
@@ -72,6 +75,7 @@ export function jobsView(params) {
       go({
         status: data.get("status"), jobType: data.get("jobType"), userId: data.get("userId").trim(),
         createdFrom: localToUtc(data.get("createdFrom")), createdTo: localToUtc(data.get("createdTo")),
+        pageSize: data.get("pageSize") === "25" ? "" : data.get("pageSize"),
       });
     };
     const since = (ms) => go({ ...filters, createdFrom: new Date(Date.now() - ms).toISOString().slice(0, 19) + "Z", createdTo: "" });
@@ -85,10 +89,10 @@ export function jobsView(params) {
 
   let nextToken = null;
   async function refresh(auto = false) {
-    if (auto && (tokens.length || pageToken)) return; // only the first page follows new jobs
+    if (auto && tokens.length) return; // only the first page follows new jobs
     let page;
     try {
-      page = await api("/admin/ai/jobs" + query({ ...filters, includeCounts: true, pageSize: PAGE_SIZE, pageToken }));
+      page = await api("/admin/ai/jobs" + query({ ...filters, includeCounts: true, pageSize, pageToken }));
     } catch (e) {
       el.querySelector("#listError").textContent = "The filter was refused: " + ((e.body && e.body.message) || e.message);
       el.querySelector("#jobs").innerHTML = "";
@@ -99,8 +103,8 @@ export function jobsView(params) {
     renderRows(page.jobs);
     nextToken = page.nextPageToken;
     el.querySelector("#next").disabled = !nextToken;
-    el.querySelector("#prev").disabled = !tokens.length && !pageToken;
-    el.querySelector("#pageInfo").textContent = `page ${tokens.length + (pageToken ? 1 : 0) + 1}`;
+    el.querySelector("#prev").disabled = !tokens.length;
+    el.querySelector("#pageInfo").textContent = `page ${tokens.length + 1}`;
   }
 
   function renderCounts(counts) {
