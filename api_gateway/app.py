@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import grpc
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from airuntime_common import tracing
@@ -88,6 +89,11 @@ def create_app(
     app.include_router(health.router)
     app.include_router(public.router)
     app.include_router(admin.router)
+    app.mount(
+        admin.CONSOLE_ASSETS_PATH,
+        StaticFiles(directory=admin.CONSOLE_DIR),
+        name="console-assets",
+    )
     app.include_router(internal.router)
     app.add_middleware(
         GatewayMiddleware,

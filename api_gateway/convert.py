@@ -266,3 +266,57 @@ def pb_enum(enum_map: Any, value: str) -> Any:
 def job_types(values: list[str]) -> list[int]:
     """Spec job type strings → enum numbers (unknown → ``INVALID_ARGUMENT``)."""
     return [JOB_TYPE.to_proto(v) for v in values]
+
+
+def attempt_json(attempt: Any) -> dict[str, Any]:
+    """A ``JobAttempt`` → JSON (its events and model calls as in the admin job view)."""
+    return {
+        "attemptNo": attempt.attempt_no,
+        "runtimeInstanceId": opt(attempt, "runtime_instance_id"),
+        "startedAt": ts(attempt, "started_at"),
+        "endedAt": ts(attempt, "ended_at"),
+        "outcome": JOB_STATUS.to_str_or_none(attempt.outcome),
+        "errorCode": opt(attempt, "error_code"),
+        "latencyMs": attempt.latency_ms,
+        "costUsd": float(attempt.cost_usd),
+        "events": [event_json(e) for e in attempt.events],
+        "invocations": [invocation_json(i) for i in attempt.invocations],
+    }
+
+
+def snapshot_summary_json(summary: Any) -> dict[str, Any]:
+    """A ``SnapshotSummary`` → JSON."""
+    return {
+        "snapshotId": summary.snapshot_id,
+        "schemaVersion": summary.schema_version,
+        "targetType": summary.target_type,
+        "targetId": summary.target_id,
+        "contentHash": summary.content_hash,
+        "payloadBytes": summary.payload_bytes,
+        "materialCount": summary.material_count,
+        "blockCount": summary.block_count,
+        "knowledgePointCount": summary.knowledge_point_count,
+        "stats": struct_to_dict(summary.stats) if summary.HasField("stats") else {},
+    }
+
+
+def throughput_json(resp: Any, hours: int) -> dict[str, Any]:
+    """A ``GetJobThroughputResponse`` → the ``GET /admin/ai/throughput`` JSON."""
+    return {
+        "hours": hours,
+        "from": ts(resp, "from_time"),
+        "to": ts(resp, "to_time"),
+        "minutes": [
+            {
+                "minute": ts(m, "minute"),
+                "succeeded": m.succeeded,
+                "failed": m.failed,
+                "cancelled": m.cancelled,
+            }
+            for m in resp.minutes
+        ],
+        "succeeded": resp.succeeded,
+        "failed": resp.failed,
+        "cancelled": resp.cancelled,
+        "failureRate": opt(resp, "failure_rate"),
+    }

@@ -333,6 +333,77 @@ class AdminJobOut(JobOut):
     invocations: list[InvocationOut]
 
 
+class AdminJobList(JobList):
+    """``GET /admin/ai/jobs``: a page, and with ``includeCounts`` the exact number of
+    jobs in each state matching every filter but ``status`` (SPEC §9.5 console)."""
+
+    counts: dict[JobStatus, int] | None = None
+
+
+class AttemptOut(BaseModel):
+    """One attempt of a job: who ran it, how it ended, its events and model calls."""
+
+    attemptNo: int
+    runtimeInstanceId: str | None
+    startedAt: str | None
+    endedAt: str | None
+    outcome: JobStatus | None
+    errorCode: str | None
+    latencyMs: int
+    costUsd: float
+    events: list[JobEventOut]
+    invocations: list[InvocationOut]
+
+
+class SnapshotSummaryOut(BaseModel):
+    """What a job's snapshot holds, without its text."""
+
+    snapshotId: str
+    schemaVersion: str
+    targetType: str
+    targetId: str
+    contentHash: str
+    payloadBytes: int
+    materialCount: int
+    blockCount: int
+    knowledgePointCount: int
+    stats: dict[str, Any]
+
+
+class AdminJobDetailOut(AdminJobOut):
+    """``GET /admin/ai/jobs/{jobId}``: the job, its events and model calls, the same
+    grouped by attempt (oldest first), and its snapshot's summary (null without one)."""
+
+    attempts: list[AttemptOut]
+    snapshot: SnapshotSummaryOut | None
+
+
+class ThroughputMinuteOut(BaseModel):
+    """Jobs that ended in one UTC minute, by outcome."""
+
+    minute: str | None
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+class ThroughputOut(BaseModel):
+    """``GET /admin/ai/throughput``: jobs ended per minute over ``[from, to)`` (only
+    minutes in which one ended) and ``failureRate = failed / (succeeded + failed)``
+    over the window (null when neither happened)."""
+
+    hours: int
+    from_: str | None = Field(alias="from")
+    to: str | None
+    minutes: list[ThroughputMinuteOut]
+    succeeded: int
+    failed: int
+    cancelled: int
+    failureRate: float | None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
 class BlockOut(BaseModel):
     """One block of a material."""
 

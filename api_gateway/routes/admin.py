@@ -28,23 +28,34 @@ from api_gateway.jobs import create_job
 from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import (
     AdminJobCreate,
-    AdminJobOut,
+    AdminJobDetailOut,
+    AdminJobList,
     AdminRuntimeOut,
     BreakerOut,
     CostsOut,
     GroupBy,
-    JobList,
     JobOut,
     JobStatus,
     JobType,
     RerunBody,
+    Rfc3339,
+    ThroughputOut,
 )
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.worker.v1 import request_response_pb2 as worker_rr
 
 router = APIRouter(prefix="/admin", tags=["admin"], responses=ERRORS)
 
-CONSOLE_FILE = FsPath(__file__).resolve().parent.parent / "static" / "console.html"
+#: The console's files: ``index.html`` at ``/admin/console``, the rest (ES modules, the
+#: stylesheet) under :data:`CONSOLE_ASSETS_PATH`; nothing is fetched from elsewhere.
+CONSOLE_DIR = FsPath(__file__).resolve().parent.parent / "static" / "console"
+CONSOLE_FILE = CONSOLE_DIR / "index.html"
+CONSOLE_ASSETS_PATH = "/admin/console/static"
+#: The page runs only its own scripts and styles and talks only to this origin.
+CONSOLE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
 
 
 def _iso_date_only(value: Any) -> Any:
@@ -87,18 +98,33 @@ async def admin_create_job(
     )
 
 
-@router.get("/ai/jobs", response_model=JobList)
+@router.get("/ai/jobs", response_model=AdminJobList)
 async def admin_list_jobs(
     principal: AdminPrincipal,
     call: Backend,
     status: JobStatus | None = None,
     jobType: JobType | None = None,
     userId: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    createdFrom: Annotated[
+        Rfc3339 | None, Query(description="created at or after (RFC 3339)")
+    ] = None,
+    createdTo: Annotated[Rfc3339 | None, Query(description="created before (RFC 3339)")] = None,
+    includeCounts: Annotated[
+        bool, Query(description="add `counts`: jobs per state for every filter but status")
+    ] = False,
     pageSize: Annotated[int, Query(ge=1, le=100)] = 20,
     pageToken: Annotated[str | None, Query(max_length=1024)] = None,
 ) -> dict[str, Any]:
-    """All users' jobs, newest first, filtered by status, job type and user."""
-    req = rr.ListJobsRequest(page_size=pageSize)
+    """All users' jobs, newest first, filtered by status, job type, user and creation
+    time ``[createdFrom, createdTo)``; with ``includeCounts`` also the exact number of
+    jobs in each state for the other filters (SPEC §3.1, §9.5 console).
+
+    A bad filter (unknown status or type, a time without an offset, ``createdFrom``
+    not before ``createdTo``) is 400 ``INVALID_ARGUMENT``.
+    """
+    if createdFrom is not None and createdTo is not None and createdFrom >= createdTo:
+        raise invalid_argument("createdFrom must be before createdTo", field="createdFrom")
+    req = rr.ListJobsRequest(page_size=pageSize, include_counts=includeCounts)
     if userId:
         req.user_id = userId
     if status:
@@ -107,22 +133,44 @@ async def admin_list_jobs(
         req.job_type = pb_enum(JOB_TYPE, jobType)
     if pageToken:
         req.page_token = pageToken
+    for name, value in (("created_from", createdFrom), ("created_to", createdTo)):
+        if value is not None:
+            getattr(req, name).CopyFrom(convert.timestamp_or_none(value))
     resp = await call(call.job.ListJobs, req)
+    counts = {JOB_STATUS.to_str_or_none(c.status): c.count for c in resp.counts}
     return {
         "jobs": [convert.job_json(j) for j in resp.jobs],
         "nextPageToken": resp.next_page_token or None,
+        "counts": {k: v for k, v in counts.items() if k} if includeCounts else None,
     }
 
 
-@router.get("/ai/jobs/{jobId}", response_model=AdminJobOut)
+@router.get("/ai/jobs/{jobId}", response_model=AdminJobDetailOut)
 async def admin_get_job(principal: AdminPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
-    """One job with its whole history (events oldest first) and its model calls."""
+    """One job with its whole history (events oldest first) and its model calls, the
+    same grouped by attempt, and what its snapshot holds (SPEC §3.1, §9.5 console)."""
     resp = await call(call.job.GetJob, rr.GetJobRequest(job_id=jobId, include_history=True))
     return {
         **convert.job_json(resp.job),
         "events": [convert.event_json(e) for e in resp.events],
         "invocations": [convert.invocation_json(i) for i in resp.invocations],
+        "attempts": [convert.attempt_json(a) for a in resp.attempts],
+        "snapshot": convert.snapshot_summary_json(resp.snapshot)
+        if resp.HasField("snapshot")
+        else None,
     }
+
+
+@router.get("/ai/throughput", response_model=ThroughputOut)
+async def admin_throughput(
+    principal: AdminPrincipal,
+    call: Backend,
+    hours: Annotated[int, Query(ge=1, le=168, description="the window, in hours")] = 6,
+) -> dict[str, Any]:
+    """Jobs ended per minute by outcome (succeeded, failed, cancelled) over the last
+    ``hours``, and the window's failure rate, counted by the database (SPEC §9.5)."""
+    resp = await call(call.job.GetJobThroughput, rr.GetJobThroughputRequest(hours=hours))
+    return convert.throughput_json(resp, hours)
 
 
 @router.post("/ai/jobs/{jobId}/rerun", status_code=201, response_model=JobOut)
@@ -239,10 +287,16 @@ async def admin_runtime(
 
 @router.get("/console", response_class=HTMLResponse, include_in_schema=False)
 async def admin_console() -> HTMLResponse:
-    """The operator's console (static; it asks for an admin token itself)."""
+    """The operator's console (static; it asks for an admin token itself, SPEC §3.1, §9.5):
+    job list, job page, charts, workers and breakers, drawn from the admin API."""
     return HTMLResponse(
         CONSOLE_FILE.read_text(encoding="utf-8"),
-        headers={"Cache-Control": "no-cache", "X-Frame-Options": "DENY"},
+        headers={
+            "Cache-Control": "no-cache",
+            "X-Frame-Options": "DENY",
+            "Content-Security-Policy": CONSOLE_CSP,
+            "X-Content-Type-Options": "nosniff",
+        },
     )
 
 

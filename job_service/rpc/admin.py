@@ -1,5 +1,5 @@
-"""JobService RPCs of the admin views (SPEC §3, §3.1): costs, the breaker, runtime health.
-Proto ↔ domain translation only."""
+"""JobService RPCs of the admin views (SPEC §3, §3.1, §9.5): costs, the breaker, runtime
+health, jobs per minute. Proto ↔ domain translation only."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def _breaker(view: BreakerView) -> msg.CircuitBreaker:
 
 
 class AdminRpcs:
-    """``GetCosts, GetCircuitBreaker, ResetCircuitBreaker, GetRuntimeHealth``."""
+    """``GetCosts, GetCircuitBreaker, ResetCircuitBreaker, GetJobThroughput,
+    GetRuntimeHealth``."""
 
     domain: JobDomain
 
@@ -60,6 +61,30 @@ class AdminRpcs:
         self, request: rr.ResetCircuitBreakerRequest, context: Ctx
     ) -> rr.ResetCircuitBreakerResponse:
         return rr.ResetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_reset()))
+
+    @rpc
+    async def GetJobThroughput(
+        self, request: rr.GetJobThroughputRequest, context: Ctx
+    ) -> rr.GetJobThroughputResponse:
+        view = await self.domain.throughput(request.hours)
+        out = rr.GetJobThroughputResponse(
+            minutes=[
+                msg.ThroughputMinute(
+                    minute=to_timestamp(at), succeeded=ok, failed=bad, cancelled=off
+                )
+                for at, ok, bad, off in view.minutes
+            ],
+            succeeded=view.succeeded,
+            failed=view.failed,
+            cancelled=view.cancelled,
+        )
+        for name, at in (("from_time", view.since), ("to_time", view.until)):
+            ts = to_timestamp(at)
+            if ts is not None:
+                getattr(out, name).CopyFrom(ts)
+        if view.failure_rate is not None:
+            out.failure_rate = view.failure_rate
+        return out
 
     # ---- runtime contract
 

@@ -10,6 +10,7 @@ from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TY
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.timeutil import set_timestamp
 from job_service.maintenance.workers import WorkerView
+from job_service.services.console import AttemptView, SnapshotSummaryView
 from job_service.store.records import EventRecord, InvocationRecord, JobRecord
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 
@@ -151,3 +152,39 @@ def worker_to_proto(w: WorkerView) -> msg.RuntimeWorker:
     )
     _set_time(out, "last_seen_at", w.last_seen_at)
     return out
+
+
+def attempt_to_proto(a: AttemptView) -> msg.JobAttempt:
+    """One attempt with its events and model calls (SPEC §9.5 console)."""
+    out = msg.JobAttempt(
+        attempt_no=a.attempt_no,
+        events=[event_to_proto(e) for e in a.events],
+        invocations=[invocation_to_proto(i) for i in a.invocations],
+        latency_ms=a.latency_ms,
+        cost_usd=float(a.cost_usd),
+    )
+    if a.runtime_instance_id is not None:
+        out.runtime_instance_id = a.runtime_instance_id
+    if a.outcome is not None:
+        out.outcome = _enum(JOB_STATUS.to_proto(a.outcome))
+    if a.error_code is not None:
+        out.error_code = a.error_code
+    _set_time(out, "started_at", a.started_at)
+    _set_time(out, "ended_at", a.ended_at)
+    return out
+
+
+def snapshot_summary_to_proto(s: SnapshotSummaryView) -> msg.SnapshotSummary:
+    """What a snapshot holds, without its text."""
+    return msg.SnapshotSummary(
+        snapshot_id=s.snapshot_id,
+        schema_version=s.schema_version,
+        target_type=s.target_type,
+        target_id=s.target_id,
+        content_hash=s.content_hash,
+        payload_bytes=s.payload_bytes,
+        material_count=s.material_count,
+        block_count=s.block_count,
+        knowledge_point_count=s.knowledge_point_count,
+        stats=to_struct(s.stats),
+    )

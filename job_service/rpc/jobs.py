@@ -3,20 +3,34 @@ re-run, and the AI switch. Proto ↔ domain translation only."""
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from airuntime_common import tracing
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError, ErrorCode
-from airuntime_common.timeutil import to_timestamp
+from airuntime_common.timeutil import from_timestamp, to_timestamp
 from job_service.rpc.common import Ctx, job_id_of, rpc
 from job_service.rpc.convert import (
+    _enum,
+    attempt_to_proto,
     event_to_proto,
     from_struct,
     invocation_to_proto,
     job_to_proto,
+    snapshot_summary_to_proto,
 )
+from job_service.services.console import check_created_range
 from job_service.services.domain import JobDomain
 from job_service.services.inputs import CreateJobInput
+from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+
+def _naive(request: Any, name: str) -> datetime | None:
+    """A request's Timestamp field as a naive UTC datetime (the columns' form), or None."""
+    value = from_timestamp(getattr(request, name), request.HasField(name))
+    return value.replace(tzinfo=None) if value is not None else None
 
 
 class JobRpcs:
@@ -55,23 +69,48 @@ class JobRpcs:
     async def GetJob(self, request: rr.GetJobRequest, context: Ctx) -> rr.GetJobResponse:
         user_id = request.user_id if request.HasField("user_id") else None
         job = await self.domain.get(job_id_of(request.job_id), user_id)
-        out = rr.GetJobResponse(job=job_to_proto(job))
-        if request.include_history:
-            evs, invs = await self.domain.history(job.job_id)
-            out.events.extend(event_to_proto(e) for e in evs)
-            out.invocations.extend(invocation_to_proto(i) for i in invs)
+        if not request.include_history:
+            return rr.GetJobResponse(job=job_to_proto(job))
+        told = await self.domain.explain(job.job_id)
+        out = rr.GetJobResponse(
+            job=job_to_proto(told.job),
+            events=[event_to_proto(e) for e in told.events],
+            invocations=[invocation_to_proto(i) for i in told.invocations],
+            attempts=[attempt_to_proto(a) for a in told.attempts],
+        )
+        if told.snapshot is not None:
+            out.snapshot.CopyFrom(snapshot_summary_to_proto(told.snapshot))
         return out
 
     @rpc
     async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
+        user_id = request.user_id if request.HasField("user_id") else None
+        job_type = JOB_TYPE.optional(request.job_type)
+        created_from = _naive(request, "created_from")
+        created_to = _naive(request, "created_to")
+        check_created_range(created_from, created_to)
         rows, token = await self.domain.list_jobs(
-            user_id=request.user_id if request.HasField("user_id") else None,
+            user_id=user_id,
             status=JOB_STATUS.optional(request.status),
-            job_type=JOB_TYPE.optional(request.job_type),
+            job_type=job_type,
             page_size=request.page_size,
             page_token=request.page_token,
+            created_from=created_from,
+            created_to=created_to,
         )
-        return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in rows], next_page_token=token)
+        out = rr.ListJobsResponse(jobs=[job_to_proto(j) for j in rows], next_page_token=token)
+        if request.include_counts:
+            counts = await self.domain.job_counts(
+                user_id=user_id,
+                job_type=job_type,
+                created_from=created_from,
+                created_to=created_to,
+            )
+            out.counts.extend(
+                msg.JobStateCount(status=_enum(JOB_STATUS.to_proto(state)), count=n)
+                for state, n in counts.items()
+            )
+        return out
 
     @rpc
     async def CancelJob(self, request: rr.CancelJobRequest, context: Ctx) -> rr.CancelJobResponse:

@@ -13,6 +13,7 @@ completion         result, fail (:mod:`job_service.services.completion`)
 cancellation       cancel (:mod:`job_service.services.cancellation`)
 accounting         model calls, costs (:mod:`job_service.services.accounting`)
 views              get, history, lists, health, gauges, breaker (:mod:`~.views`)
+console            counts, a job explained, jobs per minute (:mod:`~.console`)
 =================  ============================================================
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
@@ -35,6 +37,7 @@ from job_service.services.authorization import Authorization
 from job_service.services.cancellation import Cancellation
 from job_service.services.claiming import Claiming, check_poll_args
 from job_service.services.completion import Completion
+from job_service.services.console import Console, JobExplanation, ThroughputView
 from job_service.services.core import Core
 from job_service.services.inputs import (
     AuthorizationView,
@@ -88,6 +91,7 @@ class JobDomain:
         self.completion = Completion(self.core, self.claiming, self.accounting)
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
+        self.console = Console(self.core)
 
     # the shared parts, as tests and the app reach them
     @property
@@ -341,6 +345,8 @@ class JobDomain:
         job_type: str | None,
         page_size: int,
         page_token: str,
+        created_from: datetime | None = None,
+        created_to: datetime | None = None,
     ) -> tuple[list[JobRecord], str]:
         """:meth:`Views.list_jobs`."""
         return await self.views.list_jobs(
@@ -349,6 +355,8 @@ class JobDomain:
             job_type=job_type,
             page_size=page_size,
             page_token=page_token,
+            created_from=created_from,
+            created_to=created_to,
         )
 
     async def health(self) -> tuple[bool, list[WorkerView]]:
@@ -366,3 +374,26 @@ class JobDomain:
     async def breaker_reset(self) -> BreakerView:
         """:meth:`Views.breaker_reset`."""
         return await self.views.breaker_reset()
+
+    # ------------------------------------------------------------------ console
+
+    async def job_counts(
+        self,
+        *,
+        user_id: str | None,
+        job_type: str | None,
+        created_from: datetime | None,
+        created_to: datetime | None,
+    ) -> dict[str, int]:
+        """:meth:`Console.job_counts`."""
+        return await self.console.job_counts(
+            user_id=user_id, job_type=job_type, created_from=created_from, created_to=created_to
+        )
+
+    async def explain(self, job_id: str) -> JobExplanation:
+        """:meth:`Console.explain`."""
+        return await self.console.explain(job_id)
+
+    async def throughput(self, hours: int) -> ThroughputView:
+        """:meth:`Console.throughput`."""
+        return await self.console.throughput(hours)

@@ -54,8 +54,12 @@ class Views:
         job_type: str | None,
         page_size: int,
         page_token: str,
+        created_from: datetime | None = None,
+        created_to: datetime | None = None,
     ) -> tuple[list[JobRecord], str]:
-        """Jobs newest first with an opaque page token (SPEC §3.1 paging).
+        """Jobs newest first with an opaque page token (SPEC §3.1 paging); with
+        ``created_from``/``created_to`` (naive UTC), only those created in
+        ``[created_from, created_to)`` (SPEC §9.5 console).
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` for a page size outside 1..100 or a bad token.
@@ -70,7 +74,13 @@ class Views:
             )
         after = decode_list_token(page_token) if page_token else None
         stmt = st.list_jobs(
-            user_id=user_id, status=status, job_type=job_type, after=after, limit=page_size + 1
+            user_id=user_id,
+            status=status,
+            job_type=job_type,
+            after=after,
+            limit=page_size + 1,
+            created_from=created_from,
+            created_to=created_to,
         )
         async with self.core.store.sessions() as session:
             rows = [JobRecord.from_row(r) for r in (await session.execute(stmt)).all()]

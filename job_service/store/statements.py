@@ -24,14 +24,16 @@ from sqlalchemy import (
     case,
     func,
     insert,
+    literal_column,
     or_,
     select,
     update,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.mysql import insert as mysql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from airuntime_common.states import LEASED, LIVE, JobStatus
+from airuntime_common.states import LEASED, LIVE, TERMINAL, JobStatus
 from job_service.learning.tables import AiResult
 from job_service.store.cache import Statement
 from job_service.store.clock import DbClock
@@ -445,6 +447,8 @@ def list_jobs(
     job_type: str | None,
     after: tuple[datetime | None, int] | None,
     limit: int,
+    created_from: datetime | None = None,
+    created_to: datetime | None = None,
 ) -> Select[Any]:
     """A page of jobs, newest first (SPEC §3.1 paging).
 
@@ -457,14 +461,11 @@ def list_jobs(
 
     Args:
         after: the last row of the previous page, ``(created_at or None, seq)``.
+        created_from, created_to: created in ``[created_from, created_to)`` (naive UTC).
     """
-    stmt = select(jobs)
-    if user_id is not None:
-        stmt = stmt.where(jobs.c.user_id == user_id)
-    if status is not None:
-        stmt = stmt.where(jobs.c.status == status)
-    if job_type is not None:
-        stmt = stmt.where(jobs.c.job_type == job_type)
+    stmt = select(jobs).where(
+        *job_filters(user_id, job_type, created_from, created_to, status=status)
+    )
     by_time = user_id is not None
     if after is not None:
         at, before = after
@@ -479,6 +480,75 @@ def list_jobs(
     else:
         stmt = stmt.order_by(jobs.c.seq.desc())
     return stmt.limit(limit)
+
+
+def job_filters(
+    user_id: str | None,
+    job_type: str | None,
+    created_from: datetime | None,
+    created_to: datetime | None,
+    *,
+    status: str | None = None,
+) -> list[ColumnElement[bool]]:
+    """The WHERE terms of a job list's filters (each None = no filter)."""
+    terms: list[ColumnElement[bool]] = []
+    if user_id is not None:
+        terms.append(jobs.c.user_id == user_id)
+    if status is not None:
+        terms.append(jobs.c.status == status)
+    if job_type is not None:
+        terms.append(jobs.c.job_type == job_type)
+    if created_from is not None:
+        terms.append(jobs.c.created_at >= created_from)
+    if created_to is not None:
+        terms.append(jobs.c.created_at < created_to)
+    return terms
+
+
+def job_counts(
+    *,
+    user_id: str | None,
+    job_type: str | None,
+    created_from: datetime | None,
+    created_to: datetime | None,
+) -> Select[Any]:
+    """``(status, count)`` of the jobs matching a list's filters but the status
+    (SPEC §9.5 console); states with no job have no row."""
+    return (
+        select(jobs.c.status, func.count())
+        .where(*job_filters(user_id, job_type, created_from, created_to))
+        .group_by(jobs.c.status)
+    )
+
+
+#: The UTC minute of ``finished_at`` as text ``YYYY-MM-DD HH:MM`` on both databases
+#: (SQLite stores the time as text; MariaDB casts ``DATETIME(6)`` to the same text).
+#: The positions are literals so the GROUP BY repeats the select's expression exactly.
+FINISHED_MINUTE: Any = func.substr(
+    sql_cast(jobs.c.finished_at, String()), literal_column("1"), literal_column("16")
+)
+
+
+def throughput(since: datetime) -> Select[Any]:
+    """Jobs ended at or after ``since`` (naive UTC), one row per minute, oldest first:
+    ``(minute 'YYYY-MM-DD HH:MM', succeeded, failed, cancelled)`` — one GROUP BY
+    over ``ix_jobs_finished_status`` (SPEC §9.5 console charts)."""
+    minute = FINISHED_MINUTE.label("minute")
+
+    def ended(state: str) -> Any:
+        return func.coalesce(func.sum(case((jobs.c.status == state, 1), else_=0)), 0)
+
+    return (
+        select(
+            minute,
+            ended(JobStatus.SUCCEEDED),
+            ended(JobStatus.FAILED),
+            ended(JobStatus.CANCELLED),
+        )
+        .where(jobs.c.finished_at >= since, jobs.c.status.in_(sorted(TERMINAL)))
+        .group_by(FINISHED_MINUTE)
+        .order_by(FINISHED_MINUTE)
+    )
 
 
 def events_of_job(job_id: str) -> Select[Any]:

@@ -47,7 +47,9 @@ class Job(Base):
     available_at <= now ORDER BY priority, created_at, seq`` walks
     ``ix_jobs_poll`` (status, priority, created_at, seq) in order — no filesort;
     the reaper walks ``ix_jobs_reaper`` (status, lock_until); user listings and
-    quotas use ``ix_jobs_user`` (user_id, created_at).
+    quotas use ``ix_jobs_user`` (user_id, created_at); the console's time-range
+    lists and counts ``ix_jobs_created_status``, its jobs-per-minute chart
+    ``ix_jobs_finished_status`` (SPEC §9.5).
     """
 
     __tablename__ = "ai_runtime_jobs"
@@ -109,6 +111,8 @@ class Job(Base):
         Index("ix_jobs_user", "user_id", "created_at"),
         Index("ix_jobs_status_seq", "status", "seq"),
         Index("ix_jobs_locked_by", "locked_by", "status"),
+        Index("ix_jobs_created_status", "created_at", "status"),
+        Index("ix_jobs_finished_status", "finished_at", "status"),
     )
 
 

@@ -277,6 +277,7 @@ def job_defaults() -> dict[str, Any]:
         ),
         "GetCircuitBreaker": rr.GetCircuitBreakerResponse(breaker=breaker),
         "ResetCircuitBreaker": rr.ResetCircuitBreakerResponse(breaker=breaker),
+        "GetJobThroughput": rr.GetJobThroughputResponse(),
         "PollJobs": rr.PollJobsResponse(jobs=[sparse_job()]),
         "ClaimJobs": rr.ClaimJobsResponse(jobs=[full_job()]),
         "LockJob": rr.LockJobResponse(

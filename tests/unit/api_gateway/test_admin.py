@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 
 import grpc
@@ -244,14 +245,40 @@ async def test_runtime_aggregates_worker_status_best_effort(
     assert body["configuredWorkers"][0]["live"] is None
 
 
+CONSOLE_MODULES = (
+    "main.js",
+    "api.js",
+    "format.js",
+    "charts.js",
+    "jobs.js",
+    "job.js",
+    "overview.js",
+)
+
+
 async def test_console_is_static_html_without_token(client: httpx.AsyncClient) -> None:
     resp = await client.get("/admin/console")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in resp.headers["content-security-policy"]
     html = resp.text
-    assert "sessionStorage" in html and "/admin/ai/jobs" in html and "<svg" in html
-    assert "setInterval(refresh, 5000)" in html
-    assert "http://" not in html and "https://" not in html  # no CDN
+    assert '<script type="module" src="/admin/console/static/main.js">' in html
+    texts = [html]
+    for name in (*CONSOLE_MODULES, "console.css"):
+        asset = await client.get(f"/admin/console/static/{name}")  # no token needed
+        assert asset.status_code == 200, name
+        kind = "text/css" if name.endswith(".css") else "javascript"
+        assert kind in asset.headers["content-type"], (name, asset.headers["content-type"])
+        texts.append(asset.text)
+    code = "\n".join(texts)
+    assert "sessionStorage" in code and "/admin/ai/jobs" in code and "<svg" in code
+    assert "/admin/ai/throughput" in code and "includeCounts" in code and "rerun" in code
+    assert "http://" not in code and "https://" not in code  # no CDN, nothing remote
+    assert "style=" not in code  # the CSP allows no inline style
+    # every module the page imports is served
+    imported = set(re.findall(r'from "\./([a-z]+\.js)"', code))
+    assert imported <= set(CONSOLE_MODULES)
+    assert (await client.get("/admin/console/static/nope.js")).status_code == 404
 
 
 async def test_openapi_lists_request_models(client: httpx.AsyncClient) -> None:

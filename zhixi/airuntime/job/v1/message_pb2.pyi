@@ -311,3 +311,71 @@ class CircuitBreaker(_message.Message):
     opened_at: _timestamp_pb2.Timestamp
     half_open_at: _timestamp_pb2.Timestamp
     def __init__(self, state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JobStateCount(_message.Message):
+    __slots__ = ("status", "count")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    status: _message_pb2.JobStatus
+    count: int
+    def __init__(self, status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., count: _Optional[int] = ...) -> None: ...
+
+class JobAttempt(_message.Message):
+    __slots__ = ("attempt_no", "runtime_instance_id", "started_at", "ended_at", "outcome", "error_code", "events", "invocations", "latency_ms", "cost_usd")
+    ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ENDED_AT_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    COST_USD_FIELD_NUMBER: _ClassVar[int]
+    attempt_no: int
+    runtime_instance_id: str
+    started_at: _timestamp_pb2.Timestamp
+    ended_at: _timestamp_pb2.Timestamp
+    outcome: _message_pb2.JobStatus
+    error_code: str
+    events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    invocations: _containers.RepeatedCompositeFieldContainer[Invocation]
+    latency_ms: int
+    cost_usd: float
+    def __init__(self, attempt_no: _Optional[int] = ..., runtime_instance_id: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ended_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., outcome: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., error_code: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[Invocation, _Mapping]]] = ..., latency_ms: _Optional[int] = ..., cost_usd: _Optional[float] = ...) -> None: ...
+
+class SnapshotSummary(_message.Message):
+    __slots__ = ("snapshot_id", "schema_version", "target_type", "target_id", "content_hash", "payload_bytes", "material_count", "block_count", "knowledge_point_count", "stats")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_POINT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    schema_version: str
+    target_type: str
+    target_id: str
+    content_hash: str
+    payload_bytes: int
+    material_count: int
+    block_count: int
+    knowledge_point_count: int
+    stats: _struct_pb2.Struct
+    def __init__(self, snapshot_id: _Optional[str] = ..., schema_version: _Optional[str] = ..., target_type: _Optional[str] = ..., target_id: _Optional[str] = ..., content_hash: _Optional[str] = ..., payload_bytes: _Optional[int] = ..., material_count: _Optional[int] = ..., block_count: _Optional[int] = ..., knowledge_point_count: _Optional[int] = ..., stats: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class ThroughputMinute(_message.Message):
+    __slots__ = ("minute", "succeeded", "failed", "cancelled")
+    MINUTE_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    minute: _timestamp_pb2.Timestamp
+    succeeded: int
+    failed: int
+    cancelled: int
+    def __init__(self, minute: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...

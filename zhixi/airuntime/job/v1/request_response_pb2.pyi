@@ -75,36 +75,48 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., include_history: _Optional[bool] = ...) -> None: ...
 
 class GetJobResponse(_message.Message):
-    __slots__ = ("job", "events", "invocations")
+    __slots__ = ("job", "events", "invocations", "attempts", "snapshot")
     JOB_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     INVOCATIONS_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     job: _message_pb2_1.Job
     events: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobEvent]
     invocations: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Invocation]
-    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.Invocation, _Mapping]]] = ...) -> None: ...
+    attempts: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobAttempt]
+    snapshot: _message_pb2_1.SnapshotSummary
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.Invocation, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[_message_pb2_1.JobAttempt, _Mapping]]] = ..., snapshot: _Optional[_Union[_message_pb2_1.SnapshotSummary, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token")
+    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token", "created_from", "created_to", "include_counts")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FROM_FIELD_NUMBER: _ClassVar[int]
+    CREATED_TO_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_COUNTS_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     status: _message_pb2.JobStatus
     job_type: _message_pb2.JobType
     page_size: int
     page_token: str
-    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    created_from: _timestamp_pb2.Timestamp
+    created_to: _timestamp_pb2.Timestamp
+    include_counts: bool
+    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., created_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_counts: _Optional[bool] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
-    __slots__ = ("jobs", "next_page_token")
+    __slots__ = ("jobs", "next_page_token", "counts")
     JOBS_FIELD_NUMBER: _ClassVar[int]
     NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Job]
     next_page_token: str
-    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+    counts: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobStateCount]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[_message_pb2_1.Job, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., counts: _Optional[_Iterable[_Union[_message_pb2_1.JobStateCount, _Mapping]]] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
     __slots__ = ("job_id", "user_id", "actor")
@@ -311,6 +323,30 @@ class ResetCircuitBreakerResponse(_message.Message):
     BREAKER_FIELD_NUMBER: _ClassVar[int]
     breaker: _message_pb2_1.CircuitBreaker
     def __init__(self, breaker: _Optional[_Union[_message_pb2_1.CircuitBreaker, _Mapping]] = ...) -> None: ...
+
+class GetJobThroughputRequest(_message.Message):
+    __slots__ = ("hours",)
+    HOURS_FIELD_NUMBER: _ClassVar[int]
+    hours: int
+    def __init__(self, hours: _Optional[int] = ...) -> None: ...
+
+class GetJobThroughputResponse(_message.Message):
+    __slots__ = ("from_time", "to_time", "minutes", "succeeded", "failed", "cancelled", "failure_rate")
+    FROM_TIME_FIELD_NUMBER: _ClassVar[int]
+    TO_TIME_FIELD_NUMBER: _ClassVar[int]
+    MINUTES_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_RATE_FIELD_NUMBER: _ClassVar[int]
+    from_time: _timestamp_pb2.Timestamp
+    to_time: _timestamp_pb2.Timestamp
+    minutes: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.ThroughputMinute]
+    succeeded: int
+    failed: int
+    cancelled: int
+    failure_rate: float
+    def __init__(self, from_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., to_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., minutes: _Optional[_Iterable[_Union[_message_pb2_1.ThroughputMinute, _Mapping]]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., failure_rate: _Optional[float] = ...) -> None: ...
 
 class PollJobsRequest(_message.Message):
     __slots__ = ("capabilities", "limit", "wait_ms", "status_address")

@@ -116,6 +116,11 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.FromString,
                 _registered_method=True)
+        self.GetJobThroughput = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/GetJobThroughput',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.FromString,
+                _registered_method=True)
         self.PollJobs = channel.unary_unary(
                 '/zhixi.airuntime.job.v1.JobService/PollJobs',
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PollJobsRequest.SerializeToString,
@@ -285,6 +290,12 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResetCircuitBreaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetJobThroughput(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -461,6 +472,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ResetCircuitBreaker,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.SerializeToString,
+            ),
+            'GetJobThroughput': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobThroughput,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.SerializeToString,
             ),
             'PollJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.PollJobs,
@@ -967,6 +983,33 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/ResetCircuitBreaker',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetJobThroughput(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/GetJobThroughput',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.FromString,
             options,
             channel_credentials,
             insecure,
