@@ -13,14 +13,18 @@ The data: a fresh user with two succeeded jobs, then, a second later, a
 * the overview: jobs per minute and the failure rate (the API's numbers), the
   breaker(s), the workers, the cost per day.
 
-Each page's screenshot goes to ``tests/artifacts/console/`` and must not be blank.
+Each page's screenshot must not be blank. They go to a temporary folder, or, with
+``CONSOLE_SCREENSHOTS=update``, to ``tests/artifacts/console/`` (the checked-in ones), so
+a test run leaves the working tree as it was.
 Skipped only when Chromium is absent (``/usr/bin/chromium``; CI installs it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import struct
+import tempfile
 import time
 import uuid
 import zlib
@@ -46,7 +50,12 @@ ARGS = [
     "--no-first-run",
     "--disable-dev-shm-usage",
 ]
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "console"
+CHECKED_IN = Path(__file__).resolve().parents[1] / "artifacts" / "console"
+ARTIFACTS = (
+    CHECKED_IN
+    if os.environ.get("CONSOLE_SCREENSHOTS") == "update"
+    else Path(tempfile.gettempdir()) / f"airt-console-shots-{os.getpid()}"
+)
 STATES = ("pending", "locked", "running", "succeeded", "failed", "cancelled")
 WAIT_MS = 30_000
 
