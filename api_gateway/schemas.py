@@ -342,12 +342,32 @@ class BlockOut(BaseModel):
 
 
 class MaterialOut(BaseModel):
-    """A material with its blocks."""
+    """A material with its blocks (a page of them with ``blocksPageSize``, SPEC §9.2)."""
 
     materialId: str
     title: str
     blocks: list[BlockOut]
+    blockCount: int = Field(description="How many blocks the material has in all.")
     createdAt: str | None
+    nextBlocksPageToken: str | None = Field(
+        description="The next page of blocks; null on the last page or without paging."
+    )
+
+
+class MaterialSummaryOut(BaseModel):
+    """A material in a list (no blocks)."""
+
+    materialId: str
+    title: str
+    blockCount: int
+    createdAt: str | None
+
+
+class MaterialList(BaseModel):
+    """A page of the caller's materials, newest first; ``nextPageToken`` null on the last."""
+
+    materials: list[MaterialSummaryOut]
+    nextPageToken: str | None
 
 
 class KnowledgePointOut(BaseModel):

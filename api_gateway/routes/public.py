@@ -36,6 +36,7 @@ from api_gateway.schemas import (
     KnowledgePointOut,
     LearningEventsCreate,
     MaterialCreate,
+    MaterialList,
     MaterialOut,
     ResultItems,
     ResultKind,
@@ -71,6 +72,9 @@ router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
 JobId = Annotated[str, Path(min_length=1)]
 PageSize = Annotated[int, Query(ge=1, le=100)]
 PageToken = Annotated[str | None, Query(max_length=1024)]
+#: ``GET /v1/ai/jobs?ids=``: at most this many ids, and this many characters in all.
+MAX_IDS = 100
+MAX_IDS_QUERY = 100 * 129
 
 _RESULT_KINDS = {
     "analyses": rr.RESULT_KIND_ANALYSES,
@@ -102,18 +106,55 @@ async def create_material(
     return convert.material_json(resp.material)
 
 
+@router.get("/materials", response_model=MaterialList)
+async def list_materials(
+    principal: UserPrincipal,
+    call: Backend,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's materials, newest first, paged (SPEC §9.2; no blocks, their count)."""
+    resp = await call(
+        call.job.ListMaterials,
+        rr.ListMaterialsRequest(
+            user_id=principal.user_id, page_size=pageSize, page_token=pageToken or ""
+        ),
+    )
+    return {
+        "materials": [convert.material_summary_json(m) for m in resp.materials],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
 @router.get("/materials/{materialId}", response_model=MaterialOut)
 async def get_material(
     principal: UserPrincipal,
     call: Backend,
     materialId: Annotated[str, Path(min_length=1)],
+    blocksPageSize: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    blocksPageToken: PageToken = None,
 ) -> dict[str, Any]:
-    """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``)."""
+    """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``).
+
+    With ``blocksPageSize`` (1..1000) the blocks come a page at a time, in order,
+    with ``nextBlocksPageToken`` (SPEC §9.2); without it, every block.
+    """
+    if blocksPageToken and blocksPageSize is None:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "blocksPageToken needs blocksPageSize",
+            {"field": "blocksPageSize"},
+        )
     resp = await call(
         call.job.GetMaterial,
-        rr.GetMaterialRequest(user_id=principal.user_id, material_id=materialId),
+        rr.GetMaterialRequest(
+            user_id=principal.user_id,
+            material_id=materialId,
+            blocks_page_size=blocksPageSize or 0,
+            blocks_page_token=blocksPageToken or "",
+        ),
     )
-    return convert.material_json(resp.material)
+    return convert.material_json(resp.material, resp.next_blocks_page_token)
 
 
 @router.post("/knowledge-points", status_code=201, response_model=KnowledgePointOut)
@@ -198,8 +239,20 @@ async def list_ai_jobs(
     jobType: JobType | None = None,
     pageSize: PageSize = 20,
     pageToken: PageToken = None,
+    ids: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_IDS_QUERY,
+            description="Comma-separated job ids (at most 100): those of the caller's jobs,"
+            " in the order asked; unknown and other users' ids are left out (SPEC §9.2)."
+            " Not combinable with status, jobType or pageToken.",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page)."""
+    """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page);
+    with ``ids``, just those jobs in that order (one page, ``nextPageToken`` null)."""
+    if ids is not None:
+        return await _jobs_by_ids(principal.user_id, call, ids, status or jobType or pageToken)
     req = rr.ListJobsRequest(user_id=principal.user_id, page_size=pageSize)
     if status:
         req.status = pb_enum(JOB_STATUS, status)
@@ -212,6 +265,29 @@ async def list_ai_jobs(
         "jobs": [convert.job_json(j) for j in resp.jobs],
         "nextPageToken": resp.next_page_token or None,
     }
+
+
+async def _jobs_by_ids(user_id: str, call: Backend, ids: str, other_filter: Any) -> dict[str, Any]:
+    """``GET /v1/ai/jobs?ids=a,b,…`` (SPEC §9.2).
+
+    Raises:
+        AppError: INVALID_ARGUMENT for no ids, more than 100, or ``ids`` with another filter.
+    """
+    wanted = [i.strip() for i in ids.split(",") if i.strip()]
+    if other_filter:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "ids cannot be combined with status, jobType or pageToken",
+            {"field": "ids"},
+        )
+    if not 1 <= len(wanted) <= MAX_IDS:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"ids must name 1..{MAX_IDS} job ids",
+            {"field": "ids", "count": len(wanted)},
+        )
+    resp = await call(call.job.ListJobs, rr.ListJobsRequest(user_id=user_id, job_ids=wanted))
+    return {"jobs": [convert.job_json(j) for j in resp.jobs], "nextPageToken": None}
 
 
 @router.get("/ai/jobs/{jobId}", response_model=JobOut)

@@ -19,6 +19,7 @@ from job_service.learning.materials import (
     MaterialView,
     create_material,
     get_material,
+    list_materials,
 )
 
 __all__ = [
@@ -31,5 +32,6 @@ __all__ = [
     "create_material",
     "get_knowledge_point",
     "get_material",
+    "list_materials",
     "record_learning_events",
 ]

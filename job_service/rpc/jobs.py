@@ -64,6 +64,9 @@ class JobRpcs:
 
     @rpc
     async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
+        if request.job_ids:
+            found = await self.domain.jobs_by_ids(request.user_id, list(request.job_ids))
+            return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in found])
         rows, token = await self.domain.list_jobs(
             user_id=request.user_id if request.HasField("user_id") else None,
             status=JOB_STATUS.optional(request.status),

@@ -52,6 +52,7 @@ def material_proto(view: learning.MaterialView) -> msg.Material:
             msg.Block(block_id=b.block_id, ordinal=b.ordinal, text=b.text) for b in view.blocks
         ],
         created_at=to_timestamp(view.created_at),
+        block_count=view.block_count,
     )
 
 
@@ -143,9 +144,35 @@ class LearningRpcs:
     ) -> rr.GetMaterialResponse:
         """Read one of the user's materials (``GET /v1/materials/{id}``); foreign → NOT_FOUND."""
         view = await self._read(
-            lambda s: learning.get_material(s, request.user_id, request.material_id)
+            lambda s: learning.get_material(
+                s,
+                request.user_id,
+                request.material_id,
+                blocks_page_size=request.blocks_page_size,
+                blocks_page_token=request.blocks_page_token,
+            )
         )
-        return rr.GetMaterialResponse(material=material_proto(view))
+        return rr.GetMaterialResponse(
+            material=material_proto(view),
+            next_blocks_page_token=view.next_blocks_page_token or "",
+        )
+
+    @rpc
+    async def ListMaterials(
+        self, request: rr.ListMaterialsRequest, context: Ctx
+    ) -> rr.ListMaterialsResponse:
+        """A page of the user's materials, newest first (``GET /v1/materials``, SPEC §9.2)."""
+        views, token = await self._read(
+            lambda s: learning.list_materials(
+                s,
+                request.user_id,
+                page_size_value=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return rr.ListMaterialsResponse(
+            materials=[material_proto(v) for v in views], next_page_token=token or ""
+        )
 
     @rpc
     async def CreateKnowledgePoint(

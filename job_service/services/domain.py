@@ -351,6 +351,10 @@ class JobDomain:
             page_token=page_token,
         )
 
+    async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
+        """:meth:`Views.jobs_by_ids`."""
+        return await self.views.jobs_by_ids(user_id, job_ids)
+
     async def health(self) -> tuple[bool, list[WorkerView]]:
         """:meth:`Views.health`."""
         return await self.views.health()

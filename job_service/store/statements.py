@@ -10,6 +10,7 @@ at the end.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -436,6 +437,12 @@ COST_GROUPS: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------ views
+
+
+def jobs_by_ids(*, user_id: str, job_ids: Sequence[str]) -> Select[Any]:
+    """The user's jobs among ``job_ids`` (by the unique job id index), in no order
+    (SPEC §9.2 ``GET /v1/ai/jobs?ids=``)."""
+    return select(jobs).where(jobs.c.job_id.in_(list(job_ids)), jobs.c.user_id == user_id)
 
 
 def list_jobs(
