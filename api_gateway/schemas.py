@@ -380,11 +380,24 @@ class KnowledgePointOut(BaseModel):
     createdAt: str | None
 
 
+class KnowledgePointList(BaseModel):
+    """A page of the caller's knowledge points, newest first."""
+
+    knowledgePoints: list[KnowledgePointOut]
+    nextPageToken: str | None
+
+
 class EventsAccepted(BaseModel):
     """How many events were new and how many repeats."""
 
     accepted: int
     duplicates: int
+
+
+ITEMS_DESCRIPTION = (
+    "Business items; each carries its `itemId` (for `DELETE /v1/ai/results/{kind}/{itemId}`),"
+    " the same id under its kind's key, its fields, `jobId` and `createdAt`."
+)
 
 
 class JobResultOut(BaseModel):
@@ -393,13 +406,13 @@ class JobResultOut(BaseModel):
     jobId: str
     jobType: JobType | None
     outputSchemaVersion: str
-    items: list[dict[str, Any]]
+    items: list[dict[str, Any]] = Field(description=ITEMS_DESCRIPTION)
 
 
 class ResultItems(BaseModel):
     """A page of accumulated business rows."""
 
-    items: list[dict[str, Any]]
+    items: list[dict[str, Any]] = Field(description=ITEMS_DESCRIPTION)
     nextPageToken: str | None
 
 

@@ -33,6 +33,7 @@ from api_gateway.schemas import (
     JobStatus,
     JobType,
     KnowledgePointCreate,
+    KnowledgePointList,
     KnowledgePointOut,
     LearningEventsCreate,
     MaterialCreate,
@@ -172,6 +173,45 @@ async def create_knowledge_point(
         ),
     )
     return convert.knowledge_point_json(resp.knowledge_point)
+
+
+@router.get("/knowledge-points", response_model=KnowledgePointList)
+async def list_knowledge_points(
+    principal: UserPrincipal,
+    call: Backend,
+    materialId: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's knowledge points, newest first, paged; with ``materialId`` only that
+    material's (another user's material → 404 ``NOT_FOUND``)."""
+    req = rr.ListKnowledgePointsRequest(
+        user_id=principal.user_id, page_size=pageSize, page_token=pageToken or ""
+    )
+    if materialId is not None:
+        req.material_id = materialId
+    resp = await call(call.job.ListKnowledgePoints, req)
+    return {
+        "knowledgePoints": [convert.knowledge_point_json(k) for k in resp.knowledge_points],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
+@router.delete("/knowledge-points/{knowledgePointId}", status_code=204)
+async def delete_knowledge_point(
+    principal: UserPrincipal,
+    call: Backend,
+    knowledgePointId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's knowledge points (SPEC §9.2): the items that named it
+    keep their text with ``knowledgePointId`` null; another's → 404 ``NOT_FOUND``."""
+    await call(
+        call.job.DeleteKnowledgePoint,
+        rr.DeleteKnowledgePointRequest(
+            user_id=principal.user_id, knowledge_point_id=knowledgePointId
+        ),
+    )
+    return Response(status_code=204)
 
 
 @router.post("/learning-events", status_code=202, response_model=EventsAccepted)
@@ -342,6 +382,24 @@ async def list_results(
         "items": [convert.struct_to_dict(i) for i in resp.items],
         "nextPageToken": resp.next_page_token or None,
     }
+
+
+@router.delete("/ai/results/{kind}/{itemId}", status_code=204)
+async def delete_result_item(
+    principal: UserPrincipal,
+    call: Backend,
+    kind: ResultKind,
+    itemId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's business items (its ``itemId``) of ``kind`` (SPEC §9.2);
+    unknown or another user's → 404 ``NOT_FOUND``."""
+    await call(
+        call.job.DeleteResultItem,
+        rr.DeleteResultItemRequest(
+            user_id=principal.user_id, kind=_RESULT_KINDS[kind], item_id=itemId
+        ),
+    )
+    return Response(status_code=204)
 
 
 # ------------------------------------------------------------------ the caller's settings

@@ -37,6 +37,21 @@ RESULT_KINDS: dict[int, str] = {
 }
 
 
+def _kind(number: int) -> str:
+    """A ``ResultKind`` number → its kind name.
+
+    Raises:
+        AppError: ``INVALID_ARGUMENT`` for an unset or unknown kind.
+    """
+    kind = RESULT_KINDS.get(number)
+    if kind is None:
+        raise invalid_argument(
+            "kind must be one of analyses, weak_points, recommendations, questions, flashcards",
+            field="kind",
+        )
+    return kind
+
+
 def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
     """A JSON object → ``google.protobuf.Struct`` (numbers become doubles)."""
     return json_format.ParseDict(value, struct_pb2.Struct())
@@ -187,6 +202,48 @@ class LearningRpcs:
         return rr.CreateKnowledgePointResponse(knowledge_point=knowledge_point_proto(view))
 
     @rpc
+    async def ListKnowledgePoints(
+        self, request: rr.ListKnowledgePointsRequest, context: Ctx
+    ) -> rr.ListKnowledgePointsResponse:
+        """A page of the user's knowledge points, newest first (SPEC §9.2)."""
+        material_id = request.material_id if request.HasField("material_id") else None
+        views, token = await self._read(
+            lambda s: learning.list_knowledge_points(
+                s,
+                request.user_id,
+                material_id=material_id,
+                page_size_value=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return rr.ListKnowledgePointsResponse(
+            knowledge_points=[knowledge_point_proto(v) for v in views], next_page_token=token or ""
+        )
+
+    @rpc
+    async def DeleteKnowledgePoint(
+        self, request: rr.DeleteKnowledgePointRequest, context: Ctx
+    ) -> rr.DeleteKnowledgePointResponse:
+        """Delete one of the user's knowledge points; items naming it keep their text."""
+        await self._tx(
+            lambda s: learning.delete_knowledge_point(
+                s, request.user_id, request.knowledge_point_id
+            )
+        )
+        return rr.DeleteKnowledgePointResponse()
+
+    @rpc
+    async def DeleteResultItem(
+        self, request: rr.DeleteResultItemRequest, context: Ctx
+    ) -> rr.DeleteResultItemResponse:
+        """Delete one of the user's business items of one kind (SPEC §9.2)."""
+        kind = _kind(request.kind)
+        await self._tx(
+            lambda s: learning.delete_result_item(s, request.user_id, kind, request.item_id)
+        )
+        return rr.DeleteResultItemResponse()
+
+    @rpc
     async def RecordLearningEvents(
         self, request: rr.RecordLearningEventsRequest, context: Ctx
     ) -> rr.RecordLearningEventsResponse:
@@ -248,12 +305,7 @@ class LearningRpcs:
         self, request: rr.ListResultItemsRequest, context: Ctx
     ) -> rr.ListResultItemsResponse:
         """A page of the user's business rows of one kind, newest first."""
-        kind = RESULT_KINDS.get(request.kind)
-        if kind is None:
-            raise invalid_argument(
-                "kind must be one of analyses, weak_points, recommendations, questions, flashcards",
-                field="kind",
-            )
+        kind = _kind(request.kind)
         items, token = await self._read(
             lambda s: results.list_user_items(
                 s,

@@ -20,7 +20,9 @@ from tests.unit.job_service.conftest import TOKEN, create_schema, make_settings
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc
 
-DOC = "# Cells\n\nCells are the unit of life.\n\nMitochondria make ATP.\n\nRibosomes make proteins.\n"
+DOC = (
+    "# Cells\n\nCells are the unit of life.\n\nMitochondria make ATP.\n\nRibosomes make proteins.\n"
+)
 
 
 @dataclass
@@ -108,7 +110,9 @@ async def test_materials_list_newest_first_with_opaque_tokens(svc: Svc) -> None:
 
 async def test_material_blocks_paged_in_order(svc: Svc) -> None:
     m = await svc.material("u1")
-    whole = await svc.call("GetMaterial", rr.GetMaterialRequest(user_id="u1", material_id=m.material_id))
+    whole = await svc.call(
+        "GetMaterial", rr.GetMaterialRequest(user_id="u1", material_id=m.material_id)
+    )
     assert len(whole.material.blocks) == 4 and whole.next_blocks_page_token == ""
     got: list[str] = []
     token = ""
@@ -146,3 +150,182 @@ async def test_jobs_by_ids_in_the_order_asked(svc: Svc) -> None:
     assert resp.next_page_token == ""
     many = rr.ListJobsRequest(user_id="u1", job_ids=[f"j{i}" for i in range(101)])
     assert await code_of(svc.call("ListJobs", many)) == "INVALID_ARGUMENT"
+
+
+# ------------------------------------------------------------------ running jobs by hand
+
+FLASH = "flashcard_generation"
+
+
+def to_struct(value: dict[str, Any]) -> Any:
+    from google.protobuf import json_format, struct_pb2
+
+    return json_format.ParseDict(value, struct_pb2.Struct())
+
+
+async def claim(svc: Svc, job_type: str, instance: str = "w1") -> Any:
+    """Claim (and start) the one pending job of ``job_type``; returns the claimed Job."""
+    resp = await svc.call(
+        "ClaimJobs",
+        rr.ClaimJobsRequest(capabilities=[JOB_TYPE.to_proto(job_type)], limit=1),  # type: ignore[list-item]
+        instance,
+    )
+    assert len(resp.jobs) == 1
+    return resp.jobs[0]
+
+
+async def submit(svc: Svc, job: Any, output: dict[str, Any], instance: str = "w1") -> Any:
+    return await svc.call(
+        "SubmitResult",
+        rr.SubmitResultRequest(
+            job_id=job.job_id,
+            attempt_no=job.attempt_no,
+            prompt_version="v1",
+            output_schema_version="v1",
+            output=to_struct(output),
+        ),
+        instance,
+    )
+
+
+async def flashcards(svc: Svc, user: str, material: Any, kp_id: str | None, n: int = 2) -> Any:
+    """A flashcard job on ``material`` run to success: ``n`` cards citing its first block."""
+    job = await svc.create(user, "material", material.material_id, job_type=FLASH)
+    leased = await claim(svc, FLASH)
+    assert leased.job_id == job.job_id
+    block = material.blocks[0].block_id
+    items = [
+        {
+            "front": f"Q{i} {job.job_id}",
+            "back": "A",
+            "knowledgePointId": kp_id,
+            "sourceBlockIds": [block],
+        }
+        for i in range(n)
+    ]
+    await submit(svc, leased, {"items": items})
+    return job
+
+
+async def kp(svc: Svc, user: str, material: Any, name: str = "ATP") -> Any:
+    resp = await svc.call(
+        "CreateKnowledgePoint",
+        rr.CreateKnowledgePointRequest(
+            user_id=user,
+            material_id=material.material_id,
+            name=name,
+            block_ids=[material.blocks[1].block_id],
+        ),
+    )
+    return resp.knowledge_point
+
+
+async def result_items(svc: Svc, user: str, job_id: str) -> list[dict[str, Any]]:
+    from google.protobuf import json_format
+
+    resp = await svc.call("GetJobResult", rr.GetJobResultRequest(job_id=job_id, user_id=user))
+    return [json_format.MessageToDict(i) for i in resp.items]
+
+
+# ------------------------------------------------------------------ knowledge points and items
+
+
+async def test_knowledge_points_listed_by_material_and_paged(svc: Svc) -> None:
+    m1, m2 = await svc.material("u1"), await svc.material("u1", title="Two")
+    made = [(await kp(svc, "u1", m1, f"k{i}")).knowledge_point_id for i in range(3)]
+    other = (await kp(svc, "u1", m2, "elsewhere")).knowledge_point_id
+    page = await svc.call(
+        "ListKnowledgePoints",
+        rr.ListKnowledgePointsRequest(user_id="u1", material_id=m1.material_id, page_size=2),
+    )
+    assert [k.knowledge_point_id for k in page.knowledge_points] == [made[2], made[1]]
+    assert list(page.knowledge_points[0].block_ids) == [m1.blocks[1].block_id]
+    rest = await svc.call(
+        "ListKnowledgePoints",
+        rr.ListKnowledgePointsRequest(
+            user_id="u1", material_id=m1.material_id, page_size=2, page_token=page.next_page_token
+        ),
+    )
+    assert [k.knowledge_point_id for k in rest.knowledge_points] == [made[0]]
+    assert rest.next_page_token == ""
+    every = await svc.call("ListKnowledgePoints", rr.ListKnowledgePointsRequest(user_id="u1"))
+    assert [k.knowledge_point_id for k in every.knowledge_points] == [other, *reversed(made)]
+    theirs = rr.ListKnowledgePointsRequest(user_id="u2", material_id=m1.material_id)
+    assert await code_of(svc.call("ListKnowledgePoints", theirs)) == "NOT_FOUND"
+    none = await svc.call("ListKnowledgePoints", rr.ListKnowledgePointsRequest(user_id="u2"))
+    assert list(none.knowledge_points) == []
+
+
+async def test_deleting_a_knowledge_point_keeps_the_items_that_named_it(svc: Svc) -> None:
+    m = await svc.material("u1")
+    point = await kp(svc, "u1", m)
+    job = await flashcards(svc, "u1", m, point.knowledge_point_id)
+    before = await result_items(svc, "u1", job.job_id)
+    assert [i["knowledgePointId"] for i in before] == [point.knowledge_point_id] * 2
+    assert all(i["itemId"] == i["flashcardId"] for i in before)
+    theirs = rr.DeleteKnowledgePointRequest(
+        user_id="u2", knowledge_point_id=point.knowledge_point_id
+    )
+    assert await code_of(svc.call("DeleteKnowledgePoint", theirs)) == "NOT_FOUND"
+    mine = rr.DeleteKnowledgePointRequest(user_id="u1", knowledge_point_id=point.knowledge_point_id)
+    await svc.call("DeleteKnowledgePoint", mine)
+    after = await result_items(svc, "u1", job.job_id)
+    assert [i["front"] for i in after] == [i["front"] for i in before]
+    assert [i.get("knowledgePointId") for i in after] == [None, None]
+    assert await code_of(svc.call("DeleteKnowledgePoint", mine)) == "NOT_FOUND"
+    listed = await svc.call("ListKnowledgePoints", rr.ListKnowledgePointsRequest(user_id="u1"))
+    assert list(listed.knowledge_points) == []
+
+
+async def test_deleting_a_result_item(svc: Svc) -> None:
+    m = await svc.material("u1")
+    job = await flashcards(svc, "u1", m, None)
+    first, second = await result_items(svc, "u1", job.job_id)
+    kind = rr.RESULT_KIND_FLASHCARDS
+    theirs = rr.DeleteResultItemRequest(user_id="u2", kind=kind, item_id=first["itemId"])
+    assert await code_of(svc.call("DeleteResultItem", theirs)) == "NOT_FOUND"
+    wrong_kind = rr.DeleteResultItemRequest(
+        user_id="u1", kind=rr.RESULT_KIND_QUESTIONS, item_id=first["itemId"]
+    )
+    assert await code_of(svc.call("DeleteResultItem", wrong_kind)) == "NOT_FOUND"
+    mine = rr.DeleteResultItemRequest(user_id="u1", kind=kind, item_id=first["itemId"])
+    await svc.call("DeleteResultItem", mine)
+    assert [i["itemId"] for i in await result_items(svc, "u1", job.job_id)] == [second["itemId"]]
+    listed = await svc.call("ListResultItems", rr.ListResultItemsRequest(user_id="u1", kind=kind))
+    assert len(listed.items) == 1
+    assert await code_of(svc.call("DeleteResultItem", mine)) == "NOT_FOUND"
+
+
+# ------------------------------------------------------------------ migration 0009
+
+
+def test_migration_0009_matches_the_models(db_url: str) -> None:
+    """After ``upgrade head`` the new table and the nullable column are as the models
+    say; down to 0008 and up again works."""
+    from alembic import command
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import create_engine
+    from sqlalchemy.engine import make_url
+
+    from job_service.migrate import alembic_config
+    from job_service.store.base import Base
+
+    cfg = alembic_config(db_url)
+    command.upgrade(cfg, "head")
+    command.downgrade(cfg, "0008")
+    command.upgrade(cfg, "head")
+    sync = make_url(db_url)
+    dialect = sync.drivername.split("+")[0]
+    engine = create_engine(sync.set(drivername="mysql+pymysql" if dialect == "mysql" else dialect))
+    try:
+        with engine.connect() as conn:
+            diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+    finally:
+        engine.dispose()
+    mine = [
+        d
+        for d in diffs
+        if "ai_runtime_erased_usage" in repr(d) or "'knowledge_point_id'" in repr(d)
+    ]
+    assert mine == []
