@@ -158,6 +158,23 @@ async def get_material(
     return convert.material_json(resp.material, resp.next_blocks_page_token)
 
 
+@router.delete("/materials/{materialId}", status_code=204)
+async def delete_material(
+    principal: UserPrincipal,
+    call: Backend,
+    materialId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's materials (SPEC §9.2): its blocks, knowledge points,
+    the learning events on it, every snapshot built from it and every business row
+    citing it go; its pending jobs are cancelled, leased ones asked to cancel (a
+    result still sent for them writes nothing). Job rows stay. Another's → 404."""
+    await call(
+        call.job.DeleteMaterial,
+        rr.DeleteMaterialRequest(user_id=principal.user_id, material_id=materialId),
+    )
+    return Response(status_code=204)
+
+
 @router.post("/knowledge-points", status_code=201, response_model=KnowledgePointOut)
 async def create_knowledge_point(
     principal: UserPrincipal, call: Backend, body: KnowledgePointCreate

@@ -202,6 +202,17 @@ class LearningRpcs:
         return rr.CreateKnowledgePointResponse(knowledge_point=knowledge_point_proto(view))
 
     @rpc
+    async def DeleteMaterial(
+        self, request: rr.DeleteMaterialRequest, context: Ctx
+    ) -> rr.DeleteMaterialResponse:
+        """Delete one of the user's materials and everything built from it; its live jobs
+        are cancelled or asked to cancel (``DELETE /v1/materials/{id}``, SPEC §9.2)."""
+        ended = await self.domain.delete_material(request.user_id, request.material_id)
+        return rr.DeleteMaterialResponse(
+            cancelled=ended.cancelled, cancel_requested=ended.cancel_requested
+        )
+
+    @rpc
     async def ListKnowledgePoints(
         self, request: rr.ListKnowledgePointsRequest, context: Ctx
     ) -> rr.ListKnowledgePointsResponse:

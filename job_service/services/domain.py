@@ -47,6 +47,7 @@ from job_service.services.inputs import (
 )
 from job_service.services.leases import Leases
 from job_service.services.ports import CredentialChecker, LearningPort, SnapshotView
+from job_service.services.removal import EndedJobs, Removal
 from job_service.services.views import Views
 from job_service.settings import JobServiceSettings
 from job_service.store.clock import DbClock
@@ -88,6 +89,7 @@ class JobDomain:
         self.completion = Completion(self.core, self.claiming, self.accounting)
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
+        self.removal = Removal(self.core, self.admission)
 
     # the shared parts, as tests and the app reach them
     @property
@@ -350,6 +352,10 @@ class JobDomain:
             page_size=page_size,
             page_token=page_token,
         )
+
+    async def delete_material(self, user_id: str, material_id: str) -> EndedJobs:
+        """:meth:`Removal.delete_material`."""
+        return await self.removal.delete_material(user_id, material_id)
 
     async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
         """:meth:`Views.jobs_by_ids`."""

@@ -114,6 +114,25 @@ def live_jobs_of_user(clock: DbClock) -> Any:
     return _for_update(clock, stmt)
 
 
+def jobs_of_material(
+    clock: DbClock,
+    *,
+    user_id: str,
+    targets: Sequence[tuple[str, str]],
+    snapshot_ids: Sequence[str],
+) -> Any:
+    """``(jobId, status, attemptNo)`` of the user's jobs on any of ``targets``
+    (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the jobs a
+    material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
+    on = [and_(jobs.c.target_type == t, jobs.c.target_id == i) for t, i in targets]
+    if snapshot_ids:
+        on.append(jobs.c.snapshot_id.in_(list(snapshot_ids)))
+    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+        jobs.c.user_id == user_id, or_(*on)
+    )
+    return _for_update(clock, stmt)
+
+
 # ------------------------------------------------------------- admission
 
 

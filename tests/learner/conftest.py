@@ -33,7 +33,15 @@ DOC = (
     "The Calvin cycle fixes carbon dioxide into sugar.\n"
 )
 
-__all__ = ["DOC", "PARKED_TYPE", "Learner", "System", "user_id", "wait_terminal"]
+__all__ = [
+    "DOC",
+    "PARKED_TYPE",
+    "Learner",
+    "System",
+    "logical_dump",
+    "user_id",
+    "wait_terminal",
+]
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")
@@ -66,6 +74,30 @@ async def mariadb_system(tmp_path_factory: pytest.TempPathFactory) -> AsyncItera
     finally:
         drop_job()
         drop_cred()
+
+
+def logical_dump(sys_: System) -> str:
+    """Both databases as a logical dump: every row of every table (SQLite's
+    ``iterdump``, MariaDB's rows); not the files' free pages or WAL frames."""
+    import sqlite3
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from tests.security.conftest import mysql_dump
+
+    parts: list[str] = []
+    for url in (sys_.job_db, sys_.credential_db):
+        if url.startswith("sqlite"):
+            path = Path(make_url(url).database or "")
+            conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                parts.extend(conn.iterdump())
+            finally:
+                conn.close()
+        else:
+            parts.append(mysql_dump(url))
+    return "\n".join(parts)
 
 
 class Learner:

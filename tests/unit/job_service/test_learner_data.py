@@ -296,6 +296,87 @@ async def test_deleting_a_result_item(svc: Svc) -> None:
     assert await code_of(svc.call("DeleteResultItem", mine)) == "NOT_FOUND"
 
 
+# ------------------------------------------------------------------ deleting a material
+
+OTHER_DOC = "# Rivers\n\nRivers carve valleys over time.\n\nDeltas form at river mouths.\n"
+
+
+async def dump(svc: Svc) -> str:
+    """Every row of every job_service table, as text."""
+    from sqlalchemy import select
+
+    from job_service.store.base import Base
+
+    parts: list[str] = []
+    async with svc.app.domain.sessions() as session:
+        for table in Base.metadata.sorted_tables:
+            for row in (await session.execute(select(table))).all():
+                parts.append(f"{table.name}: {row!r}")
+    return "\n".join(parts)
+
+
+async def read_event(svc: Svc, user: str, material: Any, n: int = 0) -> None:
+    from airuntime_common.enums import LEARNING_EVENT_TYPE
+    from zhixi.airuntime.job.v1 import message_pb2 as msg
+
+    event = msg.LearningEvent(
+        event_id=f"ev-{material.material_id}-{n}",
+        type=LEARNING_EVENT_TYPE.to_proto("reading"),  # type: ignore[arg-type]
+        material_id=material.material_id,
+        block_id=material.blocks[0].block_id,
+        dwell_seconds=30.0,
+    )
+    await svc.call(
+        "RecordLearningEvents", rr.RecordLearningEventsRequest(user_id=user, events=[event])
+    )
+
+
+async def test_deleting_a_material_takes_what_was_built_from_it(svc: Svc) -> None:
+    m = await svc.material("u1")
+    kept = await svc.material("u1", title="Rivers", content=OTHER_DOC)
+    point = await kp(svc, "u1", m)
+    await read_event(svc, "u1", m)
+    await read_event(svc, "u1", kept)
+    done = await flashcards(svc, "u1", m, point.knowledge_point_id)
+    untouched = await flashcards(svc, "u1", kept, None)
+    leased_job = await svc.create("u1", "material", m.material_id, job_type=FLASH)
+    leased = await claim(svc, FLASH, "w2")
+    assert leased.job_id == leased_job.job_id
+    pending = await svc.create("u1", "knowledge_point", point.knowledge_point_id, job_type=FLASH)
+    on_user = await svc.create("u1", "user", "u1")  # its snapshot holds the material's blocks
+    theirs = rr.DeleteMaterialRequest(user_id="u2", material_id=m.material_id)
+    assert await code_of(svc.call("DeleteMaterial", theirs)) == "NOT_FOUND"
+
+    ended = await svc.call(
+        "DeleteMaterial", rr.DeleteMaterialRequest(user_id="u1", material_id=m.material_id)
+    )
+    assert (ended.cancelled, ended.cancel_requested) == (2, 1)
+
+    async def status(job_id: str) -> Any:
+        return (await svc.call("GetJob", rr.GetJobRequest(job_id=job_id, user_id="u1"))).job
+
+    assert (await status(pending.job_id)).status == (await status(on_user.job_id)).status
+    assert (await status(leased_job.job_id)).cancel_requested
+    late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
+    assert await code_of(submit(svc, leased, late, "w2")) == "INVALID_JOB_STATE"
+    after = await status(leased_job.job_id)
+    from airuntime_common.enums import JOB_STATUS
+
+    assert JOB_STATUS.to_str(after.status) == "cancelled"
+    assert JOB_STATUS.to_str((await status(pending.job_id)).status) == "cancelled"
+    assert JOB_STATUS.to_str((await status(done.job_id)).status) == "succeeded"  # rows stay
+    assert await result_items(svc, "u1", done.job_id) == []
+    assert len(await result_items(svc, "u1", untouched.job_id)) == 2
+    text = await dump(svc)
+    for sentence in ("Mitochondria make ATP", "Ribosomes make proteins", "late"):
+        assert sentence not in text
+    assert "Deltas form at river mouths" in text
+    listed = await svc.call("ListMaterials", rr.ListMaterialsRequest(user_id="u1"))
+    assert [x.material_id for x in listed.materials] == [kept.material_id]
+    again = rr.DeleteMaterialRequest(user_id="u1", material_id=m.material_id)
+    assert await code_of(svc.call("DeleteMaterial", again)) == "NOT_FOUND"
+
+
 # ------------------------------------------------------------------ migration 0009
 
 
