@@ -162,7 +162,7 @@ class AuthorizationPut(Body):
 
 
 class RerunBody(Body):
-    """``POST /admin/ai/jobs/{jobId}/rerun``."""
+    """``POST /admin/ai/jobs/{jobId}/rerun`` and ``POST /v1/ai/jobs/{jobId}/retry``."""
 
     rebuildSnapshot: bool = False
 

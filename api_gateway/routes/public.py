@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 
 from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
 from airuntime_common.errors import AppError, ErrorCode
@@ -17,7 +17,7 @@ from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, UserPrincipal
 from api_gateway.headers import IdempotencyKeyHeader
-from api_gateway.jobs import create_job
+from api_gateway.jobs import check_idempotency_key, create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
@@ -39,6 +39,7 @@ from api_gateway.schemas import (
     MaterialCreate,
     MaterialList,
     MaterialOut,
+    RerunBody,
     ResultItems,
     ResultKind,
     RevokeOut,
@@ -361,6 +362,47 @@ async def cancel_ai_job(principal: UserPrincipal, call: Backend, jobId: JobId) -
         call.job.CancelJob,
         rr.CancelJobRequest(job_id=jobId, user_id=principal.user_id, actor=principal.actor),
     )
+    return convert.job_json(resp.job)
+
+
+@router.post(
+    "/ai/jobs/{jobId}/retry",
+    status_code=201,
+    response_model=JobOut,
+    responses=REPLAYED,
+)
+async def retry_ai_job(
+    principal: UserPrincipal,
+    call: Backend,
+    jobId: JobId,
+    response: Response,
+    body: Annotated[RerunBody | None, Body()] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> dict[str, Any]:
+    """Retry one of the caller's failed jobs as a new job with ``retriedFromJobId``
+    (SPEC §9.2): 201, or 200 + ``Idempotent-Replayed`` on a repeat of the key.
+
+    Only from ``failed`` (else 409 ``INVALID_JOB_STATE``); every check of a create
+    applies (403 ``AI_NOT_AUTHORIZED``, 422 ``INVALID_CREDENTIAL``, 429 quota and
+    budget, 503 breaker). Another user's job → 404 ``JOB_NOT_FOUND``.
+    """
+    req = rr.RerunJobRequest(
+        job_id=jobId,
+        rebuild_snapshot=bool(body and body.rebuildSnapshot),
+        actor=principal.actor,
+        user_id=principal.user_id,
+    )
+    key = check_idempotency_key(idempotency_key)
+    if key is not None:
+        req.idempotency_key = key
+    if principal.plan:
+        req.plan = principal.plan
+    resp = await call(call.job.RerunJob, req)
+    if resp.replayed:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        response.status_code = 201
     return convert.job_json(resp.job)
 
 

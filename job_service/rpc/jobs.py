@@ -15,7 +15,7 @@ from job_service.rpc.convert import (
     job_to_proto,
 )
 from job_service.services.domain import JobDomain
-from job_service.services.inputs import CreateJobInput
+from job_service.services.inputs import CreateJobInput, RetryInput
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 
@@ -88,13 +88,21 @@ class JobRpcs:
 
     @rpc
     async def RerunJob(self, request: rr.RerunJobRequest, context: Ctx) -> rr.RerunJobResponse:
-        job = await self.domain.rerun(
-            job_id_of(request.job_id),
-            rebuild_snapshot=request.rebuild_snapshot,
-            actor=request.actor or "admin",
-            trace_parent=tracing.job_trace_parent(context),
+        user_id = request.user_id if request.HasField("user_id") else None
+        job, replayed = await self.domain.retry(
+            RetryInput(
+                job_id_of(request.job_id),
+                rebuild_snapshot=request.rebuild_snapshot,
+                actor=request.actor or (f"user:{user_id}" if user_id else "admin"),
+                user_id=user_id,
+                idempotency_key=request.idempotency_key
+                if request.HasField("idempotency_key")
+                else None,
+                plan=request.plan if request.HasField("plan") else None,
+                trace_parent=tracing.job_trace_parent(context),
+            )
         )
-        return rr.RerunJobResponse(job=job_to_proto(job))
+        return rr.RerunJobResponse(job=job_to_proto(job), replayed=replayed)
 
     @rpc
     async def GetAiAuthorization(

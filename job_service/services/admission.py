@@ -25,7 +25,7 @@ from job_service import metrics
 from job_service.lifecycle import FAILED, PENDING
 from job_service.maintenance import breaker
 from job_service.services.core import Core, new_id
-from job_service.services.inputs import CreateJobInput
+from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
@@ -158,23 +158,62 @@ class Admission:
                 INVALID_CREDENTIAL, PLATFORM_CIRCUIT_OPEN, PLATFORM_BUDGET_EXCEEDED,
                 NOT_FOUND (target gone, when rebuilding).
         """
+        job, _ = await self.retry(
+            RetryInput(job_id, rebuild_snapshot, actor or "admin", trace_parent=trace_parent)
+        )
+        return job
+
+    async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
+        """Re-run a failed job as a new one (SPEC §2.3 admin re-run, §9.2 user retry).
+
+        With ``req.user_id`` (``POST /v1/ai/jobs/{id}/retry``) the job must be that
+        user's and the new job is held to their daily quota (``req.plan``) as a create
+        is; ``req.idempotency_key`` makes a repeat answer the original new job (scope
+        as a create's: user, type, target, key). A snapshot that no longer exists
+        (its material was deleted) is rebuilt, as with ``rebuild_snapshot``.
+
+        Returns:
+            ``(job, replayed)``.
+
+        Raises:
+            AppError: as :meth:`rerun`, and QUOTA_EXCEEDED; INVALID_ARGUMENT for a bad key.
+        """
         # A failed job is terminal: what this read sees of it cannot change.
         async with self.core.store.sessions() as session:
-            old = await self.core.must_get_job(session, job_id)
+            old = await self.core.must_get_job(session, req.job_id, user_id=req.user_id)
+        scope = None
+        if req.idempotency_key is not None:
+            scope = CreateJobInput(
+                old.user_id, old.job_type, old.target_type, old.target_id,
+                idempotency_key=req.idempotency_key,
+            )  # fmt: skip
+            _check_request(scope)
+            existing = await self.by_scope(scope)
+            if existing is not None:
+                return existing, True
         if old.status != FAILED:
             raise AppError(
                 ErrorCode.INVALID_JOB_STATE,
                 "only failed jobs can be re-run",
-                {"jobId": job_id, "status": old.status},
+                {"jobId": req.job_id, "status": old.status},
             )
         credential_id = await self.core.credentials.check(old.user_id, old.api_key_mode)
         await self.ensure_admission_row(old.user_id)
+        quota = self.plan_quota(req.plan) if req.user_id is not None else 0
 
-        async def body(session: AsyncSession) -> JobRecord:
+        async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
             platform = old.api_key_mode == "platform_key"
-            await self.admit(session, old.user_id, scope=None, quota=0, platform=platform)
+            found = await self.admit(
+                session, old.user_id, scope=scope, quota=quota, platform=platform
+            )
+            if found is not None:
+                return found, True
             snapshot_id = old.snapshot_id
-            if rebuild_snapshot or not snapshot_id:
+            if (
+                req.rebuild_snapshot
+                or not snapshot_id
+                or not await self.core.learning.snapshot_stored(session, snapshot_id)
+            ):
                 snapshot_id = await self.core.learning.build_snapshot(
                     session,
                     user_id=old.user_id,
@@ -185,15 +224,22 @@ class Admission:
                 )
             new = NewJob(
                 new_id(), old.user_id, old.job_type, old.target_type, old.target_id,
-                snapshot_id, old.params, old.api_key_mode, credential_id, None,
+                snapshot_id, old.params, old.api_key_mode, credential_id, req.idempotency_key,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
-                old.model_provider, old.model_name, trace_parent,
+                old.model_provider, old.model_name, req.trace_parent,
             )  # fmt: skip
-            return await self.insert_job(session, new, actor=actor or "admin")
+            return await self.insert_job(session, new, actor=req.actor), False
 
-        job = await self.core.store.tx(body)
-        self.created(job)
-        return job
+        try:
+            job, replayed = await self.core.store.tx(body)
+        except IntegrityError:
+            existing = await self.by_scope(scope) if scope is not None else None
+            if existing is None:
+                raise
+            return existing, True
+        if not replayed:
+            self.created(job)
+        return job, replayed
 
     def created(self, job: JobRecord) -> None:
         """After a new job committed: count it, wake this process's long polls, log it."""
@@ -285,9 +331,13 @@ class Admission:
 
     def quota(self, req: CreateJobInput) -> int:
         """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""
+        return self.plan_quota(req.plan)
+
+    def plan_quota(self, plan: str | None) -> int:
+        """The daily job quota of a user on ``plan``: the plan's, else the default (0 = none)."""
         plans = self.core.settings.PLAN_DAILY_JOB_QUOTAS
-        if req.plan and req.plan in plans:
-            return plans[req.plan]
+        if plan and plan in plans:
+            return plans[plan]
         return self.core.settings.USER_DAILY_JOB_QUOTA
 
     def check_budget(self, spent: Any) -> None:

@@ -43,6 +43,7 @@ from job_service.services.inputs import (
     LeaseAnswer,
     LeaseHolderView,
     ModelCallInput,
+    RetryInput,
     SubmitOutcome,
 )
 from job_service.services.leases import Leases
@@ -158,6 +159,10 @@ class JobDomain:
         return await self.admission.rerun(
             job_id, rebuild_snapshot=rebuild_snapshot, actor=actor, trace_parent=trace_parent
         )
+
+    async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
+        """:meth:`Admission.retry`."""
+        return await self.admission.retry(req)
 
     async def get_authorization(self, user_id: str) -> AuthorizationView:
         """:meth:`Authorization.get`."""

@@ -60,16 +60,27 @@ class Svc:
         return (await self.call("CreateJob", req)).job
 
 
+async def start_svc(db_url: str, **overrides: Any) -> Svc:
+    app = await serve(
+        make_settings(db_url, **overrides), credentials=AllowAllCredentials(), start_metrics=False
+    )
+    channel = grpc.aio.insecure_channel(app.address)
+    return Svc(app, channel, service_pb2_grpc.JobServiceStub(channel))
+
+
+async def stop_svc(svc: Svc) -> None:
+    await svc.channel.close()
+    await svc.app.stop(grace=0.1)
+
+
 @pytest.fixture
 async def svc(db_url: str) -> AsyncIterator[Svc]:
     await create_schema(db_url)
-    app = await serve(make_settings(db_url), credentials=AllowAllCredentials(), start_metrics=False)
-    channel = grpc.aio.insecure_channel(app.address)
+    one = await start_svc(db_url)
     try:
-        yield Svc(app, channel, service_pb2_grpc.JobServiceStub(channel))
+        yield one
     finally:
-        await channel.close()
-        await app.stop(grace=0.1)
+        await stop_svc(one)
 
 
 async def code_of(coro: Any) -> str:
@@ -375,6 +386,78 @@ async def test_deleting_a_material_takes_what_was_built_from_it(svc: Svc) -> Non
     assert [x.material_id for x in listed.materials] == [kept.material_id]
     again = rr.DeleteMaterialRequest(user_id="u1", material_id=m.material_id)
     assert await code_of(svc.call("DeleteMaterial", again)) == "NOT_FOUND"
+
+
+# ------------------------------------------------------------------ retry
+
+
+async def failed_job(svc: Svc, user: str, target_type: str, target_id: str) -> Any:
+    """A job run once and failed with a final code."""
+    job = await svc.create(user, target_type, target_id)
+    leased = await claim(svc, "learning_state_analysis")
+    assert leased.job_id == job.job_id
+    await svc.call(
+        "FailJob",
+        rr.FailJobRequest(
+            job_id=job.job_id,
+            attempt_no=leased.attempt_no,
+            error_code="MODEL_BAD_REQUEST",
+            error_message="bad",
+        ),
+        "w1",
+    )
+    return job
+
+
+def retry_req(job_id: str, user: str | None = "u1", **kw: Any) -> Any:
+    req = rr.RerunJobRequest(job_id=job_id, **kw)
+    if user is not None:
+        req.user_id = user
+    return req
+
+
+async def test_user_retry_of_a_failed_job(svc: Svc) -> None:
+    failed = await failed_job(svc, "u1", "user", "u1")
+    pending = await svc.create("u1", "user", "u1")
+    assert await code_of(svc.call("RerunJob", retry_req(pending.job_id))) == "INVALID_JOB_STATE"
+    theirs = retry_req(failed.job_id, "u2")
+    assert await code_of(svc.call("RerunJob", theirs)) == "JOB_NOT_FOUND"
+    assert await code_of(svc.call("RerunJob", retry_req("nope"))) == "JOB_NOT_FOUND"
+    first = await svc.call("RerunJob", retry_req(failed.job_id, idempotency_key="k1"))
+    assert not first.replayed
+    assert first.job.retried_from_job_id == failed.job_id
+    assert first.job.snapshot_id == failed.snapshot_id
+    again = await svc.call("RerunJob", retry_req(failed.job_id, idempotency_key="k1"))
+    assert again.replayed and again.job.job_id == first.job.job_id
+    other = await svc.call("RerunJob", retry_req(failed.job_id, rebuild_snapshot=True))
+    assert not other.replayed and other.job.job_id != first.job.job_id
+    await svc.call("SetAiAuthorization", rr.SetAiAuthorizationRequest(user_id="u1", granted=False))
+    assert await code_of(svc.call("RerunJob", retry_req(failed.job_id))) == "AI_NOT_AUTHORIZED"
+
+
+async def test_user_retry_is_held_to_the_daily_quota(db_url: str) -> None:
+    await create_schema(db_url)
+    one = await start_svc(db_url, USER_DAILY_JOB_QUOTA=2)
+    try:
+        failed = await failed_job(one, "u1", "user", "u1")
+        await one.create("u1", "user", "u1")
+        assert await code_of(one.call("RerunJob", retry_req(failed.job_id))) == "QUOTA_EXCEEDED"
+        admin = await one.call("RerunJob", retry_req(failed.job_id, user=None))  # not held
+        assert admin.job.retried_from_job_id == failed.job_id
+    finally:
+        await stop_svc(one)
+
+
+async def test_retry_rebuilds_a_snapshot_whose_material_was_deleted(svc: Svc) -> None:
+    m = await svc.material("u1")
+    on_user = await failed_job(svc, "u1", "user", "u1")
+    on_material = await failed_job(svc, "u1", "material", m.material_id)
+    await svc.call(
+        "DeleteMaterial", rr.DeleteMaterialRequest(user_id="u1", material_id=m.material_id)
+    )
+    retried = await svc.call("RerunJob", retry_req(on_user.job_id))
+    assert retried.job.snapshot_id and retried.job.snapshot_id != on_user.snapshot_id
+    assert await code_of(svc.call("RerunJob", retry_req(on_material.job_id))) == "NOT_FOUND"
 
 
 # ------------------------------------------------------------------ migration 0009

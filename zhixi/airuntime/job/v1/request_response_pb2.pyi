@@ -141,10 +141,12 @@ class RerunJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rebuild_snapshot: _Optional[bool] = ..., actor: _Optional[str] = ..., user_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
 
 class RerunJobResponse(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "replayed")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     job: _message_pb2_1.Job
-    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class GetJobResultRequest(_message.Message):
     __slots__ = ("job_id", "user_id")
