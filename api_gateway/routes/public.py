@@ -464,6 +464,21 @@ async def delete_result_item(
 # ------------------------------------------------------------------ the caller's settings
 
 
+@router.delete("/me", status_code=204)
+async def erase_me(principal: UserPrincipal, call: Backend) -> Response:
+    """Erase the caller (SPEC §9.2, the right to erasure): their jobs are ended and
+    removed, every row of theirs in both services' databases is deleted (materials,
+    blocks, knowledge points, events, snapshots, results, plans, AI switch, model
+    key); cost and that day's quota use stay under a one-way pseudonym. 204 once
+    erased; idempotent (again → 204). The same token then sees an empty account."""
+    await call(call.job.EraseUser, rr.EraseUserRequest(user_id=principal.user_id))
+    await call(
+        call.credential.EraseUserCredentials,
+        cred_rr.EraseUserCredentialsRequest(user_id=principal.user_id),
+    )
+    return Response(status_code=204)
+
+
 @router.put("/me/model-credential", response_model=CredentialOut)
 async def put_model_credential(
     principal: UserPrincipal, call: Backend, body: CredentialPut

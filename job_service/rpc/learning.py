@@ -122,8 +122,9 @@ def event_from_proto(index: int, ev: msg.LearningEvent) -> learning.LearningEven
 
 
 class LearningRpcs:
-    """``CreateMaterial, GetMaterial, CreateKnowledgePoint, RecordLearningEvents,
-    GetJobResult, ListResultItems``."""
+    """``CreateMaterial, GetMaterial, ListMaterials, DeleteMaterial, CreateKnowledgePoint,
+    ListKnowledgePoints, DeleteKnowledgePoint, RecordLearningEvents, GetJobResult,
+    ListResultItems, DeleteResultItem, EraseUser``."""
 
     domain: JobDomain
 
@@ -210,6 +211,16 @@ class LearningRpcs:
         ended = await self.domain.delete_material(request.user_id, request.material_id)
         return rr.DeleteMaterialResponse(
             cancelled=ended.cancelled, cancel_requested=ended.cancel_requested
+        )
+
+    @rpc
+    async def EraseUser(self, request: rr.EraseUserRequest, context: Ctx) -> rr.EraseUserResponse:
+        """Erase every row of the user in job_service (``DELETE /v1/me``, SPEC §9.2)."""
+        erased = await self.domain.erase_user(request.user_id)
+        return rr.EraseUserResponse(
+            cancelled=erased.cancelled,
+            cancel_requested=erased.cancel_requested,
+            jobs_removed=erased.jobs_removed,
         )
 
     @rpc

@@ -27,6 +27,7 @@ from job_service.maintenance import breaker
 from job_service.services.core import Core, new_id
 from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
+from job_service.services.pseudonyms import pseudonym, pseudonym_key
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
 from job_service.store.engine import DbExec
@@ -75,6 +76,8 @@ class Admission:
         self.core = core
         #: users whose admission lock row is known to exist (MySQL/MariaDB)
         self.admission_rows: LruCache[str, bool] = LruCache(ADMISSION_ROWS_KNOWN)
+        #: the key of erased users' pseudonyms (their day's jobs still count, SPEC §9.2)
+        self.pseudonym_key = pseudonym_key(core.settings)
 
     async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
         """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).
@@ -311,7 +314,10 @@ class Admission:
         if scope is not None and scope.idempotency_key is not None:
             found = batch.add(st.scope_job.sql(clock, _scope_params(scope)))
         granted = batch.add(st.ai_granted.sql(clock, user))
-        used = batch.add(st.jobs_created_today.sql(clock, user)) if quota > 0 else None
+        used = None
+        if quota > 0:
+            counted = {**user, "a_pseudonym": pseudonym(self.pseudonym_key, user_id)}
+            used = batch.add(st.jobs_created_today.sql(clock, counted))
         spent = state = None
         if platform:
             spent = batch.add(st.platform_spent_today.sql(clock, {}))

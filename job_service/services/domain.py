@@ -36,6 +36,7 @@ from job_service.services.cancellation import Cancellation
 from job_service.services.claiming import Claiming, check_poll_args
 from job_service.services.completion import Completion
 from job_service.services.core import Core
+from job_service.services.erasure import Erased, Erasure
 from job_service.services.inputs import (
     AuthorizationView,
     ClaimNext,
@@ -91,6 +92,7 @@ class JobDomain:
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
         self.removal = Removal(self.core, self.admission)
+        self.erasure = Erasure(self.core, self.admission)
 
     # the shared parts, as tests and the app reach them
     @property
@@ -361,6 +363,10 @@ class JobDomain:
     async def delete_material(self, user_id: str, material_id: str) -> EndedJobs:
         """:meth:`Removal.delete_material`."""
         return await self.removal.delete_material(user_id, material_id)
+
+    async def erase_user(self, user_id: str) -> Erased:
+        """:meth:`Erasure.erase_user`."""
+        return await self.erasure.erase_user(user_id)
 
     async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
         """:meth:`Views.jobs_by_ids`."""

@@ -23,6 +23,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
     insert,
     or_,
@@ -40,6 +41,7 @@ from job_service.store.records import RESULT_FACTS
 from job_service.store.tables import (
     admission_locks,
     authorizations,
+    erased_usage,
     events,
     invocations,
     jobs,
@@ -165,15 +167,68 @@ def ai_granted(clock: DbClock) -> Any:
 
 @Statement
 def jobs_created_today(clock: DbClock) -> Any:
-    """How many jobs the user (``a_user``) created since the database's UTC midnight."""
+    """How many jobs the user (``a_user``) created since the database's UTC midnight,
+    with the day's jobs of an erased user of the same id (pseudonym ``a_pseudonym``,
+    SPEC §9.2: erasing does not reset a quota), one row read by primary key."""
+    erased = (
+        select(erased_usage.c.jobs)
+        .where(
+            erased_usage.c.pseudonym == bindparam("a_pseudonym", type_=String()),
+            erased_usage.c.day == clock.today(),
+        )
+        .scalar_subquery()
+    )
     return (
-        select(func.count())
+        select(func.count() + func.coalesce(erased, 0))
         .select_from(jobs)
         .where(
             jobs.c.user_id == bindparam("a_user", type_=String()),
             jobs.c.created_at >= clock.day_start(),
         )
     )
+
+
+@Statement
+def add_erased_usage(clock: DbClock) -> Any:
+    """Upsert adding ``jobs`` to today's erased-usage row of ``pseudonym`` (SPEC §9.2)."""
+    from job_service.learning.common import adding_upsert
+
+    return adding_upsert(
+        clock.dialect,
+        erased_usage,
+        keys=("pseudonym", "day"),
+        add=("jobs",),
+        values={"day": clock.today()},
+    )
+
+
+def jobs_of_user(clock: DbClock, user_id: str) -> Any:
+    """``(jobId, status, attemptNo, createdToday)`` of every job of the user, locked:
+    an erasure's read (SPEC §9.2)."""
+    today = case((jobs.c.created_at >= clock.day_start(), 1), else_=0)
+    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no, today).where(
+        jobs.c.user_id == user_id
+    )
+    return _for_update(clock, stmt)
+
+
+def erase_jobs(user_id: str, job_ids: Sequence[str], pseudonym: str) -> list[Any]:
+    """An erasure's writes on the job tables, in order (SPEC §9.2): the invocation logs
+    of ``job_ids`` keep tokens and cost under ``pseudonym`` (as their ``job_id``, no
+    credential), then the jobs' events, the user's jobs, AI switch and admission row go."""
+    ids = list(job_ids)
+    out: list[Any] = []
+    if ids:
+        out.append(
+            update(invocations)
+            .where(invocations.c.job_id.in_(ids))
+            .values(job_id=pseudonym, credential_id=None)
+        )
+        out.append(delete(events).where(events.c.job_id.in_(ids)))
+    out.append(delete(jobs).where(jobs.c.user_id == user_id))
+    out.append(delete(authorizations).where(authorizations.c.user_id == user_id))
+    out.append(delete(admission_locks).where(admission_locks.c.user_id == user_id))
+    return out
 
 
 @Statement

@@ -33,6 +33,9 @@ DOC = (
     "The Calvin cycle fixes carbon dioxide into sugar.\n"
 )
 
+#: ``USER_DAILY_JOB_QUOTA`` of :func:`mariadb_system` (its erasure test counts on it).
+MARIADB_DAILY_QUOTA = 6
+
 __all__ = [
     "DOC",
     "PARKED_TYPE",
@@ -65,7 +68,11 @@ async def mariadb_system(tmp_path_factory: pytest.TempPathFactory) -> AsyncItera
     try:
         sys_ = await start_system(
             tmp_path_factory.mktemp("learner-mariadb"),
-            {"DATABASE_URL": job_db, "CREDENTIAL_DATABASE_URL": cred_db},
+            {
+                "DATABASE_URL": job_db,
+                "CREDENTIAL_DATABASE_URL": cred_db,
+                "USER_DAILY_JOB_QUOTA": str(MARIADB_DAILY_QUOTA),
+            },
         )
         try:
             yield sys_

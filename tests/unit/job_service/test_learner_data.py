@@ -185,6 +185,20 @@ async def claim(svc: Svc, job_type: str, instance: str = "w1") -> Any:
     return resp.jobs[0]
 
 
+def model_call(tokens: int = 1000) -> Any:
+    from zhixi.airuntime.job.v1 import message_pb2 as msg
+
+    return msg.ModelCall(
+        model_provider="deepseek",
+        model_name="deepseek-chat",
+        api_key_mode=API_KEY_MODE.to_proto("platform_key"),  # type: ignore[arg-type]
+        prompt_tokens=tokens,
+        completion_tokens=tokens // 2,
+        latency_ms=5,
+        outcome="succeeded",
+    )
+
+
 async def submit(svc: Svc, job: Any, output: dict[str, Any], instance: str = "w1") -> Any:
     return await svc.call(
         "SubmitResult",
@@ -194,6 +208,7 @@ async def submit(svc: Svc, job: Any, output: dict[str, Any], instance: str = "w1
             prompt_version="v1",
             output_schema_version="v1",
             output=to_struct(output),
+            invocations=[model_call()],
         ),
         instance,
     )
@@ -458,6 +473,86 @@ async def test_retry_rebuilds_a_snapshot_whose_material_was_deleted(svc: Svc) ->
     retried = await svc.call("RerunJob", retry_req(on_user.job_id))
     assert retried.job.snapshot_id and retried.job.snapshot_id != on_user.snapshot_id
     assert await code_of(svc.call("RerunJob", retry_req(on_material.job_id))) == "NOT_FOUND"
+
+
+# ------------------------------------------------------------------ erasure
+
+ERASED = "learner-erase-q7zk"
+
+
+async def costs(svc: Svc) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    today = datetime.now(UTC).date()
+    resp = await svc.call(
+        "GetCosts",
+        rr.GetCostsRequest(
+            from_date=str(today - timedelta(days=1)),
+            to_date=str(today + timedelta(days=1)),
+            group_by="apiKeyMode",
+        ),
+    )
+    return [(r.key, r.calls, r.prompt_tokens, r.completion_tokens, r.cost_usd) for r in resp.rows]
+
+
+async def test_erasing_a_user_leaves_no_row_of_theirs(db_url: str) -> None:
+    await create_schema(db_url)
+    one = await start_svc(db_url, USER_DAILY_JOB_QUOTA=5)
+    try:
+        m = await one.material(ERASED)
+        kept = await one.material("u2", title="Rivers", content=OTHER_DOC)
+        point = await kp(one, ERASED, m)
+        await read_event(one, ERASED, m)
+        await flashcards(one, ERASED, m, point.knowledge_point_id)
+        await flashcards(one, "u2", kept, None)
+        leased_job = await one.create(ERASED, "material", m.material_id, job_type=FLASH)
+        leased = await claim(one, FLASH, "w3")
+        assert leased.job_id == leased_job.job_id
+        await one.create(ERASED, "user", ERASED)  # pending
+        flip = rr.SetAiAuthorizationRequest(user_id=ERASED, granted=True)
+        await one.call("SetAiAuthorization", flip)
+        before = await costs(one)
+
+        erased = await one.call("EraseUser", rr.EraseUserRequest(user_id=ERASED))
+        assert (erased.cancelled, erased.cancel_requested, erased.jobs_removed) == (1, 1, 3)
+
+        text = await dump(one)
+        assert ERASED not in text
+        for sentence in ("Mitochondria make ATP", "Cells are the unit of life", "ATP"):
+            assert sentence not in text, sentence
+        assert "Deltas form at river mouths" in text  # the other user's stay
+        assert await costs(one) == before
+        late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
+        assert await code_of(submit(one, leased, late, "w3")) in ("JOB_NOT_FOUND", "LOCK_NOT_HELD")
+        assert "late" not in await dump(one)
+        # the same id sees an empty account, and its day's quota is still used (3 of 5)
+        mats = await one.call("ListMaterials", rr.ListMaterialsRequest(user_id=ERASED))
+        assert list(mats.materials) == []
+        jobs = await one.call("ListJobs", rr.ListJobsRequest(user_id=ERASED))
+        assert list(jobs.jobs) == []
+        switch = await one.call("GetAiAuthorization", rr.GetAiAuthorizationRequest(user_id=ERASED))
+        assert switch.granted and not switch.HasField("changed_at")
+        await one.create(ERASED, "user", ERASED)
+        await one.create(ERASED, "user", ERASED)
+        assert await code_of(one.create(ERASED, "user", ERASED)) == "QUOTA_EXCEEDED"
+        again = await one.call("EraseUser", rr.EraseUserRequest(user_id=ERASED))
+        assert again.jobs_removed == 2
+        third = await one.call("EraseUser", rr.EraseUserRequest(user_id=ERASED))
+        assert third.jobs_removed == 0
+        assert await code_of(one.create(ERASED, "user", ERASED)) == "QUOTA_EXCEEDED"
+    finally:
+        await stop_svc(one)
+
+
+def test_the_pseudonym_is_keyed_and_one_way() -> None:
+    import hashlib
+
+    from job_service.services.pseudonyms import pseudonym
+
+    a, b = pseudonym(b"key-1", "u1"), pseudonym(b"key-2", "u1")
+    assert a != b and a == pseudonym(b"key-1", "u1")
+    assert a.startswith("erased-") and len(a) <= 64
+    assert hashlib.sha256(b"u1").hexdigest()[:56] not in a
 
 
 # ------------------------------------------------------------------ migration 0009
