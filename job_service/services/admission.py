@@ -11,9 +11,10 @@ and its generation plan in a second batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -35,6 +36,7 @@ from job_service.store.records import JobRecord, job_of
 from job_service.store.transitions import event_params, event_row
 
 log = logging.getLogger("job_service.admission")
+T = TypeVar("T")
 
 #: How many users' admission lock rows a process remembers as existing (LRU, about
 #: 170 bytes each); a user who fell out costs one more ``INSERT IGNORE``.
@@ -63,6 +65,12 @@ class NewJob:
     model_provider: str = "deepseek"
     model_name: str = "deepseek-chat"
     trace_parent: str | None = None
+
+
+class AdmissionRowMissing(Exception):
+    """The user's admission lock row was gone (MySQL/MariaDB): erased with its user
+    (SPEC §9.2) while this process remembered it. The admission ran unlocked, so its
+    transaction is rolled back and run again once the row exists."""
 
 
 class Admission:
@@ -127,7 +135,7 @@ class Admission:
             return job, False
 
         try:
-            job, replayed = await self.core.store.tx(body)
+            job, replayed = await self.locked_tx(req.user_id, body)
         except IntegrityError:
             if req.idempotency_key is None:
                 raise
@@ -234,7 +242,7 @@ class Admission:
             return await self.insert_job(session, new, actor=req.actor), False
 
         try:
-            job, replayed = await self.core.store.tx(body)
+            job, replayed = await self.locked_tx(old.user_id, body)
         except IntegrityError:
             existing = await self.by_scope(scope) if scope is not None else None
             if existing is None:
@@ -259,6 +267,16 @@ class Admission:
                 }
             },
         )
+
+    async def locked_tx(self, user_id: str, body: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run an admission transaction ``body`` (:meth:`admit` first); when it finds the
+        user's lock row gone (:class:`AdmissionRowMissing`), make the row and run it again."""
+        try:
+            return await self.core.store.tx(body)
+        except AdmissionRowMissing:
+            self.admission_rows.pop(user_id)
+            await self.ensure_admission_row(user_id)
+            return await self.core.store.tx(body)
 
     async def ensure_admission_row(self, user_id: str) -> None:
         """Make sure the user's admission lock row exists (MySQL/MariaDB only).
@@ -309,7 +327,7 @@ class Admission:
         clock = self.core.clock
         user = {"a_user": user_id}
         batch = new_batch(db)
-        batch.add(st.admission_lock.sql(clock, user))
+        lock = batch.add(st.admission_lock.sql(clock, user))
         found = None
         if scope is not None and scope.idempotency_key is not None:
             found = batch.add(st.scope_job.sql(clock, _scope_params(scope)))
@@ -323,6 +341,8 @@ class Admission:
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
             state = batch.add(breaker.row_sql(lock=False))
         out = await batch.run()
+        if not clock.is_sqlite and out[lock].rowcount == 0:
+            raise AdmissionRowMissing(user_id)
         if found is not None and out[found].rows:
             return job_of(out[found].rows[0])
         check_granted(out[granted].rows[0][0] if out[granted].rows else None)

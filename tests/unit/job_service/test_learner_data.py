@@ -588,3 +588,23 @@ def test_migration_0009_matches_the_models(db_url: str) -> None:
         if "ai_runtime_erased_usage" in repr(d) or "'knowledge_point_id'" in repr(d)
     ]
     assert mine == []
+
+
+async def test_a_create_after_the_lock_row_was_erased_elsewhere_makes_it_again(
+    svc: Svc,
+) -> None:
+    """Another replica erased the user (their admission row went) while this one
+    remembered the row: the create is still serialised by the row, made again."""
+    from sqlalchemy import delete, func, select
+
+    from job_service.store.tables import admission_locks
+
+    await svc.create("u9", "user", "u9")  # the row exists, this process knows it
+    async with svc.app.domain.sessions() as session, session.begin():
+        await session.execute(delete(admission_locks).where(admission_locks.c.user_id == "u9"))
+    await svc.create("u9", "user", "u9")
+    async with svc.app.domain.sessions() as session:
+        rows = (
+            await session.execute(select(func.count()).where(admission_locks.c.user_id == "u9"))
+        ).scalar_one()
+    assert rows == (0 if svc.app.domain.clock.is_sqlite else 1)
