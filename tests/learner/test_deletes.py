@@ -9,7 +9,7 @@ import pytest
 
 from tests.learner.conftest import DOC, PARKED_TYPE, Learner, System, logical_dump
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="package")]
 
 
 async def material_with_point(learner: Learner) -> tuple[dict[str, Any], str]:

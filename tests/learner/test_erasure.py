@@ -22,7 +22,7 @@ from tests.learner.conftest import (
 )
 from tests.learner.test_deletes import claim_parked, material_with_point, send_result
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="package")]
 
 BYSTANDER_DOC = (
     "# Rivers\n\nRivers carve valleys over time.\n\nDeltas form at river mouths.\n\n"
@@ -64,6 +64,7 @@ async def admin_costs(learner: Learner, system: System) -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.mysql
 async def test_erasure_on_mariadb_with_jobs_in_flight(mariadb_system: System) -> None:
     system = mariadb_system
     learner = Learner(system, prefix="erasure-victim")

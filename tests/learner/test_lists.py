@@ -6,7 +6,7 @@ import pytest
 
 from tests.learner.conftest import DOC, PARKED_TYPE, Learner, System
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="package")]
 
 
 async def test_materials_listed_newest_first_and_paged(learner: Learner, system: System) -> None:

@@ -7,7 +7,7 @@ import pytest
 from tests.learner.conftest import PARKED_TYPE, Learner, System
 from tests.learner.test_deletes import claim_parked
 
-pytestmark = pytest.mark.asyncio(loop_scope="package")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="package")]
 
 
 async def test_retry_of_a_failed_job(learner: Learner, system: System) -> None:
