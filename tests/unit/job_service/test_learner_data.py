@@ -521,6 +521,8 @@ async def test_erasing_a_user_leaves_no_row_of_theirs(db_url: str) -> None:
         for sentence in ("Mitochondria make ATP", "Cells are the unit of life", "ATP"):
             assert sentence not in text, sentence
         assert "Deltas form at river mouths" in text  # the other user's stay
+        name = one.app.domain.erasure.pseudonym(ERASED)
+        assert name in text  # the kept invocation logs and the day's usage row
         assert await costs(one) == before
         late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
         assert await code_of(submit(one, leased, late, "w3")) in ("JOB_NOT_FOUND", "LOCK_NOT_HELD")
