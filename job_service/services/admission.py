@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import cached_property
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError
@@ -84,8 +85,11 @@ class Admission:
         self.core = core
         #: users whose admission lock row is known to exist (MySQL/MariaDB)
         self.admission_rows: LruCache[str, bool] = LruCache(ADMISSION_ROWS_KNOWN)
-        #: the key of erased users' pseudonyms (their day's jobs still count, SPEC §9.2)
-        self.pseudonym_key = pseudonym_key(core.settings)
+
+    @cached_property
+    def pseudonym_key(self) -> bytes:
+        """The key of erased users' pseudonyms (their day's jobs still count, SPEC §9.2)."""
+        return pseudonym_key(self.core.settings)
 
     async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
         """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).

@@ -26,7 +26,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from job_service.services.admission import Admission
 from job_service.services.cancellation import end_jobs
 from job_service.services.core import Core
-from job_service.services.pseudonyms import pseudonym, pseudonym_key
+from job_service.services.pseudonyms import pseudonym
 from job_service.store import statements as st
 from job_service.store.batch import run_one
 
@@ -55,11 +55,10 @@ class Erasure:
     def __init__(self, core: Core, admission: Admission) -> None:
         self.core = core
         self.admission = admission
-        self.key = pseudonym_key(core.settings)
 
     def pseudonym(self, user_id: str) -> str:
-        """:func:`pseudonym` under this service's key."""
-        return pseudonym(self.key, user_id)
+        """:func:`pseudonym` under this service's key (the admission's, which counts it)."""
+        return pseudonym(self.admission.pseudonym_key, user_id)
 
     async def erase_user(self, user_id: str) -> Erased:
         """Erase every row of the user in job_service (module docstring).
