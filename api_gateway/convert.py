@@ -156,14 +156,27 @@ def invocation_json(inv: Any) -> dict[str, Any]:
     }
 
 
-def material_json(material: Any) -> dict[str, Any]:
-    """A ``Material`` → ``{"materialId","title","blocks":[…],"createdAt"}``."""
+def material_json(material: Any, next_blocks_page_token: str = "") -> dict[str, Any]:
+    """A ``Material`` → ``{"materialId","title","blocks":[…],"blockCount","createdAt",
+    "nextBlocksPageToken"}``."""
     return {
         "materialId": material.material_id,
         "title": material.title,
         "blocks": [
             {"blockId": b.block_id, "ordinal": b.ordinal, "text": b.text} for b in material.blocks
         ],
+        "blockCount": material.block_count,
+        "createdAt": ts(material, "created_at"),
+        "nextBlocksPageToken": next_blocks_page_token or None,
+    }
+
+
+def material_summary_json(material: Any) -> dict[str, Any]:
+    """A listed ``Material`` → ``{"materialId","title","blockCount","createdAt"}``."""
+    return {
+        "materialId": material.material_id,
+        "title": material.title,
+        "blockCount": material.block_count,
         "createdAt": ts(material, "created_at"),
     }
 

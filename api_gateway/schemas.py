@@ -162,7 +162,7 @@ class AuthorizationPut(Body):
 
 
 class RerunBody(Body):
-    """``POST /admin/ai/jobs/{jobId}/rerun``."""
+    """``POST /admin/ai/jobs/{jobId}/rerun`` and ``POST /v1/ai/jobs/{jobId}/retry``."""
 
     rebuildSnapshot: bool = False
 
@@ -413,12 +413,32 @@ class BlockOut(BaseModel):
 
 
 class MaterialOut(BaseModel):
-    """A material with its blocks."""
+    """A material with its blocks (a page of them with ``blocksPageSize``, SPEC §9.2)."""
 
     materialId: str
     title: str
     blocks: list[BlockOut]
+    blockCount: int = Field(description="How many blocks the material has in all.")
     createdAt: str | None
+    nextBlocksPageToken: str | None = Field(
+        description="The next page of blocks; null on the last page or without paging."
+    )
+
+
+class MaterialSummaryOut(BaseModel):
+    """A material in a list (no blocks)."""
+
+    materialId: str
+    title: str
+    blockCount: int
+    createdAt: str | None
+
+
+class MaterialList(BaseModel):
+    """A page of the caller's materials, newest first; ``nextPageToken`` null on the last."""
+
+    materials: list[MaterialSummaryOut]
+    nextPageToken: str | None
 
 
 class KnowledgePointOut(BaseModel):
@@ -431,11 +451,24 @@ class KnowledgePointOut(BaseModel):
     createdAt: str | None
 
 
+class KnowledgePointList(BaseModel):
+    """A page of the caller's knowledge points, newest first."""
+
+    knowledgePoints: list[KnowledgePointOut]
+    nextPageToken: str | None
+
+
 class EventsAccepted(BaseModel):
     """How many events were new and how many repeats."""
 
     accepted: int
     duplicates: int
+
+
+ITEMS_DESCRIPTION = (
+    "Business items; each carries its `itemId` (for `DELETE /v1/ai/results/{kind}/{itemId}`),"
+    " the same id under its kind's key, its fields, `jobId` and `createdAt`."
+)
 
 
 class JobResultOut(BaseModel):
@@ -444,13 +477,13 @@ class JobResultOut(BaseModel):
     jobId: str
     jobType: JobType | None
     outputSchemaVersion: str
-    items: list[dict[str, Any]]
+    items: list[dict[str, Any]] = Field(description=ITEMS_DESCRIPTION)
 
 
 class ResultItems(BaseModel):
     """A page of accumulated business rows."""
 
-    items: list[dict[str, Any]]
+    items: list[dict[str, Any]] = Field(description=ITEMS_DESCRIPTION)
     nextPageToken: str | None
 
 

@@ -301,6 +301,18 @@ class CredentialStore:
             raise AppError(ErrorCode.NOT_FOUND, "no model credential stored for this user")
         log.info("credential deleted", extra={"fields": {"userId": user_id}})
 
+    async def erase(self, user_id: str) -> int:
+        """Delete every credential row of the user, valid or not (SPEC §9.2 ``DELETE
+        /v1/me``); idempotent: a user with none answers 0.
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a missing or malformed user id.
+        """
+        user_id = _validate_user_id(user_id)
+        removed = await self._write(lambda session: repository.delete_by_user(session, user_id))
+        log.info("credentials erased", extra={"fields": {"removed": removed}})
+        return int(removed)
+
     async def check(self, user_id: str, api_key_mode: str) -> CheckResult:
         """Whether a job with ``api_key_mode`` may be created for the user (SPEC §5, §6).
 

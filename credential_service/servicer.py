@@ -116,6 +116,13 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
         return rr.DeleteCredentialResponse()
 
     @_rpc
+    async def EraseUserCredentials(
+        self, request: rr.EraseUserCredentialsRequest, context: Context
+    ) -> rr.EraseUserCredentialsResponse:
+        """Delete every credential row of the user (SPEC §9.2 erasure); idempotent."""
+        return rr.EraseUserCredentialsResponse(removed=await self.store.erase(request.user_id))
+
+    @_rpc
     async def CheckCredential(
         self, request: rr.CheckCredentialRequest, context: Context
     ) -> rr.CheckCredentialResponse:

@@ -62,6 +62,11 @@ class JobServiceSettings(CommonSettings):
     #: Seconds after its last call that a runtime instance's ``ai_runtime_workers`` row
     #: is deleted by the reaper (unless it still holds a lease); one week by default.
     WORKER_RETENTION_SECONDS: float = Field(default=7 * DAY, ge=60, le=365 * DAY)
+    #: Key of the one-way pseudonym (HMAC-SHA256) an erased user's cost and day's
+    #: quota use are kept under (SPEC §9.2). Unset: derived from RUNTIME_SERVICE_TOKEN
+    #: (then rotating the token changes the pseudonyms: an erased user's day of quota
+    #: use is forgotten, nothing else).
+    ERASURE_PSEUDONYM_KEY: str = ""
     #: How often the queue-depth and breaker gauges are re-read from the database.
     METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0, le=DAY)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 
 from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
 from airuntime_common.errors import AppError, ErrorCode
@@ -17,7 +17,7 @@ from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, UserPrincipal
 from api_gateway.headers import IdempotencyKeyHeader
-from api_gateway.jobs import create_job
+from api_gateway.jobs import check_idempotency_key, create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
@@ -33,10 +33,13 @@ from api_gateway.schemas import (
     JobStatus,
     JobType,
     KnowledgePointCreate,
+    KnowledgePointList,
     KnowledgePointOut,
     LearningEventsCreate,
     MaterialCreate,
+    MaterialList,
     MaterialOut,
+    RerunBody,
     ResultItems,
     ResultKind,
     RevokeOut,
@@ -71,6 +74,9 @@ router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
 JobId = Annotated[str, Path(min_length=1)]
 PageSize = Annotated[int, Query(ge=1, le=100)]
 PageToken = Annotated[str | None, Query(max_length=1024)]
+#: ``GET /v1/ai/jobs?ids=``: at most this many ids, and this many characters in all.
+MAX_IDS = 100
+MAX_IDS_QUERY = 100 * 129
 
 _RESULT_KINDS = {
     "analyses": rr.RESULT_KIND_ANALYSES,
@@ -102,18 +108,72 @@ async def create_material(
     return convert.material_json(resp.material)
 
 
+@router.get("/materials", response_model=MaterialList)
+async def list_materials(
+    principal: UserPrincipal,
+    call: Backend,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's materials, newest first, paged (SPEC §9.2; no blocks, their count)."""
+    resp = await call(
+        call.job.ListMaterials,
+        rr.ListMaterialsRequest(
+            user_id=principal.user_id, page_size=pageSize, page_token=pageToken or ""
+        ),
+    )
+    return {
+        "materials": [convert.material_summary_json(m) for m in resp.materials],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
 @router.get("/materials/{materialId}", response_model=MaterialOut)
 async def get_material(
     principal: UserPrincipal,
     call: Backend,
     materialId: Annotated[str, Path(min_length=1)],
+    blocksPageSize: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    blocksPageToken: PageToken = None,
 ) -> dict[str, Any]:
-    """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``)."""
+    """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``).
+
+    With ``blocksPageSize`` (1..1000) the blocks come a page at a time, in order,
+    with ``nextBlocksPageToken`` (SPEC §9.2); without it, every block.
+    """
+    if blocksPageToken and blocksPageSize is None:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "blocksPageToken needs blocksPageSize",
+            {"field": "blocksPageSize"},
+        )
     resp = await call(
         call.job.GetMaterial,
-        rr.GetMaterialRequest(user_id=principal.user_id, material_id=materialId),
+        rr.GetMaterialRequest(
+            user_id=principal.user_id,
+            material_id=materialId,
+            blocks_page_size=blocksPageSize or 0,
+            blocks_page_token=blocksPageToken or "",
+        ),
     )
-    return convert.material_json(resp.material)
+    return convert.material_json(resp.material, resp.next_blocks_page_token)
+
+
+@router.delete("/materials/{materialId}", status_code=204)
+async def delete_material(
+    principal: UserPrincipal,
+    call: Backend,
+    materialId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's materials (SPEC §9.2): its blocks, knowledge points,
+    the learning events on it, every snapshot built from it and every business row
+    citing it go; its pending jobs are cancelled, leased ones asked to cancel (a
+    result still sent for them writes nothing). Job rows stay. Another's → 404."""
+    await call(
+        call.job.DeleteMaterial,
+        rr.DeleteMaterialRequest(user_id=principal.user_id, material_id=materialId),
+    )
+    return Response(status_code=204)
 
 
 @router.post("/knowledge-points", status_code=201, response_model=KnowledgePointOut)
@@ -131,6 +191,45 @@ async def create_knowledge_point(
         ),
     )
     return convert.knowledge_point_json(resp.knowledge_point)
+
+
+@router.get("/knowledge-points", response_model=KnowledgePointList)
+async def list_knowledge_points(
+    principal: UserPrincipal,
+    call: Backend,
+    materialId: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    pageSize: PageSize = 20,
+    pageToken: PageToken = None,
+) -> dict[str, Any]:
+    """The caller's knowledge points, newest first, paged; with ``materialId`` only that
+    material's (another user's material → 404 ``NOT_FOUND``)."""
+    req = rr.ListKnowledgePointsRequest(
+        user_id=principal.user_id, page_size=pageSize, page_token=pageToken or ""
+    )
+    if materialId is not None:
+        req.material_id = materialId
+    resp = await call(call.job.ListKnowledgePoints, req)
+    return {
+        "knowledgePoints": [convert.knowledge_point_json(k) for k in resp.knowledge_points],
+        "nextPageToken": resp.next_page_token or None,
+    }
+
+
+@router.delete("/knowledge-points/{knowledgePointId}", status_code=204)
+async def delete_knowledge_point(
+    principal: UserPrincipal,
+    call: Backend,
+    knowledgePointId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's knowledge points (SPEC §9.2): the items that named it
+    keep their text with ``knowledgePointId`` null; another's → 404 ``NOT_FOUND``."""
+    await call(
+        call.job.DeleteKnowledgePoint,
+        rr.DeleteKnowledgePointRequest(
+            user_id=principal.user_id, knowledge_point_id=knowledgePointId
+        ),
+    )
+    return Response(status_code=204)
 
 
 @router.post("/learning-events", status_code=202, response_model=EventsAccepted)
@@ -198,8 +297,20 @@ async def list_ai_jobs(
     jobType: JobType | None = None,
     pageSize: PageSize = 20,
     pageToken: PageToken = None,
+    ids: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_IDS_QUERY,
+            description="Comma-separated job ids (at most 100): those of the caller's jobs,"
+            " in the order asked; unknown and other users' ids are left out (SPEC §9.2)."
+            " Not combinable with status, jobType or pageToken.",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page)."""
+    """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page);
+    with ``ids``, just those jobs in that order (one page, ``nextPageToken`` null)."""
+    if ids is not None:
+        return await _jobs_by_ids(principal.user_id, call, ids, status or jobType or pageToken)
     req = rr.ListJobsRequest(user_id=principal.user_id, page_size=pageSize)
     if status:
         req.status = pb_enum(JOB_STATUS, status)
@@ -212,6 +323,29 @@ async def list_ai_jobs(
         "jobs": [convert.job_json(j) for j in resp.jobs],
         "nextPageToken": resp.next_page_token or None,
     }
+
+
+async def _jobs_by_ids(user_id: str, call: Backend, ids: str, other_filter: Any) -> dict[str, Any]:
+    """``GET /v1/ai/jobs?ids=a,b,…`` (SPEC §9.2).
+
+    Raises:
+        AppError: INVALID_ARGUMENT for no ids, more than 100, or ``ids`` with another filter.
+    """
+    wanted = [i.strip() for i in ids.split(",") if i.strip()]
+    if other_filter:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            "ids cannot be combined with status, jobType or pageToken",
+            {"field": "ids"},
+        )
+    if not 1 <= len(wanted) <= MAX_IDS:
+        raise AppError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"ids must name 1..{MAX_IDS} job ids",
+            {"field": "ids", "count": len(wanted)},
+        )
+    resp = await call(call.job.ListJobs, rr.ListJobsRequest(user_id=user_id, job_ids=wanted))
+    return {"jobs": [convert.job_json(j) for j in resp.jobs], "nextPageToken": None}
 
 
 @router.get("/ai/jobs/{jobId}", response_model=JobOut)
@@ -228,6 +362,47 @@ async def cancel_ai_job(principal: UserPrincipal, call: Backend, jobId: JobId) -
         call.job.CancelJob,
         rr.CancelJobRequest(job_id=jobId, user_id=principal.user_id, actor=principal.actor),
     )
+    return convert.job_json(resp.job)
+
+
+@router.post(
+    "/ai/jobs/{jobId}/retry",
+    status_code=201,
+    response_model=JobOut,
+    responses=REPLAYED,
+)
+async def retry_ai_job(
+    principal: UserPrincipal,
+    call: Backend,
+    jobId: JobId,
+    response: Response,
+    body: Annotated[RerunBody | None, Body()] = None,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> dict[str, Any]:
+    """Retry one of the caller's failed jobs as a new job with ``retriedFromJobId``
+    (SPEC §9.2): 201, or 200 + ``Idempotent-Replayed`` on a repeat of the key.
+
+    Only from ``failed`` (else 409 ``INVALID_JOB_STATE``); every check of a create
+    applies (403 ``AI_NOT_AUTHORIZED``, 422 ``INVALID_CREDENTIAL``, 429 quota and
+    budget, 503 breaker). Another user's job → 404 ``JOB_NOT_FOUND``.
+    """
+    req = rr.RerunJobRequest(
+        job_id=jobId,
+        rebuild_snapshot=bool(body and body.rebuildSnapshot),
+        actor=principal.actor,
+        user_id=principal.user_id,
+    )
+    key = check_idempotency_key(idempotency_key)
+    if key is not None:
+        req.idempotency_key = key
+    if principal.plan:
+        req.plan = principal.plan
+    resp = await call(call.job.RerunJob, req)
+    if resp.replayed:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    else:
+        response.status_code = 201
     return convert.job_json(resp.job)
 
 
@@ -268,7 +443,40 @@ async def list_results(
     }
 
 
+@router.delete("/ai/results/{kind}/{itemId}", status_code=204)
+async def delete_result_item(
+    principal: UserPrincipal,
+    call: Backend,
+    kind: ResultKind,
+    itemId: Annotated[str, Path(min_length=1)],
+) -> Response:
+    """Delete one of the caller's business items (its ``itemId``) of ``kind`` (SPEC §9.2);
+    unknown or another user's → 404 ``NOT_FOUND``."""
+    await call(
+        call.job.DeleteResultItem,
+        rr.DeleteResultItemRequest(
+            user_id=principal.user_id, kind=_RESULT_KINDS[kind], item_id=itemId
+        ),
+    )
+    return Response(status_code=204)
+
+
 # ------------------------------------------------------------------ the caller's settings
+
+
+@router.delete("/me", status_code=204)
+async def erase_me(principal: UserPrincipal, call: Backend) -> Response:
+    """Erase the caller (SPEC §9.2, the right to erasure): their jobs are ended and
+    removed, every row of theirs in both services' databases is deleted (materials,
+    blocks, knowledge points, events, snapshots, results, plans, AI switch, model
+    key); cost and that day's quota use stay under a one-way pseudonym. 204 once
+    erased; idempotent (again → 204). The same token then sees an empty account."""
+    await call(call.job.EraseUser, rr.EraseUserRequest(user_id=principal.user_id))
+    await call(
+        call.credential.EraseUserCredentials,
+        cred_rr.EraseUserCredentialsRequest(user_id=principal.user_id),
+    )
+    return Response(status_code=204)
 
 
 @router.put("/me/model-credential", response_model=CredentialOut)

@@ -8,17 +8,27 @@ accepted results (:mod:`.results`). Every function runs in the caller's
 transaction; :mod:`.port` is the seam the job core calls.
 """
 
+from job_service.learning.deletion import (
+    MaterialScope,
+    delete_knowledge_point,
+    delete_material,
+    delete_result_item,
+    erase_user,
+    material_scope,
+)
 from job_service.learning.events import MAX_EVENT_BATCH, LearningEventIn, record_learning_events
 from job_service.learning.knowledge_points import (
     KnowledgePointView,
     create_knowledge_point,
     get_knowledge_point,
+    list_knowledge_points,
 )
 from job_service.learning.materials import (
     BlockView,
     MaterialView,
     create_material,
     get_material,
+    list_materials,
 )
 
 __all__ = [
@@ -26,10 +36,18 @@ __all__ = [
     "BlockView",
     "KnowledgePointView",
     "LearningEventIn",
+    "MaterialScope",
     "MaterialView",
     "create_knowledge_point",
     "create_material",
+    "delete_knowledge_point",
+    "delete_material",
+    "delete_result_item",
+    "erase_user",
     "get_knowledge_point",
     "get_material",
+    "list_knowledge_points",
+    "list_materials",
+    "material_scope",
     "record_learning_events",
 ]

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import insert, select
+from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import rfc3339
 from job_service.learning.common import db_now, new_id, require_user, user_rows
 from job_service.learning.materials import owned_material
+from job_service.learning.paging import decode_after, encode_after, page_size
 from job_service.learning.tables import KnowledgePoint, KnowledgePointBlock, MaterialBlock
 
 #: Most blocks one knowledge point may link.
@@ -157,3 +158,69 @@ async def get_knowledge_point(
     return KnowledgePointView(
         kp.knowledge_point_id, kp.user_id, kp.material_id, kp.name, block_ids, kp.created_at
     )
+
+
+async def list_knowledge_points(
+    session: AsyncSession,
+    user_id: str,
+    *,
+    material_id: str | None,
+    page_size_value: int,
+    page_token: str,
+) -> tuple[list[KnowledgePointView], str | None]:
+    """A page of the user's knowledge points, newest first (SPEC §9.2).
+
+    Args:
+        material_id: only this material's (it must be the user's), or None for all.
+        page_size_value: 1..100; 0 → 20.
+        page_token: the previous page's token, or empty.
+
+    Returns:
+        ``(knowledge points with their block ids, next_page_token or None)``.
+
+    Raises:
+        AppError: ``INVALID_ARGUMENT`` for a bad page size or token; ``NOT_FOUND``
+        for a material that is unknown or another user's.
+    """
+    require_user(user_id)
+    size = page_size(page_size_value)
+    after = decode_after(page_token) if page_token else None
+    stmt = select(KnowledgePoint).where(KnowledgePoint.user_id == user_id)
+    if material_id is not None:
+        material = await owned_material(session, user_id, material_id)
+        stmt = stmt.where(KnowledgePoint.material_id == material.material_id)
+    if after is not None:
+        at, last_id = after
+        stmt = stmt.where(
+            or_(
+                KnowledgePoint.created_at < at,
+                and_(KnowledgePoint.created_at == at, KnowledgePoint.knowledge_point_id < last_id),
+            )
+        )
+    order = (KnowledgePoint.created_at.desc(), KnowledgePoint.knowledge_point_id.desc())
+    rows = list((await session.execute(stmt.order_by(*order).limit(size + 1))).scalars())
+    token = None
+    if len(rows) > size:
+        rows = rows[:size]
+        token = encode_after(rows[-1].created_at, rows[-1].knowledge_point_id)
+    links: dict[str, list[str]] = {kp.knowledge_point_id: [] for kp in rows}
+    if links:
+        found = await session.execute(
+            select(KnowledgePointBlock.knowledge_point_id, KnowledgePointBlock.block_id)
+            .where(KnowledgePointBlock.knowledge_point_id.in_(list(links)))
+            .order_by(KnowledgePointBlock.knowledge_point_id, KnowledgePointBlock.position)
+        )
+        for kp_id, block_id in found.all():
+            links[str(kp_id)].append(str(block_id))
+    views = [
+        KnowledgePointView(
+            kp.knowledge_point_id,
+            kp.user_id,
+            kp.material_id,
+            kp.name,
+            links[kp.knowledge_point_id],
+            kp.created_at,
+        )
+        for kp in rows
+    ]
+    return views, token

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import insert, select
+from sqlalchemy import and_, insert, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.canonical import content_hash
@@ -22,9 +22,18 @@ from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.timeutil import rfc3339
 from job_service.learning.common import db_now, new_id, require_user
 from job_service.learning.markdown_split import split_document
+from job_service.learning.paging import (
+    decode_after,
+    decode_offset,
+    encode_after,
+    encode_offset,
+    page_size,
+)
 from job_service.learning.tables import Material, MaterialBlock
 
 MAX_TITLE_CHARS: Final = 500
+#: Most blocks one page of ``GET /v1/materials/{id}`` holds (SPEC §9.2).
+MAX_BLOCKS_PAGE: Final = 1000
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,9 @@ class MaterialView:
     title: str
     created_at: datetime
     blocks: list[BlockView] = field(default_factory=list)
+    block_count: int = 0
+    #: The next page of blocks (paged reads only); None on the last page.
+    next_blocks_page_token: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """camelCase view: ``{"materialId","userId","title","createdAt","blocks":[…]}``."""
@@ -124,17 +136,39 @@ async def create_material(
     ]
     for start in range(0, len(rows), 1000):
         await session.execute(insert(MaterialBlock), rows[start : start + 1000])
-    return MaterialView(material_id, user_id, title, now, blocks)
+    return MaterialView(material_id, user_id, title, now, blocks, len(blocks))
 
 
-async def get_material(session: AsyncSession, user_id: str, material_id: str) -> MaterialView:
-    """Read one of the user's materials with its blocks in order.
+async def get_material(
+    session: AsyncSession,
+    user_id: str,
+    material_id: str,
+    *,
+    blocks_page_size: int = 0,
+    blocks_page_token: str = "",
+) -> MaterialView:
+    """Read one of the user's materials with its blocks in order (SPEC §3.1, §9.2).
+
+    Args:
+        blocks_page_size: 1..1000 blocks per page; 0 = every block (no paging).
+        blocks_page_token: the previous page's ``next_blocks_page_token`` (paged reads).
 
     Raises:
-        AppError: ``NOT_FOUND`` when the id is unknown or the material is another user's.
+        AppError: ``NOT_FOUND`` when the id is unknown or the material is another user's;
+        ``INVALID_ARGUMENT`` for a page size out of range or a bad token (checked first).
     """
+    start = 0
+    if blocks_page_size or blocks_page_token:
+        if not 1 <= blocks_page_size <= MAX_BLOCKS_PAGE:
+            raise invalid_argument(
+                f"blocksPageSize must be 1..{MAX_BLOCKS_PAGE}",
+                field="blocksPageSize",
+                value=blocks_page_size,
+            )
+        if blocks_page_token:
+            start = decode_offset(blocks_page_token, field="blocksPageToken")
     material = await owned_material(session, user_id, material_id)
-    rows = await session.execute(
+    stmt = (
         select(
             MaterialBlock.block_id,
             MaterialBlock.material_id,
@@ -142,16 +176,80 @@ async def get_material(session: AsyncSession, user_id: str, material_id: str) ->
             MaterialBlock.kind,
             MaterialBlock.text,
         )
-        .where(MaterialBlock.material_id == material.material_id)
+        .where(MaterialBlock.material_id == material.material_id, MaterialBlock.ordinal >= start)
         .order_by(MaterialBlock.ordinal)
     )
-    blocks = [BlockView(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+    if blocks_page_size:
+        stmt = stmt.limit(blocks_page_size + 1)
+    blocks = [BlockView(r[0], r[1], r[2], r[3], r[4]) for r in await session.execute(stmt)]
+    token = None
+    if blocks_page_size and len(blocks) > blocks_page_size:
+        blocks = blocks[:blocks_page_size]
+        token = encode_offset(blocks[-1].ordinal + 1)
     return MaterialView(
-        material.material_id, material.user_id, material.title, material.created_at, blocks
+        material.material_id,
+        material.user_id,
+        material.title,
+        material.created_at,
+        blocks,
+        material.block_count,
+        token,
     )
+
+
+async def list_materials(
+    session: AsyncSession, user_id: str, *, page_size_value: int, page_token: str
+) -> tuple[list[MaterialView], str | None]:
+    """A page of the user's materials, newest first, without their blocks (SPEC §9.2).
+
+    Args:
+        page_size_value: 1..100; 0 → 20.
+        page_token: the previous page's token, or empty.
+
+    Returns:
+        ``(materials, next_page_token)`` (None on the last page); each view's
+        ``block_count`` is set, its ``blocks`` empty.
+
+    Raises:
+        AppError: ``INVALID_ARGUMENT`` for a page size out of range or a bad token.
+    """
+    require_user(user_id)
+    size = page_size(page_size_value)
+    stmt = select(Material).where(Material.user_id == user_id)
+    if page_token:
+        at, last_id = decode_after(page_token)
+        stmt = stmt.where(
+            or_(
+                Material.created_at < at,
+                and_(Material.created_at == at, Material.material_id < last_id),
+            )
+        )
+    rows = list(
+        (
+            await session.execute(
+                stmt.order_by(Material.created_at.desc(), Material.material_id.desc()).limit(
+                    size + 1
+                )
+            )
+        ).scalars()
+    )
+    token = None
+    if len(rows) > size:
+        rows = rows[:size]
+        token = encode_after(rows[-1].created_at, rows[-1].material_id)
+    views = [
+        MaterialView(m.material_id, m.user_id, m.title, m.created_at, [], m.block_count)
+        for m in rows
+    ]
+    return views, token
 
 
 async def owned_material(session: AsyncSession, user_id: str, material_id: str) -> Material:
+    """The user's material row.
+
+    Raises:
+        AppError: ``NOT_FOUND`` when unknown or another user's.
+    """
     require_user(user_id)
     material = None
     if material_id:

@@ -3,19 +3,23 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from job_service.learning import plans, results, snapshots
-from job_service.services.ports import SnapshotRead
+from job_service.learning import deletion, plans, results, snapshots
+from job_service.learning.tables import AiSnapshot
+from job_service.services.ports import MaterialScopeView, SnapshotRead
 from job_service.store.cache import Sql
 from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
 
 
 class LearningModulePort:
-    """Snapshots, generation plans and business rows, in the caller's transaction (SPEC §5)."""
+    """Snapshots, generation plans and business rows, in the caller's transaction (SPEC §5);
+    deleting and erasing the learner's data (SPEC §9.2, :mod:`.deletion`)."""
 
     async def build_snapshot(self, session: AsyncSession, **kw: Any) -> str:
         """:func:`job_service.learning.snapshots.build_snapshot`."""
@@ -32,3 +36,28 @@ class LearningModulePort:
     async def prepare_result(self, db: DbExec, **kw: Any) -> results.PreparedResult:
         """:func:`job_service.learning.results.prepare_result`."""
         return await results.prepare_result(db, **kw)
+
+    async def snapshot_stored(self, db: DbExec, snapshot_id: str) -> bool:
+        """Whether ``ai_snapshots`` still holds the row (never the process's cache)."""
+        if not snapshot_id:
+            return False
+        found = await db.execute(
+            select(AiSnapshot.snapshot_id).where(AiSnapshot.snapshot_id == snapshot_id)
+        )
+        return found.first() is not None
+
+    async def material_scope(
+        self, session: AsyncSession, user_id: str, material_id: str
+    ) -> MaterialScopeView:
+        """:func:`job_service.learning.deletion.material_scope`."""
+        return await deletion.material_scope(session, user_id, material_id)
+
+    async def delete_material(
+        self, session: AsyncSession, scope: MaterialScopeView, job_ids: Sequence[str]
+    ) -> None:
+        """:func:`job_service.learning.deletion.delete_material`."""
+        await deletion.delete_material(session, cast(deletion.MaterialScope, scope), job_ids)
+
+    async def erase_user(self, session: AsyncSession, user_id: str, job_ids: Sequence[str]) -> None:
+        """:func:`job_service.learning.deletion.erase_user`."""
+        await deletion.erase_user(session, user_id, job_ids)

@@ -368,7 +368,9 @@ async def accept_result(session: DbExec, **kw: Any) -> AcceptOutcome:
 
 
 def _row_json(row: Any, id_key: str) -> dict[str, Any]:
-    view: dict[str, Any] = {id_key: row.id}
+    """A business row as its camelCase item: ``itemId`` (SPEC §9.2) and the kind's own
+    id key (the same id), then the item's fields, ``jobId`` and ``createdAt``."""
+    view: dict[str, Any] = {"itemId": row.id, id_key: row.id}
     for col in row.__table__.columns:
         if col.key in _INTERNAL_COLUMNS:
             continue
@@ -387,8 +389,8 @@ async def result_items(
     """The business rows of a job's result, in output order, as camelCase items
     (GET result, SPEC §3.1).
 
-    Each item carries its id (``analysisId`` / ``weakPointId`` /
-    ``recommendationId`` / ``questionId`` / ``flashcardId``), the item's
+    Each item carries its ``itemId`` (SPEC §9.2; also as ``analysisId`` /
+    ``weakPointId`` / ``recommendationId`` / ``questionId`` / ``flashcardId``), the item's
     fields, ``jobId`` (the job that wrote the row) and ``createdAt``.
 
     With ``job_type`` and ``user_id``, the items are resolved from the job's

@@ -260,7 +260,8 @@ class AiWeakPointCandidate(_BusinessRow, Base):
     __table_args__ = _business_args("ai_weak_point_candidates")
 
     id: Mapped[str] = mapped_column(Id, primary_key=True)
-    knowledge_point_id: Mapped[str] = mapped_column(Id, nullable=False)
+    #: NULL once the knowledge point is deleted (the item keeps its text, SPEC §9.2).
+    knowledge_point_id: Mapped[str | None] = mapped_column(Id)
     reason: Mapped[str] = mapped_column(Text, nullable=False)
     severity: Mapped[float] = mapped_column(Double, nullable=False)
     evidence_block_ids: Mapped[list[str]] = mapped_column(JSON, nullable=False)

@@ -22,7 +22,7 @@ from job_service.rpc.convert import (
 )
 from job_service.services.console import check_created_range
 from job_service.services.domain import JobDomain
-from job_service.services.inputs import CreateJobInput
+from job_service.services.inputs import CreateJobInput, RetryInput
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
@@ -84,6 +84,9 @@ class JobRpcs:
 
     @rpc
     async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
+        if request.job_ids:
+            found = await self.domain.jobs_by_ids(request.user_id, list(request.job_ids))
+            return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in found])
         user_id = request.user_id if request.HasField("user_id") else None
         job_type = JOB_TYPE.optional(request.job_type)
         created_from = _naive(request, "created_from")
@@ -124,13 +127,21 @@ class JobRpcs:
 
     @rpc
     async def RerunJob(self, request: rr.RerunJobRequest, context: Ctx) -> rr.RerunJobResponse:
-        job = await self.domain.rerun(
-            job_id_of(request.job_id),
-            rebuild_snapshot=request.rebuild_snapshot,
-            actor=request.actor or "admin",
-            trace_parent=tracing.job_trace_parent(context),
+        user_id = request.user_id if request.HasField("user_id") else None
+        job, replayed = await self.domain.retry(
+            RetryInput(
+                job_id_of(request.job_id),
+                rebuild_snapshot=request.rebuild_snapshot,
+                actor=request.actor or (f"user:{user_id}" if user_id else "admin"),
+                user_id=user_id,
+                idempotency_key=request.idempotency_key
+                if request.HasField("idempotency_key")
+                else None,
+                plan=request.plan if request.HasField("plan") else None,
+                trace_parent=tracing.job_trace_parent(context),
+            )
         )
-        return rr.RerunJobResponse(job=job_to_proto(job))
+        return rr.RerunJobResponse(job=job_to_proto(job), replayed=replayed)
 
     @rpc
     async def GetAiAuthorization(

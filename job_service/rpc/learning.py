@@ -37,6 +37,21 @@ RESULT_KINDS: dict[int, str] = {
 }
 
 
+def _kind(number: int) -> str:
+    """A ``ResultKind`` number → its kind name.
+
+    Raises:
+        AppError: ``INVALID_ARGUMENT`` for an unset or unknown kind.
+    """
+    kind = RESULT_KINDS.get(number)
+    if kind is None:
+        raise invalid_argument(
+            "kind must be one of analyses, weak_points, recommendations, questions, flashcards",
+            field="kind",
+        )
+    return kind
+
+
 def to_struct(value: dict[str, Any]) -> struct_pb2.Struct:
     """A JSON object → ``google.protobuf.Struct`` (numbers become doubles)."""
     return json_format.ParseDict(value, struct_pb2.Struct())
@@ -52,6 +67,7 @@ def material_proto(view: learning.MaterialView) -> msg.Material:
             msg.Block(block_id=b.block_id, ordinal=b.ordinal, text=b.text) for b in view.blocks
         ],
         created_at=to_timestamp(view.created_at),
+        block_count=view.block_count,
     )
 
 
@@ -106,8 +122,9 @@ def event_from_proto(index: int, ev: msg.LearningEvent) -> learning.LearningEven
 
 
 class LearningRpcs:
-    """``CreateMaterial, GetMaterial, CreateKnowledgePoint, RecordLearningEvents,
-    GetJobResult, ListResultItems``."""
+    """``CreateMaterial, GetMaterial, ListMaterials, DeleteMaterial, CreateKnowledgePoint,
+    ListKnowledgePoints, DeleteKnowledgePoint, RecordLearningEvents, GetJobResult,
+    ListResultItems, DeleteResultItem, EraseUser``."""
 
     domain: JobDomain
 
@@ -143,9 +160,35 @@ class LearningRpcs:
     ) -> rr.GetMaterialResponse:
         """Read one of the user's materials (``GET /v1/materials/{id}``); foreign → NOT_FOUND."""
         view = await self._read(
-            lambda s: learning.get_material(s, request.user_id, request.material_id)
+            lambda s: learning.get_material(
+                s,
+                request.user_id,
+                request.material_id,
+                blocks_page_size=request.blocks_page_size,
+                blocks_page_token=request.blocks_page_token,
+            )
         )
-        return rr.GetMaterialResponse(material=material_proto(view))
+        return rr.GetMaterialResponse(
+            material=material_proto(view),
+            next_blocks_page_token=view.next_blocks_page_token or "",
+        )
+
+    @rpc
+    async def ListMaterials(
+        self, request: rr.ListMaterialsRequest, context: Ctx
+    ) -> rr.ListMaterialsResponse:
+        """A page of the user's materials, newest first (``GET /v1/materials``, SPEC §9.2)."""
+        views, token = await self._read(
+            lambda s: learning.list_materials(
+                s,
+                request.user_id,
+                page_size_value=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return rr.ListMaterialsResponse(
+            materials=[material_proto(v) for v in views], next_page_token=token or ""
+        )
 
     @rpc
     async def CreateKnowledgePoint(
@@ -158,6 +201,69 @@ class LearningRpcs:
             )
         )
         return rr.CreateKnowledgePointResponse(knowledge_point=knowledge_point_proto(view))
+
+    @rpc
+    async def DeleteMaterial(
+        self, request: rr.DeleteMaterialRequest, context: Ctx
+    ) -> rr.DeleteMaterialResponse:
+        """Delete one of the user's materials and everything built from it; its live jobs
+        are cancelled or asked to cancel (``DELETE /v1/materials/{id}``, SPEC §9.2)."""
+        ended = await self.domain.delete_material(request.user_id, request.material_id)
+        return rr.DeleteMaterialResponse(
+            cancelled=ended.cancelled, cancel_requested=ended.cancel_requested
+        )
+
+    @rpc
+    async def EraseUser(self, request: rr.EraseUserRequest, context: Ctx) -> rr.EraseUserResponse:
+        """Erase every row of the user in job_service (``DELETE /v1/me``, SPEC §9.2)."""
+        erased = await self.domain.erase_user(request.user_id)
+        return rr.EraseUserResponse(
+            cancelled=erased.cancelled,
+            cancel_requested=erased.cancel_requested,
+            jobs_removed=erased.jobs_removed,
+        )
+
+    @rpc
+    async def ListKnowledgePoints(
+        self, request: rr.ListKnowledgePointsRequest, context: Ctx
+    ) -> rr.ListKnowledgePointsResponse:
+        """A page of the user's knowledge points, newest first (SPEC §9.2)."""
+        material_id = request.material_id if request.HasField("material_id") else None
+        views, token = await self._read(
+            lambda s: learning.list_knowledge_points(
+                s,
+                request.user_id,
+                material_id=material_id,
+                page_size_value=request.page_size,
+                page_token=request.page_token,
+            )
+        )
+        return rr.ListKnowledgePointsResponse(
+            knowledge_points=[knowledge_point_proto(v) for v in views], next_page_token=token or ""
+        )
+
+    @rpc
+    async def DeleteKnowledgePoint(
+        self, request: rr.DeleteKnowledgePointRequest, context: Ctx
+    ) -> rr.DeleteKnowledgePointResponse:
+        """Delete one of the user's knowledge points; items naming it keep their text."""
+        await self._tx(
+            lambda s: learning.delete_knowledge_point(
+                s, request.user_id, request.knowledge_point_id
+            )
+        )
+        return rr.DeleteKnowledgePointResponse()
+
+    @rpc
+    async def DeleteResultItem(
+        self, request: rr.DeleteResultItemRequest, context: Ctx
+    ) -> rr.DeleteResultItemResponse:
+        """Delete one of the user's business items of one kind (SPEC §9.2)."""
+        kind = _kind(request.kind)
+        await self._tx(
+            lambda s: learning.delete_result_item(s, request.user_id, kind, request.item_id)
+        )
+        return rr.DeleteResultItemResponse()
 
     @rpc
     async def RecordLearningEvents(
@@ -221,12 +327,7 @@ class LearningRpcs:
         self, request: rr.ListResultItemsRequest, context: Ctx
     ) -> rr.ListResultItemsResponse:
         """A page of the user's business rows of one kind, newest first."""
-        kind = RESULT_KINDS.get(request.kind)
-        if kind is None:
-            raise invalid_argument(
-                "kind must be one of analyses, weak_points, recommendations, questions, flashcards",
-                field="kind",
-            )
+        kind = _kind(request.kind)
         items, token = await self._read(
             lambda s: results.list_user_items(
                 s,

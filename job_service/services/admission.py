@@ -11,9 +11,11 @@ and its generation plan in a second batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from functools import cached_property
+from typing import Any, TypeVar
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -25,8 +27,9 @@ from job_service import metrics
 from job_service.lifecycle import FAILED, PENDING
 from job_service.maintenance import breaker
 from job_service.services.core import Core, new_id
-from job_service.services.inputs import CreateJobInput
+from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
+from job_service.services.pseudonyms import pseudonym, pseudonym_key
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
 from job_service.store.engine import DbExec
@@ -34,6 +37,7 @@ from job_service.store.records import JobRecord, job_of
 from job_service.store.transitions import event_params, event_row
 
 log = logging.getLogger("job_service.admission")
+T = TypeVar("T")
 
 #: How many users' admission lock rows a process remembers as existing (LRU, about
 #: 170 bytes each); a user who fell out costs one more ``INSERT IGNORE``.
@@ -64,6 +68,12 @@ class NewJob:
     trace_parent: str | None = None
 
 
+class AdmissionRowMissing(Exception):
+    """The user's admission lock row was gone (MySQL/MariaDB): erased with its user
+    (SPEC §9.2) while this process remembered it. The admission ran unlocked, so its
+    transaction is rolled back and run again once the row exists."""
+
+
 class Admission:
     """Creates jobs (SPEC §2.3, §2.5, §6).
 
@@ -75,6 +85,11 @@ class Admission:
         self.core = core
         #: users whose admission lock row is known to exist (MySQL/MariaDB)
         self.admission_rows: LruCache[str, bool] = LruCache(ADMISSION_ROWS_KNOWN)
+
+    @cached_property
+    def pseudonym_key(self) -> bytes:
+        """The key of erased users' pseudonyms (their day's jobs still count, SPEC §9.2)."""
+        return pseudonym_key(self.core.settings)
 
     async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
         """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).
@@ -124,7 +139,7 @@ class Admission:
             return job, False
 
         try:
-            job, replayed = await self.core.store.tx(body)
+            job, replayed = await self.locked_tx(req.user_id, body)
         except IntegrityError:
             if req.idempotency_key is None:
                 raise
@@ -158,23 +173,62 @@ class Admission:
                 INVALID_CREDENTIAL, PLATFORM_CIRCUIT_OPEN, PLATFORM_BUDGET_EXCEEDED,
                 NOT_FOUND (target gone, when rebuilding).
         """
+        job, _ = await self.retry(
+            RetryInput(job_id, rebuild_snapshot, actor or "admin", trace_parent=trace_parent)
+        )
+        return job
+
+    async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
+        """Re-run a failed job as a new one (SPEC §2.3 admin re-run, §9.2 user retry).
+
+        With ``req.user_id`` (``POST /v1/ai/jobs/{id}/retry``) the job must be that
+        user's and the new job is held to their daily quota (``req.plan``) as a create
+        is; ``req.idempotency_key`` makes a repeat answer the original new job (scope
+        as a create's: user, type, target, key). A snapshot that no longer exists
+        (its material was deleted) is rebuilt, as with ``rebuild_snapshot``.
+
+        Returns:
+            ``(job, replayed)``.
+
+        Raises:
+            AppError: as :meth:`rerun`, and QUOTA_EXCEEDED; INVALID_ARGUMENT for a bad key.
+        """
         # A failed job is terminal: what this read sees of it cannot change.
         async with self.core.store.sessions() as session:
-            old = await self.core.must_get_job(session, job_id)
+            old = await self.core.must_get_job(session, req.job_id, user_id=req.user_id)
+        scope = None
+        if req.idempotency_key is not None:
+            scope = CreateJobInput(
+                old.user_id, old.job_type, old.target_type, old.target_id,
+                idempotency_key=req.idempotency_key,
+            )  # fmt: skip
+            _check_request(scope)
+            existing = await self.by_scope(scope)
+            if existing is not None:
+                return existing, True
         if old.status != FAILED:
             raise AppError(
                 ErrorCode.INVALID_JOB_STATE,
                 "only failed jobs can be re-run",
-                {"jobId": job_id, "status": old.status},
+                {"jobId": req.job_id, "status": old.status},
             )
         credential_id = await self.core.credentials.check(old.user_id, old.api_key_mode)
         await self.ensure_admission_row(old.user_id)
+        quota = self.plan_quota(req.plan) if req.user_id is not None else 0
 
-        async def body(session: AsyncSession) -> JobRecord:
+        async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
             platform = old.api_key_mode == "platform_key"
-            await self.admit(session, old.user_id, scope=None, quota=0, platform=platform)
+            found = await self.admit(
+                session, old.user_id, scope=scope, quota=quota, platform=platform
+            )
+            if found is not None:
+                return found, True
             snapshot_id = old.snapshot_id
-            if rebuild_snapshot or not snapshot_id:
+            if (
+                req.rebuild_snapshot
+                or not snapshot_id
+                or not await self.core.learning.snapshot_stored(session, snapshot_id)
+            ):
                 snapshot_id = await self.core.learning.build_snapshot(
                     session,
                     user_id=old.user_id,
@@ -185,15 +239,22 @@ class Admission:
                 )
             new = NewJob(
                 new_id(), old.user_id, old.job_type, old.target_type, old.target_id,
-                snapshot_id, old.params, old.api_key_mode, credential_id, None,
+                snapshot_id, old.params, old.api_key_mode, credential_id, req.idempotency_key,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
-                old.model_provider, old.model_name, trace_parent,
+                old.model_provider, old.model_name, req.trace_parent,
             )  # fmt: skip
-            return await self.insert_job(session, new, actor=actor or "admin")
+            return await self.insert_job(session, new, actor=req.actor), False
 
-        job = await self.core.store.tx(body)
-        self.created(job)
-        return job
+        try:
+            job, replayed = await self.locked_tx(old.user_id, body)
+        except IntegrityError:
+            existing = await self.by_scope(scope) if scope is not None else None
+            if existing is None:
+                raise
+            return existing, True
+        if not replayed:
+            self.created(job)
+        return job, replayed
 
     def created(self, job: JobRecord) -> None:
         """After a new job committed: count it, wake this process's long polls, log it."""
@@ -210,6 +271,16 @@ class Admission:
                 }
             },
         )
+
+    async def locked_tx(self, user_id: str, body: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """Run an admission transaction ``body`` (:meth:`admit` first); when it finds the
+        user's lock row gone (:class:`AdmissionRowMissing`), make the row and run it again."""
+        try:
+            return await self.core.store.tx(body)
+        except AdmissionRowMissing:
+            self.admission_rows.pop(user_id)
+            await self.ensure_admission_row(user_id)
+            return await self.core.store.tx(body)
 
     async def ensure_admission_row(self, user_id: str) -> None:
         """Make sure the user's admission lock row exists (MySQL/MariaDB only).
@@ -260,17 +331,22 @@ class Admission:
         clock = self.core.clock
         user = {"a_user": user_id}
         batch = new_batch(db)
-        batch.add(st.admission_lock.sql(clock, user))
+        lock = batch.add(st.admission_lock.sql(clock, user))
         found = None
         if scope is not None and scope.idempotency_key is not None:
             found = batch.add(st.scope_job.sql(clock, _scope_params(scope)))
         granted = batch.add(st.ai_granted.sql(clock, user))
-        used = batch.add(st.jobs_created_today.sql(clock, user)) if quota > 0 else None
+        used = None
+        if quota > 0:
+            counted = {**user, "a_pseudonym": pseudonym(self.pseudonym_key, user_id)}
+            used = batch.add(st.jobs_created_today.sql(clock, counted))
         spent = state = None
         if platform:
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
             state = batch.add(breaker.row_sql(lock=False))
         out = await batch.run()
+        if not clock.is_sqlite and out[lock].rowcount == 0:
+            raise AdmissionRowMissing(user_id)
         if found is not None and out[found].rows:
             return job_of(out[found].rows[0])
         check_granted(out[granted].rows[0][0] if out[granted].rows else None)
@@ -285,9 +361,13 @@ class Admission:
 
     def quota(self, req: CreateJobInput) -> int:
         """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""
+        return self.plan_quota(req.plan)
+
+    def plan_quota(self, plan: str | None) -> int:
+        """The daily job quota of a user on ``plan``: the plan's, else the default (0 = none)."""
         plans = self.core.settings.PLAN_DAILY_JOB_QUOTAS
-        if req.plan and req.plan in plans:
-            return plans[req.plan]
+        if plan and plan in plans:
+            return plans[plan]
         return self.core.settings.USER_DAILY_JOB_QUOTA
 
     def check_budget(self, spent: Any) -> None:

@@ -4,22 +4,15 @@ pending jobs, asks their leased ones to cancel and refuses new jobs until grante
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.lifecycle import PENDING, Op
 from job_service.services.admission import Admission
+from job_service.services.cancellation import end_jobs
 from job_service.services.core import Core
 from job_service.services.inputs import AuthorizationView
-from job_service.store import cache
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
 from job_service.store.engine import DbExec
-from job_service.store.tables import jobs
-from job_service.store.transitions import transition_sql
-
-#: ``cancel_requested IS FALSE``: a revoke asks a leased job to cancel only once.
-_NOT_ASKED = cache.stable(jobs.c.cancel_requested.is_(False))
 
 
 @dataclass(frozen=True)
@@ -72,49 +65,8 @@ class Authorization:
             out = await batch.run()
             revoked = _Revoked(0, 0)
             if live is not None:
-                revoked = await self._end_jobs(db, user_id, out[live].rows)
+                revoked = _Revoked(*await end_jobs(clock, db, f"user:{user_id}", out[live].rows))
             changed = (await run_one(db, st.authorization_row.sql(clock, user))).rows[0][1]
             return AuthorizationView(granted, changed, revoked.cancelled, revoked.cancel_requested)
 
         return await self.core.store.lean_tx(body)
-
-    async def _end_jobs(self, db: DbExec, user_id: str, rows: list[tuple[Any, ...]]) -> _Revoked:
-        """Cancel the pending ``rows`` and ask the leased ones to cancel, in one batch."""
-        clock = self.core.clock
-        actor = f"user:{user_id}"
-        batch = new_batch(db)
-        pending: list[int] = []
-        leased: list[int] = []
-        for job_id, status, attempt_no in rows:
-            if status == PENDING:
-                sql = transition_sql(
-                    clock,
-                    Op.CANCEL_PENDING,
-                    job_id=str(job_id),
-                    actor=actor,
-                    attempt_no=int(attempt_no),
-                    values={
-                        "cancelled_at": clock.now(),
-                        "finished_at": clock.now(),
-                        "cancel_requested": True,
-                    },
-                )
-                into = pending
-            else:
-                sql = transition_sql(
-                    clock,
-                    Op.REQUEST_CANCEL,
-                    job_id=str(job_id),
-                    actor=actor,
-                    from_state=str(status),
-                    attempt_no=int(attempt_no),
-                    where=_NOT_ASKED,
-                    values={"cancel_requested": True},
-                )
-                into = leased
-            if sql is not None:
-                into.append(sql.queue(batch))
-        out = await batch.run()
-        return _Revoked(
-            sum(out[i].rowcount == 1 for i in pending), sum(out[i].rowcount == 1 for i in leased)
-        )

@@ -3,15 +3,76 @@ leased one gets ``cancelRequested`` and its worker acknowledges at its next hear
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from airuntime_common.errors import AppError, ErrorCode
 from job_service import metrics
 from job_service.lifecycle import CANCELLED, LEASED, PENDING, Op
 from job_service.services.core import Core
+from job_service.store import cache
 from job_service.store import statements as st
 from job_service.store.batch import new_batch
+from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
 from job_service.store.records import JobRecord, job_of
+from job_service.store.tables import jobs
 from job_service.store.transitions import TransitionSql, transition_sql
+
+#: ``cancel_requested IS FALSE``: a leased job is asked to cancel only once.
+_NOT_ASKED = cache.stable(jobs.c.cancel_requested.is_(False))
+
+
+async def end_jobs(
+    clock: DbClock, db: DbExec, actor: str, rows: Sequence[Sequence[Any]]
+) -> tuple[int, int]:
+    """Cancel the pending jobs of ``rows`` and ask the leased ones to cancel, in one
+    batch, in the caller's transaction (SPEC §6 revoke, §9.2 deletes and erasure).
+
+    Args:
+        rows: ``(jobId, status, attemptNo)`` of live jobs, read locked by the caller;
+            terminal rows are skipped.
+
+    Returns:
+        ``(cancelled, cancel_requested)``: how many moved.
+    """
+    batch = new_batch(db)
+    pending: list[int] = []
+    leased: list[int] = []
+    for job_id, status, attempt_no in rows:
+        sql = None
+        if status == PENDING:
+            sql = transition_sql(
+                clock,
+                Op.CANCEL_PENDING,
+                job_id=str(job_id),
+                actor=actor,
+                attempt_no=int(attempt_no),
+                values={
+                    "cancelled_at": clock.now(),
+                    "finished_at": clock.now(),
+                    "cancel_requested": True,
+                },
+            )
+            into = pending
+        elif status in LEASED:
+            sql = transition_sql(
+                clock,
+                Op.REQUEST_CANCEL,
+                job_id=str(job_id),
+                actor=actor,
+                from_state=str(status),
+                attempt_no=int(attempt_no),
+                where=_NOT_ASKED,
+                values={"cancel_requested": True},
+            )
+            into = leased
+        if sql is not None:
+            into.append(sql.queue(batch))
+    if not pending and not leased:
+        return 0, 0
+    out = await batch.run()
+    return sum(out[i].rowcount == 1 for i in pending), sum(out[i].rowcount == 1 for i in leased)
 
 
 class Cancellation:

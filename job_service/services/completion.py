@@ -168,7 +168,7 @@ class Completion:
         if done.invalid is not None or not done.outcome.replayed:
             self._attempt_ended(sub, done)
         if done.invalid is not None:
-            raise AppError(ErrorCode.INVALID_SCHEMA, done.invalid.message, done.invalid.details)
+            raise AppError(done.invalid.code, done.invalid.message, done.invalid.details)
         return done.outcome
 
     async def _submit(self, db: DbExec, sub: _Submission) -> _Submitted:
@@ -186,6 +186,16 @@ class Completion:
         if not read.lease_held:
             metrics.LEASE_LOSSES.labels("result").inc()
             raise lease_refusal(sub.lease, facts.status)
+        if facts.cancel_requested and not await self.core.learning.snapshot_stored(
+            db, facts.snapshot_id or ""
+        ):
+            # Its data was deleted (SPEC §9.2): nothing to cite, nothing written.
+            gone = AppError(
+                ErrorCode.INVALID_JOB_STATE,
+                "the job's data was deleted; it is cancelled",
+                {"jobId": facts.job_id, "status": "cancelled"},
+            )
+            return await self._end_invalid(db, read, sub, gone, code=ErrorCode.CANCELLED)
         try:
             prepared = await self._prepare(db, facts, sub)
         except AppError as err:
@@ -254,16 +264,24 @@ class Completion:
         )
 
     async def _end_invalid(
-        self, db: DbExec, read: _Read, sub: _Submission, err: AppError
+        self,
+        db: DbExec,
+        read: _Read,
+        sub: _Submission,
+        err: AppError,
+        *,
+        code: str = ErrorCode.INVALID_SCHEMA,
     ) -> _Submitted:
-        """An invalid output ends the attempt as a fail with ``INVALID_SCHEMA`` would
-        (SPEC §2.3: failed, or cancelled when a cancel was requested); its calls are logged."""
+        """An invalid output ends the attempt as a fail with ``code`` would (SPEC §2.3:
+        failed, or cancelled when a cancel was requested); its calls are logged, ``err``
+        is raised once committed. ``code`` ``CANCELLED``: a cancel-requested job whose
+        data was deleted (SPEC §9.2), ended cancelled."""
         clock, facts, lease = self.core.clock, read.facts, sub.lease
         ending = end_attempt(
             cancel_requested=bool(facts.cancel_requested),
-            retry_count=0,  # INVALID_SCHEMA is final: the counters do not matter
+            retry_count=0,  # INVALID_SCHEMA / CANCELLED are final: the counters do not matter
             max_retry_count=0,
-            code=ErrorCode.INVALID_SCHEMA,
+            code=code,
             retry_after=None,
             policy=self.core.retry_policy,
         )
@@ -279,7 +297,7 @@ class Completion:
             actor=runtime_actor(lease.instance_id),
             lease=lease,
             from_state=facts.status,
-            error_code=ErrorCode.INVALID_SCHEMA,
+            error_code=code,
             values=values,
         )
         if end is None:
@@ -293,7 +311,7 @@ class Completion:
             raise lease_refusal(lease, facts.status) from None
         if facts.api_key_mode == "platform_key":
             # Neutral for the breaker, but it frees a half-open probe slot.
-            await breaker.record_ending(db, clock, self.core.settings, ErrorCode.INVALID_SCHEMA)
+            await breaker.record_ending(db, clock, self.core.settings, code)
         outcome = SubmitOutcome(facts.job_id, ending.ending.to_state, "", sub.output_hash, False)
         return _Submitted(outcome, facts, read.db_now, invalid=err, calls=calls)
 
@@ -377,7 +395,7 @@ class Completion:
                     "attemptNo": sub.lease.attempt_no,
                     "runtimeInstanceId": sub.lease.instance_id,
                     "status": status,
-                    "errorCode": ErrorCode.INVALID_SCHEMA if done.invalid else None,
+                    "errorCode": done.invalid.code if done.invalid else None,
                 }
             },
         )

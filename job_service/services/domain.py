@@ -39,6 +39,7 @@ from job_service.services.claiming import Claiming, check_poll_args
 from job_service.services.completion import Completion
 from job_service.services.console import Console, JobExplanation, ThroughputView
 from job_service.services.core import Core
+from job_service.services.erasure import Erased, Erasure
 from job_service.services.inputs import (
     AuthorizationView,
     ClaimNext,
@@ -46,10 +47,12 @@ from job_service.services.inputs import (
     LeaseAnswer,
     LeaseHolderView,
     ModelCallInput,
+    RetryInput,
     SubmitOutcome,
 )
 from job_service.services.leases import Leases
 from job_service.services.ports import CredentialChecker, LearningPort, SnapshotView
+from job_service.services.removal import EndedJobs, Removal
 from job_service.services.views import Views
 from job_service.settings import JobServiceSettings
 from job_service.store.clock import DbClock
@@ -92,6 +95,8 @@ class JobDomain:
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
         self.console = Console(self.core)
+        self.removal = Removal(self.core, self.admission)
+        self.erasure = Erasure(self.core, self.admission)
 
     # the shared parts, as tests and the app reach them
     @property
@@ -160,6 +165,10 @@ class JobDomain:
         return await self.admission.rerun(
             job_id, rebuild_snapshot=rebuild_snapshot, actor=actor, trace_parent=trace_parent
         )
+
+    async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
+        """:meth:`Admission.retry`."""
+        return await self.admission.retry(req)
 
     async def get_authorization(self, user_id: str) -> AuthorizationView:
         """:meth:`Authorization.get`."""
@@ -358,6 +367,18 @@ class JobDomain:
             created_from=created_from,
             created_to=created_to,
         )
+
+    async def delete_material(self, user_id: str, material_id: str) -> EndedJobs:
+        """:meth:`Removal.delete_material`."""
+        return await self.removal.delete_material(user_id, material_id)
+
+    async def erase_user(self, user_id: str) -> Erased:
+        """:meth:`Erasure.erase_user`."""
+        return await self.erasure.erase_user(user_id)
+
+    async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
+        """:meth:`Views.jobs_by_ids`."""
+        return await self.views.jobs_by_ids(user_id, job_ids)
 
     async def health(self) -> tuple[bool, list[WorkerView]]:
         """:meth:`Views.health`."""

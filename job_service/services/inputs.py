@@ -50,6 +50,29 @@ class CreateJobInput:
 
 
 @dataclass(frozen=True)
+class RetryInput:
+    """A re-run of a failed job (SPEC §2.3 admin re-run, §9.2 user retry).
+
+    Attributes:
+        job_id: the failed job.
+        rebuild_snapshot: build a new snapshot instead of reusing the job's.
+        actor: ``"user:<id>"`` / ``"admin:<id>"`` (the new job's first event).
+        user_id: set for a user's retry: the job must be theirs, quota applies.
+        idempotency_key: the user retry's ``Idempotency-Key``.
+        plan: the caller's ``plan`` claim for the per-plan daily quota.
+        trace_parent: the request's W3C ``traceparent``, or None.
+    """
+
+    job_id: str
+    rebuild_snapshot: bool = False
+    actor: str = "admin"
+    user_id: str | None = None
+    idempotency_key: str | None = None
+    plan: str | None = None
+    trace_parent: str | None = None
+
+
+@dataclass(frozen=True)
 class LeaseHolderView:
     """A leased job as credential resolution sees it (SPEC §3 VerifyLease)."""
 

@@ -74,7 +74,45 @@ class PreparedResult(Protocol):
         ...
 
 
-class LearningPort(Protocol):
+class MaterialScopeView(Protocol):
+    """What deleting a material reaches (:meth:`LearningPort.material_scope`)."""
+
+    @property
+    def snapshot_ids(self) -> frozenset[str]:
+        """The user's snapshots built from the material."""
+        ...
+
+    @property
+    def targets(self) -> list[tuple[str, str]]:
+        """``(targetType, targetId)`` of jobs on the material or its knowledge points."""
+        ...
+
+
+class LearnerDataPort(Protocol):
+    """Deleting and erasing the learner's data (SPEC §9.2), in the caller's transaction."""
+
+    async def material_scope(
+        self, session: AsyncSession, user_id: str, material_id: str
+    ) -> MaterialScopeView:
+        """What deleting the user's material reaches; reads only.
+
+        Raises:
+            AppError: ``NOT_FOUND`` when the material is unknown or another user's.
+        """
+        ...
+
+    async def delete_material(
+        self, session: AsyncSession, scope: MaterialScopeView, job_ids: Sequence[str]
+    ) -> None:
+        """Delete the material and everything built from it (and ``job_ids``' results)."""
+        ...
+
+    async def erase_user(self, session: AsyncSession, user_id: str, job_ids: Sequence[str]) -> None:
+        """Delete every learning row of the user (and ``job_ids``' results)."""
+        ...
+
+
+class LearningPort(LearnerDataPort, Protocol):
     """Snapshots, generation plans and business rows (SPEC §5), in the caller's transaction.
 
     The real port is :class:`job_service.learning.port.LearningModulePort`;
@@ -128,6 +166,11 @@ class LearningPort(Protocol):
         Raises:
             AppError: ``INVALID_SCHEMA`` (nothing written), ``INVALID_SNAPSHOT``.
         """
+        ...
+
+    async def snapshot_stored(self, db: DbExec, snapshot_id: str) -> bool:
+        """Whether the snapshot's row still exists: a cancel-requested job whose
+        snapshot is gone had its data deleted (SPEC §9.2)."""
         ...
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Sequence
 from datetime import datetime
 
 from airuntime_common import jobtypes
@@ -90,6 +91,31 @@ class Views:
             last = rows[-1]
             token = encode_list_token(last.created_at if user_id is not None else None, last.seq)
         return rows, token
+
+    async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
+        """Those of ``user_id``'s jobs among ``job_ids``, in the order asked, each once;
+        unknown and other users' ids left out (SPEC §9.2 ``GET /v1/ai/jobs?ids=``).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for more than 100 ids or no user.
+        """
+        if not user_id:
+            raise AppError(ErrorCode.INVALID_ARGUMENT, "userId is required", {"field": "userId"})
+        wanted = list(dict.fromkeys(i for i in job_ids if i))
+        if len(wanted) > MAX_PAGE_SIZE:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"at most {MAX_PAGE_SIZE} ids",
+                {"field": "ids", "count": len(wanted)},
+            )
+        if not wanted:
+            return []
+        stmt = st.jobs_by_ids(user_id=user_id, job_ids=wanted)
+        async with self.core.store.sessions() as session:
+            found = {
+                r.job_id: r for r in (JobRecord.from_row(x) for x in (await session.execute(stmt)))
+            }
+        return [found[i] for i in wanted if i in found]
 
     async def health(self) -> tuple[bool, list[WorkerView]]:
         """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""

@@ -10,6 +10,7 @@ at the end.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -22,6 +23,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    delete,
     func,
     insert,
     literal_column,
@@ -41,6 +43,7 @@ from job_service.store.records import RESULT_FACTS
 from job_service.store.tables import (
     admission_locks,
     authorizations,
+    erased_usage,
     events,
     invocations,
     jobs,
@@ -115,6 +118,25 @@ def live_jobs_of_user(clock: DbClock) -> Any:
     return _for_update(clock, stmt)
 
 
+def jobs_of_material(
+    clock: DbClock,
+    *,
+    user_id: str,
+    targets: Sequence[tuple[str, str]],
+    snapshot_ids: Sequence[str],
+) -> Any:
+    """``(jobId, status, attemptNo)`` of the user's jobs on any of ``targets``
+    (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the jobs a
+    material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
+    on = [and_(jobs.c.target_type == t, jobs.c.target_id == i) for t, i in targets]
+    if snapshot_ids:
+        on.append(jobs.c.snapshot_id.in_(list(snapshot_ids)))
+    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+        jobs.c.user_id == user_id, or_(*on)
+    )
+    return _for_update(clock, stmt)
+
+
 # ------------------------------------------------------------- admission
 
 
@@ -147,15 +169,68 @@ def ai_granted(clock: DbClock) -> Any:
 
 @Statement
 def jobs_created_today(clock: DbClock) -> Any:
-    """How many jobs the user (``a_user``) created since the database's UTC midnight."""
+    """How many jobs the user (``a_user``) created since the database's UTC midnight,
+    with the day's jobs of an erased user of the same id (pseudonym ``a_pseudonym``,
+    SPEC §9.2: erasing does not reset a quota), one row read by primary key."""
+    erased = (
+        select(erased_usage.c.jobs)
+        .where(
+            erased_usage.c.pseudonym == bindparam("a_pseudonym", type_=String()),
+            erased_usage.c.day == clock.today(),
+        )
+        .scalar_subquery()
+    )
     return (
-        select(func.count())
+        select(func.count() + func.coalesce(erased, 0))
         .select_from(jobs)
         .where(
             jobs.c.user_id == bindparam("a_user", type_=String()),
             jobs.c.created_at >= clock.day_start(),
         )
     )
+
+
+@Statement
+def add_erased_usage(clock: DbClock) -> Any:
+    """Upsert adding ``jobs`` to today's erased-usage row of ``pseudonym`` (SPEC §9.2)."""
+    from job_service.learning.common import adding_upsert
+
+    return adding_upsert(
+        clock.dialect,
+        erased_usage,
+        keys=("pseudonym", "day"),
+        add=("jobs",),
+        values={"day": clock.today()},
+    )
+
+
+def jobs_of_user(clock: DbClock, user_id: str) -> Any:
+    """``(jobId, status, attemptNo, createdToday)`` of every job of the user, locked:
+    an erasure's read (SPEC §9.2)."""
+    today = case((jobs.c.created_at >= clock.day_start(), 1), else_=0)
+    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no, today).where(
+        jobs.c.user_id == user_id
+    )
+    return _for_update(clock, stmt)
+
+
+def erase_jobs(user_id: str, job_ids: Sequence[str], pseudonym: str) -> list[Any]:
+    """An erasure's writes on the job tables, in order (SPEC §9.2): the invocation logs
+    of ``job_ids`` keep tokens and cost under ``pseudonym`` (as their ``job_id``, no
+    credential), then the jobs' events, the user's jobs, AI switch and admission row go."""
+    ids = list(job_ids)
+    out: list[Any] = []
+    if ids:
+        out.append(
+            update(invocations)
+            .where(invocations.c.job_id.in_(ids))
+            .values(job_id=pseudonym, credential_id=None)
+        )
+        out.append(delete(events).where(events.c.job_id.in_(ids)))
+    out.append(delete(jobs).where(jobs.c.user_id == user_id))
+    out.append(delete(authorizations).where(authorizations.c.user_id == user_id))
+    out.append(delete(admission_locks).where(admission_locks.c.user_id == user_id))
+    return out
 
 
 @Statement
@@ -438,6 +513,12 @@ COST_GROUPS: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------ views
+
+
+def jobs_by_ids(*, user_id: str, job_ids: Sequence[str]) -> Select[Any]:
+    """The user's jobs among ``job_ids`` (by the unique job id index), in no order
+    (SPEC §9.2 ``GET /v1/ai/jobs?ids=``)."""
+    return select(jobs).where(jobs.c.job_id.in_(list(job_ids)), jobs.c.user_id == user_id)
 
 
 def list_jobs(

@@ -265,3 +265,24 @@ class PlatformSpend(Base):
 
 
 platform_spend = cast(Table, PlatformSpend.__table__)
+
+
+class ErasedUsage(Base):
+    """``ai_runtime_erased_usage``: jobs created per UTC day by users since erased
+    (SPEC §9.2 ``DELETE /v1/me``), under a one-way pseudonym of the user id
+    (keyed HMAC, :func:`job_service.services.erasure.pseudonym`).
+
+    An erasure removes the user's jobs, so the day's quota count (their jobs of
+    the day) would start again from 0; the count moves here instead, and the
+    quota check adds the row of the caller's pseudonym for the day, so erasing
+    does not reset a quota.
+    """
+
+    __tablename__ = "ai_runtime_erased_usage"
+
+    pseudonym: Mapped[str] = mapped_column(String(64), primary_key=True)
+    day: Mapped[date] = mapped_column(Date, primary_key=True)
+    jobs: Mapped[int] = mapped_column(BigInteger, nullable=False, default=0)
+
+
+erased_usage = cast(Table, ErasedUsage.__table__)

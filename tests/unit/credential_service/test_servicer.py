@@ -119,6 +119,27 @@ async def test_put_rejects_bad_input(
         assert key not in err.message and key not in str(err.details)
 
 
+async def test_erase_user_credentials_is_idempotent(env: Env) -> None:
+    """``DELETE /v1/me``'s credential half (SPEC §9.2): every row of the user goes,
+    other users' stay, and a repeat removes nothing without an error."""
+    await put(env, "u1")
+    await put(env, "u2")
+    first = await env.stub.EraseUserCredentials(
+        rr.EraseUserCredentialsRequest(user_id="u1"), metadata=env.md()
+    )
+    assert first.removed == 1
+    again = await env.stub.EraseUserCredentials(
+        rr.EraseUserCredentialsRequest(user_id="u1"), metadata=env.md()
+    )
+    assert again.removed == 0
+    err = await refused(
+        env.stub.GetCredential(rr.GetCredentialRequest(user_id="u1"), metadata=env.md())
+    )
+    assert err.code == ErrorCode.NOT_FOUND
+    kept = await env.stub.GetCredential(rr.GetCredentialRequest(user_id="u2"), metadata=env.md())
+    assert kept.credential.masked_key
+
+
 async def test_get_and_delete_not_found(env: Env) -> None:
     err = await refused(
         env.stub.GetCredential(rr.GetCredentialRequest(user_id="nobody"), metadata=env.md())

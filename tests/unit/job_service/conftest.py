@@ -103,6 +103,9 @@ class FakeLearning:
             not_found=missing,
         )
 
+    async def snapshot_stored(self, db: Any, snapshot_id: str) -> bool:
+        return snapshot_id in self.snapshots
+
     def generation_plan(self, clock: Any, **kw: Any) -> Sql | None:
         if kw["job_type"] in ("quiz_generation", "flashcard_generation"):
             self.plans.append(kw["job_id"])

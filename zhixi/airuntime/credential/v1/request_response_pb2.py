@@ -26,7 +26,7 @@ from zhixi.airuntime.common.v1 import message_pb2 as zhixi_dot_airuntime_dot_com
 from zhixi.airuntime.credential.v1 import message_pb2 as zhixi_dot_airuntime_dot_credential_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4zhixi/airuntime/credential/v1/request_response.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\'zhixi/airuntime/common/v1/message.proto\x1a+zhixi/airuntime/credential/v1/message.proto\"J\n\x14PutCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\"V\n\x15PutCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"\'\n\x14GetCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"V\n\x15GetCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"*\n\x17\x44\x65leteCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteCredentialResponse\">\n\x18ResolveCredentialRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_no\x18\x02 \x01(\x05\"\xbe\x01\n\x19ResolveCredentialResponse\x12;\n\x0c\x61pi_key_mode\x18\x01 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\x12\x16\n\x0emodel_provider\x18\x04 \x01(\t\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\"E\n\x1cMarkCredentialInvalidRequest\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x1dMarkCredentialInvalidResponse\"\'\n\x11RotateKeysRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\"8\n\x12RotateKeysResponse\x12\x0f\n\x07rotated\x18\x01 \x01(\x05\x12\x11\n\tremaining\x18\x02 \x01(\x05\"f\n\x16\x43heckCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12;\n\x0c\x61pi_key_mode\x18\x02 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\"c\n\x17\x43heckCredentialResponse\x12\x0e\n\x06usable\x18\x01 \x01(\x08\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tproviders\x18\x04 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4zhixi/airuntime/credential/v1/request_response.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\'zhixi/airuntime/common/v1/message.proto\x1a+zhixi/airuntime/credential/v1/message.proto\"J\n\x14PutCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\"V\n\x15PutCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"\'\n\x14GetCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"V\n\x15GetCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"*\n\x17\x44\x65leteCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteCredentialResponse\".\n\x1b\x45raseUserCredentialsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"/\n\x1c\x45raseUserCredentialsResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x05\">\n\x18ResolveCredentialRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_no\x18\x02 \x01(\x05\"\xbe\x01\n\x19ResolveCredentialResponse\x12;\n\x0c\x61pi_key_mode\x18\x01 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\x12\x16\n\x0emodel_provider\x18\x04 \x01(\t\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\"E\n\x1cMarkCredentialInvalidRequest\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x1dMarkCredentialInvalidResponse\"\'\n\x11RotateKeysRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\"8\n\x12RotateKeysResponse\x12\x0f\n\x07rotated\x18\x01 \x01(\x05\x12\x11\n\tremaining\x18\x02 \x01(\x05\"f\n\x16\x43heckCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12;\n\x0c\x61pi_key_mode\x18\x02 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\"c\n\x17\x43heckCredentialResponse\x12\x0e\n\x06usable\x18\x01 \x01(\x08\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tproviders\x18\x04 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,20 +45,24 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELETECREDENTIALREQUEST']._serialized_end=508
   _globals['_DELETECREDENTIALRESPONSE']._serialized_start=510
   _globals['_DELETECREDENTIALRESPONSE']._serialized_end=536
-  _globals['_RESOLVECREDENTIALREQUEST']._serialized_start=538
-  _globals['_RESOLVECREDENTIALREQUEST']._serialized_end=600
-  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_start=603
-  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_end=793
-  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_start=795
-  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_end=864
-  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_start=866
-  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_end=897
-  _globals['_ROTATEKEYSREQUEST']._serialized_start=899
-  _globals['_ROTATEKEYSREQUEST']._serialized_end=938
-  _globals['_ROTATEKEYSRESPONSE']._serialized_start=940
-  _globals['_ROTATEKEYSRESPONSE']._serialized_end=996
-  _globals['_CHECKCREDENTIALREQUEST']._serialized_start=998
-  _globals['_CHECKCREDENTIALREQUEST']._serialized_end=1100
-  _globals['_CHECKCREDENTIALRESPONSE']._serialized_start=1102
-  _globals['_CHECKCREDENTIALRESPONSE']._serialized_end=1201
+  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_start=538
+  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_end=584
+  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_start=586
+  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_end=633
+  _globals['_RESOLVECREDENTIALREQUEST']._serialized_start=635
+  _globals['_RESOLVECREDENTIALREQUEST']._serialized_end=697
+  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_start=700
+  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_end=890
+  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_start=892
+  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_end=961
+  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_start=963
+  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_end=994
+  _globals['_ROTATEKEYSREQUEST']._serialized_start=996
+  _globals['_ROTATEKEYSREQUEST']._serialized_end=1035
+  _globals['_ROTATEKEYSRESPONSE']._serialized_start=1037
+  _globals['_ROTATEKEYSRESPONSE']._serialized_end=1093
+  _globals['_CHECKCREDENTIALREQUEST']._serialized_start=1095
+  _globals['_CHECKCREDENTIALREQUEST']._serialized_end=1197
+  _globals['_CHECKCREDENTIALRESPONSE']._serialized_start=1199
+  _globals['_CHECKCREDENTIALRESPONSE']._serialized_end=1298
 # @@protoc_insertion_point(module_scope)

@@ -46,6 +46,18 @@ class DeleteCredentialResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class EraseUserCredentialsRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class EraseUserCredentialsResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
 class ResolveCredentialRequest(_message.Message):
     __slots__ = ("job_id", "attempt_no")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

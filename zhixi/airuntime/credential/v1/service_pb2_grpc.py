@@ -50,6 +50,11 @@ class CredentialServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialResponse.FromString,
                 _registered_method=True)
+        self.EraseUserCredentials = channel.unary_unary(
+                '/zhixi.airuntime.credential.v1.CredentialService/EraseUserCredentials',
+                request_serializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsResponse.FromString,
+                _registered_method=True)
         self.ResolveCredential = channel.unary_unary(
                 '/zhixi.airuntime.credential.v1.CredentialService/ResolveCredential',
                 request_serializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.ResolveCredentialRequest.SerializeToString,
@@ -89,6 +94,12 @@ class CredentialServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteCredential(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EraseUserCredentials(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +146,11 @@ def add_CredentialServiceServicer_to_server(servicer, server):
                     servicer.DeleteCredential,
                     request_deserializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialResponse.SerializeToString,
+            ),
+            'EraseUserCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseUserCredentials,
+                    request_deserializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsResponse.SerializeToString,
             ),
             'ResolveCredential': grpc.unary_unary_rpc_method_handler(
                     servicer.ResolveCredential,
@@ -239,6 +255,33 @@ class CredentialService:
             '/zhixi.airuntime.credential.v1.CredentialService/DeleteCredential',
             zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialRequest.SerializeToString,
             zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.DeleteCredentialResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseUserCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.credential.v1.CredentialService/EraseUserCredentials',
+            zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_credential_dot_v1_dot_request__response__pb2.EraseUserCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -235,18 +235,20 @@ class Block(_message.Message):
     def __init__(self, block_id: _Optional[str] = ..., ordinal: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class Material(_message.Message):
-    __slots__ = ("material_id", "user_id", "title", "blocks", "created_at")
+    __slots__ = ("material_id", "user_id", "title", "blocks", "created_at", "block_count")
     MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     TITLE_FIELD_NUMBER: _ClassVar[int]
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_COUNT_FIELD_NUMBER: _ClassVar[int]
     material_id: str
     user_id: str
     title: str
     blocks: _containers.RepeatedCompositeFieldContainer[Block]
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, material_id: _Optional[str] = ..., user_id: _Optional[str] = ..., title: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    block_count: int
+    def __init__(self, material_id: _Optional[str] = ..., user_id: _Optional[str] = ..., title: _Optional[str] = ..., blocks: _Optional[_Iterable[_Union[Block, _Mapping]]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., block_count: _Optional[int] = ...) -> None: ...
 
 class KnowledgePoint(_message.Message):
     __slots__ = ("knowledge_point_id", "user_id", "material_id", "name", "block_ids", "created_at")

@@ -89,7 +89,7 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.Invocation, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[_message_pb2_1.JobAttempt, _Mapping]]] = ..., snapshot: _Optional[_Union[_message_pb2_1.SnapshotSummary, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token", "created_from", "created_to", "include_counts")
+    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token", "created_from", "created_to", "include_counts", "job_ids")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class ListJobsRequest(_message.Message):
     CREATED_FROM_FIELD_NUMBER: _ClassVar[int]
     CREATED_TO_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    JOB_IDS_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     status: _message_pb2.JobStatus
     job_type: _message_pb2.JobType
@@ -106,7 +107,8 @@ class ListJobsRequest(_message.Message):
     created_from: _timestamp_pb2.Timestamp
     created_to: _timestamp_pb2.Timestamp
     include_counts: bool
-    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., created_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_counts: _Optional[bool] = ...) -> None: ...
+    job_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., created_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_counts: _Optional[bool] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token", "counts")
@@ -135,20 +137,28 @@ class CancelJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ...) -> None: ...
 
 class RerunJobRequest(_message.Message):
-    __slots__ = ("job_id", "rebuild_snapshot", "actor")
+    __slots__ = ("job_id", "rebuild_snapshot", "actor", "user_id", "idempotency_key", "plan")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     REBUILD_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     ACTOR_FIELD_NUMBER: _ClassVar[int]
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rebuild_snapshot: bool
     actor: str
-    def __init__(self, job_id: _Optional[str] = ..., rebuild_snapshot: _Optional[bool] = ..., actor: _Optional[str] = ...) -> None: ...
+    user_id: str
+    idempotency_key: str
+    plan: str
+    def __init__(self, job_id: _Optional[str] = ..., rebuild_snapshot: _Optional[bool] = ..., actor: _Optional[str] = ..., user_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., plan: _Optional[str] = ...) -> None: ...
 
 class RerunJobResponse(_message.Message):
-    __slots__ = ("job",)
+    __slots__ = ("job", "replayed")
     JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
     job: _message_pb2_1.Job
-    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ...) -> None: ...
+    replayed: bool
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
 class GetJobResultRequest(_message.Message):
     __slots__ = ("job_id", "user_id")
@@ -241,6 +251,44 @@ class CreateMaterialResponse(_message.Message):
     def __init__(self, material: _Optional[_Union[_message_pb2_1.Material, _Mapping]] = ...) -> None: ...
 
 class GetMaterialRequest(_message.Message):
+    __slots__ = ("user_id", "material_id", "blocks_page_size", "blocks_page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    material_id: str
+    blocks_page_size: int
+    blocks_page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., material_id: _Optional[str] = ..., blocks_page_size: _Optional[int] = ..., blocks_page_token: _Optional[str] = ...) -> None: ...
+
+class GetMaterialResponse(_message.Message):
+    __slots__ = ("material", "next_blocks_page_token")
+    MATERIAL_FIELD_NUMBER: _ClassVar[int]
+    NEXT_BLOCKS_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    material: _message_pb2_1.Material
+    next_blocks_page_token: str
+    def __init__(self, material: _Optional[_Union[_message_pb2_1.Material, _Mapping]] = ..., next_blocks_page_token: _Optional[str] = ...) -> None: ...
+
+class ListMaterialsRequest(_message.Message):
+    __slots__ = ("user_id", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListMaterialsResponse(_message.Message):
+    __slots__ = ("materials", "next_page_token")
+    MATERIALS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    materials: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.Material]
+    next_page_token: str
+    def __init__(self, materials: _Optional[_Iterable[_Union[_message_pb2_1.Material, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteMaterialRequest(_message.Message):
     __slots__ = ("user_id", "material_id")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -248,11 +296,75 @@ class GetMaterialRequest(_message.Message):
     material_id: str
     def __init__(self, user_id: _Optional[str] = ..., material_id: _Optional[str] = ...) -> None: ...
 
-class GetMaterialResponse(_message.Message):
-    __slots__ = ("material",)
-    MATERIAL_FIELD_NUMBER: _ClassVar[int]
-    material: _message_pb2_1.Material
-    def __init__(self, material: _Optional[_Union[_message_pb2_1.Material, _Mapping]] = ...) -> None: ...
+class DeleteMaterialResponse(_message.Message):
+    __slots__ = ("cancelled", "cancel_requested")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: int
+    cancel_requested: int
+    def __init__(self, cancelled: _Optional[int] = ..., cancel_requested: _Optional[int] = ...) -> None: ...
+
+class ListKnowledgePointsRequest(_message.Message):
+    __slots__ = ("user_id", "material_id", "page_size", "page_token")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    material_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, user_id: _Optional[str] = ..., material_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListKnowledgePointsResponse(_message.Message):
+    __slots__ = ("knowledge_points", "next_page_token")
+    KNOWLEDGE_POINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    knowledge_points: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.KnowledgePoint]
+    next_page_token: str
+    def __init__(self, knowledge_points: _Optional[_Iterable[_Union[_message_pb2_1.KnowledgePoint, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class DeleteKnowledgePointRequest(_message.Message):
+    __slots__ = ("user_id", "knowledge_point_id")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    KNOWLEDGE_POINT_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    knowledge_point_id: str
+    def __init__(self, user_id: _Optional[str] = ..., knowledge_point_id: _Optional[str] = ...) -> None: ...
+
+class DeleteKnowledgePointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DeleteResultItemRequest(_message.Message):
+    __slots__ = ("user_id", "kind", "item_id")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    kind: ResultKind
+    item_id: str
+    def __init__(self, user_id: _Optional[str] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., item_id: _Optional[str] = ...) -> None: ...
+
+class DeleteResultItemResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EraseUserRequest(_message.Message):
+    __slots__ = ("user_id",)
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    def __init__(self, user_id: _Optional[str] = ...) -> None: ...
+
+class EraseUserResponse(_message.Message):
+    __slots__ = ("cancelled", "cancel_requested", "jobs_removed")
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    JOBS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    cancelled: int
+    cancel_requested: int
+    jobs_removed: int
+    def __init__(self, cancelled: _Optional[int] = ..., cancel_requested: _Optional[int] = ..., jobs_removed: _Optional[int] = ...) -> None: ...
 
 class CreateKnowledgePointRequest(_message.Message):
     __slots__ = ("user_id", "material_id", "name", "block_ids")

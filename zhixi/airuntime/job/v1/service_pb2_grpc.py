@@ -101,6 +101,36 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsResponse.FromString,
                 _registered_method=True)
+        self.ListMaterials = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/ListMaterials',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsResponse.FromString,
+                _registered_method=True)
+        self.DeleteMaterial = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/DeleteMaterial',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialResponse.FromString,
+                _registered_method=True)
+        self.ListKnowledgePoints = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/ListKnowledgePoints',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsResponse.FromString,
+                _registered_method=True)
+        self.DeleteKnowledgePoint = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/DeleteKnowledgePoint',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointResponse.FromString,
+                _registered_method=True)
+        self.DeleteResultItem = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/DeleteResultItem',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemResponse.FromString,
+                _registered_method=True)
+        self.EraseUser = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/EraseUser',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserResponse.FromString,
+                _registered_method=True)
         self.GetCosts = channel.unary_unary(
                 '/zhixi.airuntime.job.v1.JobService/GetCosts',
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetCostsRequest.SerializeToString,
@@ -272,6 +302,42 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RecordLearningEvents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListMaterials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteMaterial(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKnowledgePoints(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteKnowledgePoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteResultItem(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EraseUser(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -457,6 +523,36 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.RecordLearningEvents,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsResponse.SerializeToString,
+            ),
+            'ListMaterials': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListMaterials,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsResponse.SerializeToString,
+            ),
+            'DeleteMaterial': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteMaterial,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialResponse.SerializeToString,
+            ),
+            'ListKnowledgePoints': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKnowledgePoints,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsResponse.SerializeToString,
+            ),
+            'DeleteKnowledgePoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteKnowledgePoint,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointResponse.SerializeToString,
+            ),
+            'DeleteResultItem': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteResultItem,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemResponse.SerializeToString,
+            ),
+            'EraseUser': grpc.unary_unary_rpc_method_handler(
+                    servicer.EraseUser,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserResponse.SerializeToString,
             ),
             'GetCosts': grpc.unary_unary_rpc_method_handler(
                     servicer.GetCosts,
@@ -902,6 +998,168 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/RecordLearningEvents',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RecordLearningEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListMaterials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/ListMaterials',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListMaterialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteMaterial(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/DeleteMaterial',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteMaterialResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKnowledgePoints(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/ListKnowledgePoints',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListKnowledgePointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteKnowledgePoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/DeleteKnowledgePoint',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteKnowledgePointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteResultItem(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/DeleteResultItem',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.DeleteResultItemResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EraseUser(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/EraseUser',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.EraseUserResponse.FromString,
             options,
             channel_credentials,
             insecure,
