@@ -293,7 +293,13 @@ class Completion:
             raise lease_refusal(lease, facts.status) from None
         if facts.api_key_mode == "platform_key":
             # Neutral for the breaker, but it frees a half-open probe slot.
-            await breaker.record_ending(db, clock, self.core.settings, ErrorCode.INVALID_SCHEMA)
+            await breaker.record_ending(
+                db,
+                clock,
+                self.core.settings,
+                ErrorCode.INVALID_SCHEMA,
+                provider=facts.model_provider,
+            )
         outcome = SubmitOutcome(facts.job_id, ending.ending.to_state, "", sub.output_hash, False)
         return _Submitted(outcome, facts, read.db_now, invalid=err, calls=calls)
 
@@ -305,7 +311,9 @@ class Completion:
         after a lost connection, the transaction replays by the idempotency key."""
         clock, facts, lease = self.core.clock, read.facts, sub.lease
         if facts.api_key_mode == "platform_key":
-            await breaker.record_ending(db, clock, self.core.settings, None, read.breaker_peek)
+            await breaker.record_ending(
+                db, clock, self.core.settings, None, read.breaker_peek, facts.model_provider
+            )
         succeed = transition_sql(
             clock,
             Op.SUCCEED,
@@ -496,7 +504,9 @@ class Completion:
             raise lease_refusal(lease, job.status) from None
         refused = None
         if job.api_key_mode == "platform_key":
-            await breaker.record_ending(db, clock, self.core.settings, code)
+            await breaker.record_ending(
+                db, clock, self.core.settings, code, provider=job.model_provider
+            )
         elif code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
             refused = job.credential_id
         return _Failed(job_of(out[read].rows[0]), refused_credential=refused, calls=logged)
