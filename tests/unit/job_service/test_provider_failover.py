@@ -231,3 +231,35 @@ async def test_one_provider_keeps_the_first_release_breaker(
     assert err.value.code == ErrorCode.PLATFORM_CIRCUIT_OPEN
     again = await claim_one(domain)  # queued jobs still run, on the only provider
     assert again.model_provider == "deepseek"
+
+
+async def test_a_user_key_job_follows_the_key_and_provider_it_ran_on(
+    failover: JobDomain,
+) -> None:
+    """The job's credentialId and modelProvider follow the attempt's model call (the
+    user's current key, resolved for its own provider), and a refusal by the model
+    marks that key invalid, not the one stored at create (SPEC §9.4)."""
+    from job_service.services.inputs import ModelCallInput
+
+    fake = failover.credentials
+    job = await new_job(failover, api_key_mode="user_deepseek_key")
+    assert job.credential_id == "cred-u1"
+    leased = await failover.lock(job.job_id, "w")
+    call = ModelCallInput(
+        "backup", "backup-chat", "user_deepseek_key", "cred-new", 1, 1, 0, 5, "failed",
+        "INVALID_CREDENTIAL", None,
+    )  # fmt: skip
+    await failover.fail(
+        Lease(job.job_id, "w", leased.attempt_no),
+        error_code="INVALID_CREDENTIAL",
+        error_message="401",
+        calls=[call],
+    )
+    done = await failover.get(job.job_id)
+    assert (done.status, done.credential_id, done.model_provider) == (
+        "failed",
+        "cred-new",
+        "backup",
+    )
+    assert [c for c, _ in fake.marked] == ["cred-new"]  # type: ignore[attr-defined]
+    assert await states(failover) == {"primary": ("closed", 0), "backup": ("closed", 0)}
