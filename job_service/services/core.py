@@ -56,12 +56,18 @@ class Core:
     claimed_snapshots: LruCache[str, str] = field(
         default_factory=lambda: LruCache(MAX_CLAIMED_SNAPSHOTS)
     )
-    providers: ModelProviders = field(init=False)
+    _providers: ModelProviders | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.registry = WorkerRegistry(self.store.clock)
         self.probe = PendingProbe(self._any_claimable, RECHECK_SECONDS)
-        self.providers = self.settings.providers()
+
+    @property
+    def providers(self) -> ModelProviders:
+        """``MODEL_PROVIDERS`` (read from the settings once)."""
+        if self._providers is None:
+            self._providers = self.settings.providers()
+        return self._providers
 
     def platform_candidates(self, model_name: str) -> list[str]:
         """The providers a platform-key attempt of a job asking for ``model_name`` may
