@@ -131,6 +131,7 @@ def event_json(event: Any) -> dict[str, Any]:
         "actor": event.actor,
         "attemptNo": event.attempt_no,
         "at": ts(event, "at"),
+        "modelProvider": opt(event, "model_provider"),
     }
 
 

@@ -303,6 +303,8 @@ class JobEventOut(BaseModel):
     actor: str
     attemptNo: int
     at: str | None
+    #: The provider a lease grant gave the attempt (its ``locked`` event; SPEC §9.4).
+    modelProvider: str | None = None
 
 
 class InvocationOut(BaseModel):

@@ -90,6 +90,8 @@ async def test_admin_job_view_has_events_and_invocations(
         ("pending", "locked"),
     ]
     assert body["events"][0]["at"] == "2026-11-30T12:00:00.123Z"
+    # the provider a lease grant gave the attempt, on its locked event only (SPEC §9.4)
+    assert [e["modelProvider"] for e in body["events"]] == [None, "deepseek"]
     inv = body["invocations"][0]
     assert inv["costUsd"] == pytest.approx(0.0012)
     assert inv["credentialId"] is None and inv["apiKeyMode"] == "platform_key"
