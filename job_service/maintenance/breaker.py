@@ -328,7 +328,14 @@ async def choose_providers(
     first = candidates[0]
     if (await _rows(session, clock, [first], lock=False))[first].state == "closed":
         return [first] * n
-    rows = await _rows(session, clock, candidates, lock=True)
+    # Only the rows that may change are locked: those before the first closed one
+    # (a closed breaker admits without a write; the ones after it are never reached).
+    rows = await _rows(session, clock, candidates, lock=False)
+    reach = next((i for i, p in enumerate(candidates) if rows[p].state == "closed"), None)
+    used = list(candidates if reach is None else candidates[: reach + 1])
+    locked = [p for p in used if rows[p].state != "closed"]
+    rows.update(await _rows(session, clock, locked, lock=True))
+    candidates = used
     now = await clock.read(session)
     cooldown = timedelta(seconds=settings.BREAKER_COOLDOWN_SECONDS)
     limit = settings.BREAKER_HALF_OPEN_PROBES
