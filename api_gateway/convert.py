@@ -131,6 +131,7 @@ def event_json(event: Any) -> dict[str, Any]:
         "actor": event.actor,
         "attemptNo": event.attempt_no,
         "at": ts(event, "at"),
+        "modelProvider": opt(event, "model_provider"),
     }
 
 
@@ -207,12 +208,23 @@ def credential_json(cred: Any) -> dict[str, Any]:
 
 
 def breaker_json(breaker: Any) -> dict[str, Any]:
-    """A ``CircuitBreaker`` → JSON."""
+    """A ``CircuitBreaker`` → JSON: the first provider's fields, and every provider's
+    in ``providers`` (SPEC §9.4)."""
     return {
         "state": BREAKER_STATE.to_str_or_none(breaker.state),
         "consecutiveFailures": breaker.consecutive_failures,
         "openedAt": ts(breaker, "opened_at"),
         "halfOpenAt": ts(breaker, "half_open_at"),
+        "providers": [
+            {
+                "name": p.name,
+                "state": BREAKER_STATE.to_str_or_none(p.state),
+                "consecutiveFailures": p.consecutive_failures,
+                "openedAt": ts(p, "opened_at"),
+                "halfOpenAt": ts(p, "half_open_at"),
+            }
+            for p in breaker.providers
+        ],
     }
 
 

@@ -38,7 +38,7 @@ TargetType = Literal["user", "material", "knowledge_point"]
 ApiKeyMode = Literal["platform_key", "user_deepseek_key"]
 QuestionType = Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
 ResultKind = Literal["analyses", "weak-points", "recommendations", "questions", "flashcards"]
-GroupBy = Literal["day", "jobType", "modelName", "apiKeyMode"]
+GroupBy = Literal["day", "jobType", "modelName", "modelProvider", "apiKeyMode"]
 BreakerState = Literal["closed", "open", "half_open"]
 AttemptNo = Field(ge=1, le=INT32_MAX)
 
@@ -303,6 +303,8 @@ class JobEventOut(BaseModel):
     actor: str
     attemptNo: int
     at: str | None
+    #: The provider a lease grant gave the attempt (its ``locked`` event; SPEC §9.4).
+    modelProvider: str | None = None
 
 
 class InvocationOut(BaseModel):
@@ -528,13 +530,25 @@ class CostsOut(BaseModel):
     rows: list[CostRowOut]
 
 
+class ProviderBreakerOut(BaseModel):
+    """One model provider's platform-key breaker (SPEC §9.4)."""
+
+    name: str
+    state: BreakerState | None
+    consecutiveFailures: int
+    openedAt: str | None
+    halfOpenAt: str | None
+
+
 class BreakerOut(BaseModel):
-    """The platform circuit breaker (SPEC §6)."""
+    """The platform circuit breaker (SPEC §6): the first provider's fields, and every
+    provider's in ``providers``, in ``MODEL_PROVIDERS`` order (SPEC §9.4)."""
 
     state: BreakerState | None
     consecutiveFailures: int
     openedAt: str | None
     halfOpenAt: str | None
+    providers: list[ProviderBreakerOut] = []
 
 
 class RuntimeWorkerOut(BaseModel):

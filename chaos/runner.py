@@ -25,6 +25,7 @@ import pymysql
 from sqlalchemy.engine import make_url
 
 from airuntime_common.db import GALERA_ALLOW_DIRECT_NODE, mysql_async_driver
+from chaos import failover
 from chaos import galera_faults as gf
 from chaos import scenarios as sc
 from chaos.galera import GaleraBackend
@@ -39,6 +40,7 @@ FAULTS: tuple[str, ...] = (
     "model_faults",
     "clock_skew",
     "race",
+    "provider_failover",
 )
 #: SPEC §9.6: faults of a Galera cluster behind HAProxy (each on its own cluster).
 GALERA_FAULTS: tuple[str, ...] = ("galera_writer_kill", "galera_conn_kill", "galera_multi_writer")
@@ -101,6 +103,8 @@ def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str,
         }
     if name == "race":
         return {"workers": profile.race_workers, "replicas": 2}
+    if name == "provider_failover":
+        return failover.system_kwargs()
     if name == "soak":
         return {"workers": profile.soak_workers}
     if name in ("galera_writer_kill", "galera_conn_kill"):
@@ -158,6 +162,8 @@ async def run_on(
         return await sc.clock_skew(system, profile, options.skew_seconds)
     if name == "race":
         return await sc.race(system, profile, options.seed)
+    if name == "provider_failover":
+        return await failover.provider_failover(system, profile)
     if name == "soak":
         return await sc.soak(
             system,

@@ -186,6 +186,10 @@ class System:
             on the first.
         causal_reads: the harness's own SQL (audit, sampler) waits for its Galera node
             to have applied everything committed before (``wsrep_sync_wait``).
+        service_env: more environment for the services of one kind, set after the
+            launch plan is built (e.g. the platform keys credential_service holds,
+            which the plan withholds from every child when it points them at the
+            stand-in).
     """
 
     def __init__(
@@ -202,6 +206,7 @@ class System:
         replicas_together: bool = False,
         spread: bool = False,
         causal_reads: bool = False,
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.database_url = database_url
         self.work_dir = Path(work_dir)
@@ -221,6 +226,11 @@ class System:
             self._replica_databases(plan.services, replica_urls)
         if skew_seconds is not None:
             self._skew_last_worker(plan.services, skew_seconds, resolve_skew_method(skew_method))
+        for kind, more in (service_env or {}).items():
+            for spec in [s for s in plan.services if s.kind == kind]:
+                plan.services[plan.services.index(spec)] = dataclasses.replace(
+                    spec, env={**spec.env, **more}
+                )
         self.plan = plan
         self.launcher = Launcher(plan=plan, log_dir=self.log_dir, echo=False)
         self.connect = pymysql_connector(database_url, causal_reads=causal_reads)
@@ -306,6 +316,11 @@ class System:
         url = self.launcher.standin_url
         assert url is not None
         return url
+
+    @property
+    def standin_urls(self) -> dict[str, str]:
+        """Each provider's stand-in base URL (``MODEL_PROVIDERS`` set), else the one's."""
+        return dict(self.launcher.plan.standin_urls)
 
     @property
     def env(self) -> dict[str, str]:

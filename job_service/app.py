@@ -99,7 +99,7 @@ async def serve(
     sessions = make_sessionmaker(engine)
     clock = DbClock(engine.dialect.name)
     async with sessions() as session, session.begin():
-        await breaker_mod.ensure_row(session, clock)
+        await breaker_mod.ensure_rows(session, clock, settings.providers().names)
     if credentials is None:
         credentials = GrpcCredentialChecker(
             settings.CREDENTIAL_SERVICE_ADDR,

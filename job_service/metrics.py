@@ -8,6 +8,9 @@ Counters and histograms are updated where the event happens; the gauges
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from prometheus_client import Counter, Gauge, Histogram
 
 JOBS_CREATED = Counter(
@@ -41,12 +44,14 @@ QUEUE_DEPTH = Gauge(
 )
 BREAKER_STATE = Gauge(
     "airt_platform_breaker_state",
-    "Platform-key circuit breaker: 1 for the current state, 0 for the others",
-    ["state"],
+    "Platform-key circuit breaker of each model provider: 1 for the current state, "
+    "0 for the others",
+    ["provider", "state"],
 )
 BREAKER_FAILURES = Gauge(
     "airt_platform_breaker_consecutive_failures",
-    "Consecutive platform-key failures counted by the breaker",
+    "Consecutive platform-key failures counted by the breaker of the first provider "
+    "(MODEL_PROVIDERS)",
 )
 
 OLDEST_PENDING_AGE = Gauge(
@@ -74,8 +79,20 @@ MODEL_COST = Counter(
 BREAKER_STATES = ("closed", "open", "half_open")
 
 
-def set_breaker(state: str, consecutive_failures: int) -> None:
-    """Publish the breaker's state (one-hot) and failure count."""
-    for name in BREAKER_STATES:
-        BREAKER_STATE.labels(name).set(1 if name == state else 0)
-    BREAKER_FAILURES.set(consecutive_failures)
+class _BreakerLike(Protocol):
+    @property
+    def provider(self) -> str: ...
+    @property
+    def state(self) -> str: ...
+    @property
+    def consecutive_failures(self) -> int: ...
+
+
+def set_breakers(views: Sequence[_BreakerLike]) -> None:
+    """Publish each provider's breaker state (one-hot, labelled by provider) and the
+    first provider's failure count (``views`` in ``MODEL_PROVIDERS`` order)."""
+    for view in views:
+        for name in BREAKER_STATES:
+            BREAKER_STATE.labels(view.provider, name).set(1 if name == view.state else 0)
+    if views:
+        BREAKER_FAILURES.set(views[0].consecutive_failures)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 
+from airuntime_common.model_providers import ModelProvidersSettings
 from airuntime_common.settings import (
     COUNT_MAX,
     DAY,
@@ -25,8 +26,13 @@ DEFAULT_MODEL_PRICES: dict[str, dict[str, float]] = {
 }
 
 
-class JobServiceSettings(CommonSettings):
-    """Every variable job_service reads (SPEC §7); names are the env var names.
+class JobServiceSettings(ModelProvidersSettings, CommonSettings):
+    """Every variable job_service reads (SPEC §7, §9.4); names are the env var names.
+
+    ``MODEL_PROVIDERS`` (the same list credential_service and the workers read) names
+    the providers a platform-key attempt may run on, in order of preference, and so
+    the per-provider breakers (SPEC §9.4); its ``apiKeyEnv`` variables are read by
+    credential_service only.
 
     Times are seconds unless the name says ``_MS``. ``RUNTIME_SERVICE_TOKEN``
     is required: :func:`job_service.app.serve` refuses to start without it.

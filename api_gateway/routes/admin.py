@@ -235,9 +235,17 @@ async def admin_breaker(principal: AdminPrincipal, call: Backend) -> dict[str, A
 
 
 @router.post("/ai/circuit-breaker/reset", response_model=BreakerOut)
-async def admin_breaker_reset(principal: AdminPrincipal, call: Backend) -> dict[str, Any]:
-    """Close the platform circuit breaker."""
-    resp = await call(call.job.ResetCircuitBreaker, rr.ResetCircuitBreakerRequest())
+async def admin_breaker_reset(
+    principal: AdminPrincipal,
+    call: Backend,
+    provider: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+) -> dict[str, Any]:
+    """Close the platform circuit breaker of ``provider``, or of every provider without
+    it (SPEC §9.4); a provider not configured is 400 INVALID_ARGUMENT."""
+    request = rr.ResetCircuitBreakerRequest()
+    if provider is not None:
+        request.provider = provider
+    resp = await call(call.job.ResetCircuitBreaker, request)
     return convert.breaker_json(resp.breaker)
 
 

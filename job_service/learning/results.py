@@ -3,7 +3,10 @@
 :func:`prepare_result` is what job_service runs, inside the result transaction,
 before a job becomes ``succeeded`` (the writes then go in the result's batch):
 
-1. schema — :func:`airuntime_common.outputs.validate_output` (``INVALID_SCHEMA``);
+1. schema — :func:`airuntime_common.outputs.validate_output` (``INVALID_SCHEMA``),
+   the worker's strict models (no coercion, quiz answers that fit their options,
+   SPEC §9.4); of a list longer than the job's ``count`` only the first ``count``
+   items go on (:func:`requested_count`);
 2. ownership — every block id an item cites (``sourceBlockIds``,
    ``evidenceBlockIds``, ``evidence[].blockId``) is one of the snapshot's
    ``blocks[].blockId``; every ``knowledgePointId`` (also in ``evidence[]``)
@@ -291,6 +294,22 @@ class PreparedResult:
         return out
 
 
+def requested_count(job_type: str, params: Any) -> int | None:
+    """How many items a job asked for: ``params.count`` (as its snapshot stores the
+    job's params) of a job type whose output is a list and whose params have a count;
+    None when the type has none (SPEC §9.4: a result with more items writes only the
+    first ``count``; the worker trims the same way)."""
+    spec = jobtypes.find(job_type)
+    if spec is None or not spec.itemized or "count" not in spec.params.model_fields:
+        return None
+    count = params.get("count") if isinstance(params, dict) else None
+    if isinstance(count, float) and count.is_integer():
+        count = int(count)
+    if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+        return count
+    return None
+
+
 async def prepare_result(
     session: DbExec,
     *,
@@ -326,6 +345,9 @@ async def prepare_result(
             f"snapshot {snapshot_id!r} of job {job_id} is missing",
             {"snapshotId": snapshot_id},
         ) from None
+    count = requested_count(job_type, snapshot.payload.get("params"))
+    if count is not None:
+        items = items[:count]  # SPEC §9.4: only the first count are written
     block_ids = {str(b.get("blockId")) for b in snapshot.payload.get("blocks", [])}
     await check_ownership(
         session, user_id=user_id, job_type=job_type, snapshot_block_ids=block_ids, items=items

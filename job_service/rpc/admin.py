@@ -3,6 +3,8 @@ health, jobs per minute. Proto ↔ domain translation only."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from airuntime_common.enums import BREAKER_STATE
 from airuntime_common.timeutil import to_timestamp
 from job_service.maintenance.breaker import BreakerView
@@ -13,15 +15,28 @@ from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 
-def _breaker(view: BreakerView) -> msg.CircuitBreaker:
-    out = msg.CircuitBreaker(
-        state=_enum(BREAKER_STATE.to_proto(view.state)),
-        consecutive_failures=view.consecutive_failures,
-    )
+def _times(out: Any, view: BreakerView) -> None:
     for name in ("opened_at", "half_open_at"):
         ts = to_timestamp(getattr(view, name))
         if ts is not None:
             getattr(out, name).CopyFrom(ts)
+
+
+def _breaker(views: list[BreakerView]) -> msg.CircuitBreaker:
+    """The first provider's fields, and every provider's in ``providers`` (SPEC §9.4)."""
+    first = views[0]
+    out = msg.CircuitBreaker(
+        state=_enum(BREAKER_STATE.to_proto(first.state)),
+        consecutive_failures=first.consecutive_failures,
+    )
+    _times(out, first)
+    for view in views:
+        one = out.providers.add(
+            name=view.provider,
+            state=_enum(BREAKER_STATE.to_proto(view.state)),
+            consecutive_failures=view.consecutive_failures,
+        )
+        _times(one, view)
     return out
 
 
@@ -54,13 +69,15 @@ class AdminRpcs:
     async def GetCircuitBreaker(
         self, request: rr.GetCircuitBreakerRequest, context: Ctx
     ) -> rr.GetCircuitBreakerResponse:
-        return rr.GetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_view()))
+        return rr.GetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_views()))
 
     @rpc
     async def ResetCircuitBreaker(
         self, request: rr.ResetCircuitBreakerRequest, context: Ctx
     ) -> rr.ResetCircuitBreakerResponse:
-        return rr.ResetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_reset()))
+        provider = request.provider if request.HasField("provider") else None
+        await self.domain.breaker_reset(provider)
+        return rr.ResetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_views()))
 
     @rpc
     async def GetJobThroughput(

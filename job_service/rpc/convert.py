@@ -8,6 +8,7 @@ from google.protobuf import json_format, struct_pb2
 
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.model_providers import ProviderConfig
 from airuntime_common.timeutil import set_timestamp
 from job_service.maintenance.workers import WorkerView
 from job_service.services.console import AttemptView, SnapshotSummaryView
@@ -50,8 +51,14 @@ def _set_time(message: Any, name: str, value: Any) -> None:
         set_timestamp(getattr(message, name), value)
 
 
-def job_to_proto(job: JobRecord) -> msg.Job:
-    """Every field of a job; absent optionals stay unset (JSON null)."""
+def job_to_proto(job: JobRecord, provider: ProviderConfig | None = None) -> msg.Job:
+    """Every field of a job; absent optionals stay unset (JSON null).
+
+    Args:
+        provider: for a claim or lock answer, the configured provider of the
+            attempt (``job.model_provider``): its model name for the job's and its
+            base URL are set (SPEC §9.4).
+    """
     out = msg.Job(
         job_id=job.job_id,
         user_id=job.user_id,
@@ -97,6 +104,9 @@ def job_to_proto(job: JobRecord) -> msg.Job:
         "expired_at",
     ):
         _set_time(out, name, getattr(job, name))
+    if provider is not None:
+        out.provider_model_name = provider.model_for(job.model_name) or ""
+        out.provider_base_url = provider.baseUrl if out.provider_model_name else ""
     return out
 
 
@@ -112,6 +122,8 @@ def event_to_proto(ev: EventRecord) -> msg.JobEvent:
         out.from_status = _enum(JOB_STATUS.to_proto(ev.from_status))
     if ev.error_code is not None:
         out.error_code = ev.error_code
+    if ev.model_provider is not None:
+        out.model_provider = ev.model_provider
     _set_time(out, "at", ev.at)
     return out
 

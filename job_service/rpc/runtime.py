@@ -119,13 +119,18 @@ class RuntimeRpcs:
         await self.domain.seen(instance, caps, request.status_address or None)
         if not request.with_snapshots:
             found = await self.domain.claim(instance, caps, request.limit, request.wait_ms)
-            return rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+            return rr.ClaimJobsResponse(jobs=[self._leased(j) for j in found])
         found, views = await self.domain.claim_started(
             instance, caps, request.limit, request.wait_ms
         )
-        out = rr.ClaimJobsResponse(jobs=[job_to_proto(j) for j in found])
+        out = rr.ClaimJobsResponse(jobs=[self._leased(j) for j in found])
         self._claimed_snapshots(found, views, out.snapshots)
         return out
+
+    def _leased(self, job: JobRecord) -> msg.Job:
+        """A job of a claim answer: with its attempt's provider model name and base URL
+        (SPEC §9.4: the claim answer carries what a resolve would)."""
+        return job_to_proto(job, self.domain.core.provider(job.model_provider))
 
     def _claimed_snapshots(
         self, found: list[JobRecord], views: dict[str, SnapshotView], into: Any
@@ -266,7 +271,7 @@ class RuntimeRpcs:
             result_id=outcome.result_id,
             output_hash=outcome.output_hash,
             replayed=outcome.replayed,
-            claimed_jobs=[job_to_proto(j) for j in outcome.claimed],
+            claimed_jobs=[self._leased(j) for j in outcome.claimed],
         )
         self._claimed_snapshots(outcome.claimed, outcome.snapshots, out.snapshots)
         return out

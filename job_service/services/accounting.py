@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from datetime import date, datetime, timedelta
@@ -19,6 +20,12 @@ from job_service.store.engine import DbExec
 from job_service.store.records import JobRecord, ResultFacts
 from job_service.store.tables import PLATFORM_SPEND_SHARDS
 
+log = logging.getLogger("job_service.accounting")
+
+
+#: Models already logged as having no price.
+_UNPRICED: set[str] = set()
+
 
 def cost_usd(
     prices: dict[str, dict[str, float]],
@@ -27,9 +34,17 @@ def cost_usd(
     completion_tokens: int,
     cache_hit_tokens: int,
 ) -> Decimal:
-    """Cost of one call from ``MODEL_PRICES`` (USD per million tokens); unknown models cost 0."""
+    """Cost of one call from ``MODEL_PRICES`` (USD per million tokens), keyed by the
+    provider's model name; a model with no price costs 0, and the first such call of
+    each model is logged (SPEC §9.4)."""
     p = prices.get(model_name)
     if not p:
+        if model_name not in _UNPRICED and len(_UNPRICED) < 1000:
+            _UNPRICED.add(model_name)
+            log.warning(
+                "model has no price in MODEL_PRICES: its calls cost 0",
+                extra={"fields": {"modelName": model_name[:64]}},
+            )
         return Decimal(0)
     hit = max(0, min(cache_hit_tokens, prompt_tokens))
     miss = max(0, prompt_tokens - hit)
@@ -187,7 +202,7 @@ class Accounting:
         if group is None:
             raise AppError(
                 ErrorCode.INVALID_ARGUMENT,
-                "groupBy must be day, jobType, modelName or apiKeyMode",
+                "groupBy must be day, jobType, modelName, modelProvider or apiKeyMode",
                 {"field": "groupBy"},
             )
         hi_day = end + timedelta(days=1)

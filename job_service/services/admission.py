@@ -42,6 +42,8 @@ T = TypeVar("T")
 #: How many users' admission lock rows a process remembers as existing (LRU, about
 #: 170 bytes each); a user who fell out costs one more ``INSERT IGNORE``.
 ADMISSION_ROWS_KNOWN = 10_000
+#: The model every new job asks for (SPEC §2.2 ``modelName``).
+DEFAULT_MODEL_NAME = "deepseek-chat"
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class NewJob:
     timeout_seconds: int | None
     retried_from_job_id: str | None
     model_provider: str = "deepseek"
-    model_name: str = "deepseek-chat"
+    model_name: str = DEFAULT_MODEL_NAME
     trace_parent: str | None = None
 
 
@@ -133,6 +135,7 @@ class Admission:
                 new_id(), req.user_id, req.job_type, req.target_type, req.target_id,
                 snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
                 req.priority, req.max_retry_count, req.timeout_seconds, None,
+                model_provider=self.initial_provider(req.api_key_mode, DEFAULT_MODEL_NAME),
                 trace_parent=req.trace_parent,
             )  # fmt: skip
             job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
@@ -241,7 +244,8 @@ class Admission:
                 new_id(), old.user_id, old.job_type, old.target_type, old.target_id,
                 snapshot_id, old.params, old.api_key_mode, credential_id, req.idempotency_key,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
-                old.model_provider, old.model_name, req.trace_parent,
+                self.initial_provider(old.api_key_mode, old.model_name, old.model_provider),
+                old.model_name, req.trace_parent,
             )  # fmt: skip
             return await self.insert_job(session, new, actor=req.actor), False
 
@@ -341,9 +345,10 @@ class Admission:
             counted = {**user, "a_pseudonym": pseudonym(self.pseudonym_key, user_id)}
             used = batch.add(st.jobs_created_today.sql(clock, counted))
         spent = state = None
+        names = self.breaker_candidates()
         if platform:
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
-            state = batch.add(breaker.row_sql(lock=False))
+            state = batch.add(breaker.rows_sql(providers=names))
         out = await batch.run()
         if not clock.is_sqlite and out[lock].rowcount == 0:
             raise AdmissionRowMissing(user_id)
@@ -354,10 +359,43 @@ class Admission:
             check_quota(quota, out[used].rows[0][0])
         if spent is not None and state is not None:
             self.check_budget(out[spent].rows[0][0])
-            rows = out[state].rows
-            if not rows or rows[0][0] != "closed":
-                await breaker.admit_new_job(db, clock, self.core.settings)
+            await self.check_breakers(db, names, out[state].rows)
         return None
+
+    def breaker_candidates(self) -> list[str]:
+        """The providers a new platform-key job may run on (the default model's), in
+        order of preference; at least the first configured one."""
+        return self.core.platform_candidates(DEFAULT_MODEL_NAME) or [self.core.providers.first.name]
+
+    def initial_provider(self, api_key_mode: str, model_name: str, old: str | None = None) -> str:
+        """A new job's ``modelProvider``: for the platform key the provider its first
+        attempt would prefer (each lease grant chooses again, SPEC §9.4); for a user
+        key ``old`` (a re-run's) or the first configured provider."""
+        if api_key_mode == "platform_key":
+            candidates = self.core.platform_candidates(model_name)
+            if candidates:
+                return candidates[0]
+        return old or self.core.providers.first.name
+
+    async def check_breakers(self, db: DbExec, names: list[str], rows: Any) -> None:
+        """The breaker guard of a new platform-key job (SPEC §6, §9.4), given the rows of
+        ``names``' breakers as the admission batch read them: with one provider, its
+        breaker's :func:`breaker.admit_new_job` unless it is closed; with several,
+        refused only while every one is open (:func:`breaker.judge_failover_create`).
+
+        Raises:
+            AppError: PLATFORM_CIRCUIT_OPEN.
+        """
+        found = {r.provider: r for r in (breaker.BreakerRow.of(row) for row in rows)}
+        if len(names) == 1:
+            row = found.get(names[0])
+            if row is None or row.state != "closed":
+                await breaker.admit_new_job(db, self.core.clock, self.core.settings, names[0])
+            return
+        ordered = [found.get(n) or breaker.BreakerRow(n) for n in names]
+        if all(r.state != "closed" for r in ordered):
+            now = await self.core.clock.read(db)
+            breaker.judge_failover_create(ordered, now, self.core.settings.BREAKER_COOLDOWN_SECONDS)
 
     def quota(self, req: CreateJobInput) -> int:
         """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""

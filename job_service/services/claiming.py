@@ -18,6 +18,7 @@ from typing import Any
 from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
 from job_service.lifecycle import LOCKED, PENDING, RUNNING, TERMINAL, Op
+from job_service.maintenance import breaker
 from job_service.maintenance.scheduler import RECHECK_SECONDS
 from job_service.services.core import Core, observe_pickup, runtime_actor
 from job_service.services.ports import SnapshotRead, SnapshotView
@@ -34,6 +35,8 @@ from job_service.store.transitions import (
     transition_sql,
 )
 
+#: The key mode whose attempts are given a provider at lease grant (SPEC §9.4).
+PLATFORM_KEY = "platform_key"
 MAX_POLL_LIMIT = 50
 DEFAULT_POLL_LIMIT = 10
 MAX_WAIT_MS = 20_000
@@ -165,8 +168,9 @@ class Claiming:
             return Claimed()
         ids = [str(row[0]) for row in picked]
         snapshot_ids = {str(row[0]): str(row[1]) for row in picked if row[1]} if start else {}
+        moves = await self.providers_of(db, picked)
         batch = new_batch(db)
-        read = self._queue_moves(batch, ids, instance_id, start=start)
+        read = self._queue_moves(batch, ids, instance_id, start=start, providers=moves)
         views: dict[str, SnapshotView] = {}
         reads: dict[str, tuple[int, SnapshotRead]] = {}
         for sid in set(snapshot_ids.values()):
@@ -189,21 +193,64 @@ class Claiming:
         }
         return Claimed(claimed, by_job)
 
+    async def providers_of(self, db: DbExec, picked: Sequence[Sequence[Any]]) -> dict[str, str]:
+        """The provider each picked platform-key job's new attempt is given, where it
+        differs from the job's ``modelProvider`` (SPEC §9.4: chosen when the lease is
+        granted): the first of its candidates whose breaker admits it
+        (:func:`breaker.choose_providers`); with one candidate, that one.
+
+        Args:
+            picked: :data:`statements.claim_pick` rows (jobId, snapshotId, apiKeyMode,
+                modelName, modelProvider).
+
+        Returns:
+            ``{jobId: provider}`` of the jobs whose provider changes.
+        """
+        by_model: dict[str, list[tuple[str, str]]] = {}
+        for row in picked:
+            if row[2] == PLATFORM_KEY:
+                by_model.setdefault(str(row[3]), []).append((str(row[0]), str(row[4])))
+        moves: dict[str, str] = {}
+        for model, found in by_model.items():
+            candidates = self.core.platform_candidates(model)
+            if not candidates:
+                continue  # credential_service answers the resolve (SPEC §5: no fallback)
+            chosen = [candidates[0]] * len(found)
+            if len(candidates) > 1:
+                chosen = await breaker.choose_providers(
+                    db, self.core.clock, self.core.settings, candidates, len(found)
+                )
+            for (job_id, current), provider in zip(found, chosen, strict=True):
+                if provider != current:
+                    moves[job_id] = provider
+        return moves
+
     def _queue_moves(
-        self, batch: StatementBatch, ids: list[str], instance_id: str, *, start: bool
+        self,
+        batch: StatementBatch,
+        ids: list[str],
+        instance_id: str,
+        *,
+        start: bool,
+        providers: dict[str, str] | None = None,
     ) -> int:
         """Queue a claim's lock (and, with ``start``, start) of ``ids`` with their event rows
-        and the read of the rows it moved; returns the read's index."""
+        and the read of the rows it moved; returns the read's index. The jobs of
+        ``providers`` (jobId → provider) are given that provider by their lock."""
         clock = self.core.clock
         moved = {"ids": ids, "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
-        lock = transition_many_sql(
-            clock,
-            Op.LOCK,
-            job_ids=ids,
-            where=lock_guard(clock),
-            values=self._lock_values(instance_id),
-        )
-        batch.add(lock)
+        groups: dict[str | None, list[str]] = {}
+        for job_id in ids:
+            groups.setdefault((providers or {}).get(job_id), []).append(job_id)
+        for provider, group in groups.items():
+            values = self._lock_values(instance_id)
+            if provider is not None:
+                values["model_provider"] = provider
+            batch.add(
+                transition_many_sql(
+                    clock, Op.LOCK, job_ids=group, where=lock_guard(clock), values=values
+                )
+            )
         batch.add(
             events_from_rows(
                 clock, from_status=PENDING, to_status=LOCKED, at="locked_at", params=moved
@@ -245,19 +292,25 @@ class Claiming:
                 JOB_ALREADY_LOCKED (leased, or a pending job whose old lease has not lapsed).
         """
         clock = self.core.clock
-        sql = transition_sql(
-            clock,
-            Op.LOCK,
-            job_id=job_id,
-            actor=runtime_actor(instance_id),
-            where=lock_guard(clock),
-            values=self._lock_values(instance_id),
-            record=False,  # its attemptNo is the one the UPDATE grants: read from the row
-        )
-        assert sql is not None
         moved = {"ids": [job_id], "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
 
         async def body(db: DbExec) -> JobRecord:
+            values = self._lock_values(instance_id)
+            if len(self.core.providers) > 1:  # a choice of provider (SPEC §9.4)
+                pending = (await run_one(db, st.lock_pick.sql(clock, {"g_job_id": job_id}))).rows
+                provider = (await self.providers_of(db, pending)).get(job_id)
+                if provider is not None:
+                    values["model_provider"] = provider
+            sql = transition_sql(
+                clock,
+                Op.LOCK,
+                job_id=job_id,
+                actor=runtime_actor(instance_id),
+                where=lock_guard(clock),
+                values=values,
+                record=False,  # its attemptNo is the one the UPDATE grants: read from the row
+            )
+            assert sql is not None
             batch = new_batch(db)
             locked = batch.add(sql.update)
             batch.add(

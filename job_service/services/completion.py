@@ -102,6 +102,23 @@ class _Read:
     breaker_peek: tuple[str | None, int | None] = field(default=(None, None))
 
 
+def key_followed(api_key_mode: str, calls: Sequence[ModelCallInput]) -> dict[str, Any]:
+    """The columns a user-key job takes from its attempt's last model call that names a
+    credential: that ``credential_id`` (the user's current key, which the resolve
+    handed out, SPEC §9.4: the job's ``credentialId`` follows) and its
+    ``model_provider`` (the key's provider: the job shows the latest attempt's).
+    Nothing for a platform-key job, whose provider its lease grant chose."""
+    if api_key_mode == "platform_key":
+        return {}
+    for call in reversed(calls):
+        if call.credential_id:
+            out: dict[str, Any] = {"credential_id": call.credential_id}
+            if call.model_provider:
+                out["model_provider"] = call.model_provider
+            return out
+    return {}
+
+
 class Completion:
     """Ends attempts.
 
@@ -289,6 +306,7 @@ class Completion:
             **ending_values(clock, ending, (err.message or "invalid output")[:MAX_ERROR_MESSAGE]),
             "prompt_version": sub.prompt_version,
             "output_schema_version": sub.output_schema_version,
+            **key_followed(facts.api_key_mode, sub.calls),
         }
         end = transition_sql(
             clock,
@@ -311,7 +329,13 @@ class Completion:
             raise lease_refusal(lease, facts.status) from None
         if facts.api_key_mode == "platform_key":
             # Neutral for the breaker, but it frees a half-open probe slot.
-            await breaker.record_ending(db, clock, self.core.settings, code)
+            await breaker.record_ending(
+                db,
+                clock,
+                self.core.settings,
+                code,
+                provider=facts.model_provider,
+            )
         outcome = SubmitOutcome(facts.job_id, ending.ending.to_state, "", sub.output_hash, False)
         return _Submitted(outcome, facts, read.db_now, invalid=err, calls=calls)
 
@@ -323,7 +347,9 @@ class Completion:
         after a lost connection, the transaction replays by the idempotency key."""
         clock, facts, lease = self.core.clock, read.facts, sub.lease
         if facts.api_key_mode == "platform_key":
-            await breaker.record_ending(db, clock, self.core.settings, None, read.breaker_peek)
+            await breaker.record_ending(
+                db, clock, self.core.settings, None, read.breaker_peek, facts.model_provider
+            )
         succeed = transition_sql(
             clock,
             Op.SUCCEED,
@@ -338,6 +364,7 @@ class Completion:
                 "output_schema_version": sub.output_schema_version,
                 "error_code": None,
                 "error_message": None,
+                **key_followed(facts.api_key_mode, sub.calls),
             },
         )
         if succeed is None:
@@ -483,6 +510,7 @@ class Completion:
             metrics.LEASE_LOSSES.labels("fail").inc()
             raise lease_refusal(lease, None if job is None else job.status)
         job = job_of(rows[0])
+        followed = key_followed(job.api_key_mode, calls)
         ending = end_attempt(
             cancel_requested=bool(job.cancel_requested),
             retry_count=job.retry_count,
@@ -499,7 +527,7 @@ class Completion:
             lease=lease,
             from_state=job.status,
             error_code=code,
-            values=ending_values(clock, ending, message),
+            values={**ending_values(clock, ending, message), **followed},
             where=jobs.c.retry_count == job.retry_count,
         )
         if end is None:
@@ -514,9 +542,11 @@ class Completion:
             raise lease_refusal(lease, job.status) from None
         refused = None
         if job.api_key_mode == "platform_key":
-            await breaker.record_ending(db, clock, self.core.settings, code)
-        elif code == ErrorCode.INVALID_CREDENTIAL and job.credential_id:
-            refused = job.credential_id
+            await breaker.record_ending(
+                db, clock, self.core.settings, code, provider=job.model_provider
+            )
+        elif code == ErrorCode.INVALID_CREDENTIAL:
+            refused = followed.get("credential_id") or job.credential_id
         return _Failed(job_of(out[read].rows[0]), refused_credential=refused, calls=logged)
 
     async def _attempt_ended_by(self, db: DbExec, lease: Lease, code: str) -> bool:

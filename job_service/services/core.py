@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.lru import LruCache
+from airuntime_common.model_providers import ModelProviders, ProviderConfig
 from job_service import metrics
 from job_service.lifecycle import Lease, RetryPolicy
 from job_service.maintenance.scheduler import RECHECK_SECONDS, JobSignal, PendingProbe
@@ -55,10 +56,36 @@ class Core:
     claimed_snapshots: LruCache[str, str] = field(
         default_factory=lambda: LruCache(MAX_CLAIMED_SNAPSHOTS)
     )
+    _providers: ModelProviders | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.registry = WorkerRegistry(self.store.clock)
         self.probe = PendingProbe(self._any_claimable, RECHECK_SECONDS)
+
+    @property
+    def providers(self) -> ModelProviders:
+        """``MODEL_PROVIDERS`` (read from the settings once)."""
+        if self._providers is None:
+            self._providers = self.settings.providers()
+        return self._providers
+
+    def platform_candidates(self, model_name: str) -> list[str]:
+        """The providers a platform-key attempt of a job asking for ``model_name`` may
+        run on, in order of preference (SPEC §9.4): those of ``MODEL_PROVIDERS`` that
+        serve the model and have a platform key. Which have one only credential_service
+        knows; it says so in every platform-key check at create
+        (``platform_providers`` of the checker), and until this process has seen
+        one, a provider naming an ``apiKeyEnv`` is taken to have one."""
+        known = getattr(self.credentials, "platform_providers", None)
+        return [
+            p.name
+            for p in self.providers.serving(model_name)
+            if (p.name in known if known is not None else p.apiKeyEnv is not None)
+        ]
+
+    def provider(self, name: str) -> ProviderConfig | None:
+        """The configured provider called ``name``, or None."""
+        return self.providers.get(name)
 
     @property
     def clock(self) -> DbClock:

@@ -392,9 +392,13 @@ class JobDomain:
         """:meth:`Views.breaker_view`."""
         return await self.views.breaker_view()
 
-    async def breaker_reset(self) -> BreakerView:
+    async def breaker_views(self) -> list[BreakerView]:
+        """:meth:`Views.breaker_views`."""
+        return await self.views.breaker_views()
+
+    async def breaker_reset(self, provider: str | None = None) -> BreakerView:
         """:meth:`Views.breaker_reset`."""
-        return await self.views.breaker_reset()
+        return await self.views.breaker_reset(provider)
 
     # ------------------------------------------------------------------ console
 

@@ -207,6 +207,9 @@ class GrpcCredentialChecker:
         self._stub = service_pb2_grpc.CredentialServiceStub(self._channel)
         self._token = token
         self._timeout = timeout
+        #: The providers with a platform key, as the last platform-key check said
+        #: (None before the first): where platform-key attempts may run (SPEC §9.4).
+        self.platform_providers: frozenset[str] | None = None
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         """The service token, plus the request id of the RPC being served (log correlation)."""
@@ -232,6 +235,8 @@ class GrpcCredentialChecker:
                 resp.reason or "no usable model credential",
                 {"apiKeyMode": api_key_mode},
             )
+        if api_key_mode == "platform_key" and resp.providers:
+            self.platform_providers = frozenset(resp.providers)
         return resp.credential_id or None
 
     async def mark_invalid(self, credential_id: str, reason: str) -> None:

@@ -135,7 +135,9 @@ class Views:
         types = jobtypes.names()
         async with self.core.store.sessions() as session:
             rows = (await session.execute(st.queue_depth())).all()
-            view = await breaker.read(session, clock, settings.BREAKER_COOLDOWN_SECONDS)
+            views = await breaker.read_all(
+                session, clock, settings.BREAKER_COOLDOWN_SECONDS, self.core.providers.names
+            )
             batch = new_batch(session)
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
             heads = [batch.add(st.next_in_line.sql(clock, {"n_type": t})) for t in types]
@@ -154,22 +156,42 @@ class Views:
         metrics.PLATFORM_SPEND.set(float(out[spent].rows[0][0]))
         metrics.PLATFORM_BUDGET.set(float(settings.PLATFORM_DAILY_BUDGET_USD))
         metrics.WORKERS_LIVE.set(sum(w.status == "alive" for w in workers))
-        metrics.set_breaker(view.state, view.consecutive_failures)
+        metrics.set_breakers(views)
         return depth
 
-    async def breaker_view(self) -> breaker.BreakerView:
-        """The platform circuit breaker (SPEC §3.1 admin)."""
+    async def breaker_views(self) -> list[breaker.BreakerView]:
+        """Every configured provider's platform-key breaker, in ``MODEL_PROVIDERS`` order
+        (SPEC §3.1 admin, §9.4)."""
         cooldown = self.core.settings.BREAKER_COOLDOWN_SECONDS
-        view = await self.core.store.tx(lambda s: breaker.read(s, self.core.clock, cooldown))
-        metrics.set_breaker(view.state, view.consecutive_failures)
-        return view
+        names = self.core.providers.names
+        views = await self.core.store.tx(
+            lambda s: breaker.read_all(s, self.core.clock, cooldown, names)
+        )
+        metrics.set_breakers(views)
+        return views
 
-    async def breaker_reset(self) -> breaker.BreakerView:
-        """Close the platform circuit breaker (SPEC §3.1 admin reset)."""
-        view = await self.core.store.tx(lambda s: breaker.reset(s, self.core.clock))
-        metrics.set_breaker(view.state, view.consecutive_failures)
-        log.info("circuit breaker reset")
-        return view
+    async def breaker_view(self) -> breaker.BreakerView:
+        """The first provider's breaker (the fields of SPEC §3.1's breaker view)."""
+        return (await self.breaker_views())[0]
+
+    async def breaker_reset(self, provider: str | None = None) -> breaker.BreakerView:
+        """Close ``provider``'s breaker, or every provider's when None (SPEC §3.1 admin
+        reset, §9.4); returns the first provider's breaker afterwards.
+
+        Raises:
+            AppError: INVALID_ARGUMENT naming ``provider`` when it is not configured.
+        """
+        names = self.core.providers.names
+        if provider is not None and provider not in names:
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"provider must be one of {', '.join(names)}",
+                {"field": "provider", "value": provider[:64]},
+            )
+        chosen = names if provider is None else [provider]
+        await self.core.store.tx(lambda s: breaker.reset(s, self.core.clock, chosen))
+        log.info("circuit breaker reset", extra={"fields": {"providers": chosen}})
+        return await self.breaker_view()
 
 
 def encode_list_token(created_at: datetime | None, seq: int) -> str:

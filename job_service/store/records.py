@@ -108,12 +108,14 @@ class EventRecord:
     actor: str
     attempt_no: int
     at: datetime
+    #: the provider the attempt was given (lease-grant events only, SPEC §9.4)
+    model_provider: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> EventRecord:
         """Build from a ``select(events)`` row."""
         m = row._mapping
-        return cls(**{f.name: m[f.name] for f in fields(cls)})
+        return cls(**{f.name: m[f.name] for f in fields(cls) if f.name in m})
 
 
 @dataclass(frozen=True)

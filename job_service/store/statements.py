@@ -50,7 +50,7 @@ from job_service.store.tables import (
     platform_spend,
     workers,
 )
-from job_service.store.transitions import lease_guard_bound, leases_guard
+from job_service.store.transitions import lease_guard_bound, leases_guard, lock_guard
 
 #: Accepted results (``ai_results``).
 results = cast(Table, AiResult.__table__)
@@ -285,11 +285,18 @@ def poll_pending(clock: DbClock) -> Any:
 
 @Statement
 def claim_pick(clock: DbClock) -> Any:
-    """A claim's candidates: ``(jobId, snapshotId)`` of pending jobs available now of the
-    bound ``caps`` (list), at most ``n``, in priority order, ``FOR UPDATE SKIP LOCKED``
-    on MySQL/MariaDB (concurrent claimers get disjoint batches, SPEC §2.6)."""
+    """A claim's candidates: ``(jobId, snapshotId, apiKeyMode, modelName, modelProvider)``
+    of pending jobs available now of the bound ``caps`` (list), at most ``n``, in
+    priority order, ``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB (concurrent claimers
+    get disjoint batches, SPEC §2.6)."""
     q = (
-        select(jobs.c.job_id, jobs.c.snapshot_id)
+        select(
+            jobs.c.job_id,
+            jobs.c.snapshot_id,
+            jobs.c.api_key_mode,
+            jobs.c.model_name,
+            jobs.c.model_provider,
+        )
         .where(
             jobs.c.status == JobStatus.PENDING,
             jobs.c.job_type.in_(bindparam("caps", expanding=True)),
@@ -299,6 +306,20 @@ def claim_pick(clock: DbClock) -> Any:
         .limit(bindparam("n", type_=Integer()))
     )
     return _for_update(clock, q, skip_locked=True)
+
+
+@Statement
+def lock_pick(clock: DbClock) -> Any:
+    """LockJob's candidate (bound: ``g_job_id``) when the lock's guard would pass, as
+    :func:`claim_pick` reads it, ``FOR UPDATE`` on MySQL/MariaDB."""
+    q = select(
+        jobs.c.job_id,
+        jobs.c.snapshot_id,
+        jobs.c.api_key_mode,
+        jobs.c.model_name,
+        jobs.c.model_provider,
+    ).where(jobs.c.job_id == bindparam("g_job_id", type_=String()), lock_guard(clock))
+    return _for_update(clock, q)
 
 
 @Statement
@@ -508,6 +529,7 @@ COST_GROUPS: dict[str, Any] = {
     "day": func.date(invocations.c.created_at),
     "jobType": invocations.c.job_type,
     "modelName": invocations.c.model_name,
+    "modelProvider": invocations.c.model_provider,
     "apiKeyMode": invocations.c.api_key_mode,
 }
 

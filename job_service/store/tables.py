@@ -133,6 +133,10 @@ class JobEvent(Base):
     actor: Mapped[str] = mapped_column(String(160), nullable=False)
     attempt_no: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    #: The model provider the attempt was given, on the events of a lease grant
+    #: (pending → locked, and the start of a claim with start); NULL on the others
+    #: (SPEC §9.4).
+    model_provider: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (Index("ix_job_events_job", "job_id", "seq"),)
 
@@ -194,14 +198,16 @@ class AiAuthorization(Base):
 
 
 class CircuitBreakerRow(Base):
-    """``ai_circuit_breaker``: the platform-key breaker shared by all replicas (SPEC §6).
-
-    A single row with ``id = 1``.
+    """``ai_circuit_breaker``: the platform-key breakers shared by all replicas, one row
+    per model provider (SPEC §6, §9.4), keyed by the provider's name
+    (``MODEL_PROVIDERS``; the default list is one ``deepseek`` row). Rows of every
+    configured provider are made at start; a row of a provider no longer configured
+    is left as it is and never read.
     """
 
     __tablename__ = "ai_circuit_breaker"
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    provider: Mapped[str] = mapped_column(String(32), primary_key=True)
     state: Mapped[str] = mapped_column(String(16), nullable=False, default="closed")
     consecutive_failures: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     opened_at: Mapped[datetime | None] = mapped_column(Micro)

@@ -214,7 +214,8 @@ def events_from_rows(
     if_matched: bool = False,
 ) -> Sql:
     """The event of every row a claim (or lock) just moved, read from the rows themselves
-    (their new ``attemptNo``; ``at`` is the column holding the transition's time).
+    (their new ``attemptNo``, the provider the attempt was given; ``at`` is the column
+    holding the transition's time).
 
     Bound: ``ids`` (list), ``instance_id``, ``e_actor``; only rows now in
     ``to_status`` and held by ``instance_id`` get one. With ``if_matched`` (one
@@ -231,6 +232,7 @@ def events_from_rows(
             bindparam("e_actor", type_=String()),
             jobs.c.attempt_no,
             jobs.c[at],
+            jobs.c.model_provider,
         ).where(
             jobs.c.job_id.in_(bindparam("ids", expanding=True)),
             jobs.c.status == to_status,
@@ -238,7 +240,7 @@ def events_from_rows(
         )
         if if_matched:
             source = source.where(text("changes() = 1" if clock.is_sqlite else "ROW_COUNT() = 1"))
-        return insert(events).from_select(EVENT_COLUMNS, source)
+        return insert(events).from_select([*EVENT_COLUMNS, "model_provider"], source)
 
     key = ("events_from_rows", clock.dialect, from_status, to_status, at, if_matched)
     return Sql(key, build, {**params, "e_actor": str(params["e_actor"])[:MAX_ACTOR]})

@@ -805,3 +805,66 @@ async def test_verify_leases_fails_one_lease_it_cannot_answer_alone(
     assert reply.verdicts[0].held.user_id == "u1"
     assert reply.verdicts[1].error_code == ErrorCode.INTERNAL
     assert not reply.verdicts[1].HasField("held")
+
+
+async def test_two_providers_claim_answers_and_breakers(
+    make_server: Callable[..., Any],
+) -> None:
+    """SPEC §9.4 over gRPC: a claim answer names the attempt's provider with its model
+    name and base URL; GetCircuitBreaker lists each provider; a reset names one or
+    none, an unconfigured name is INVALID_ARGUMENT."""
+    import json
+
+    providers = [
+        {"name": "primary", "baseUrl": "http://primary.test", "apiKeyEnv": "P_KEY"},
+        {
+            "name": "backup",
+            "baseUrl": "http://backup.test/v1",
+            "apiKeyEnv": "B_KEY",
+            "models": {"deepseek-chat": "backup-chat"},
+        },
+    ]
+    server: Server = await make_server(
+        MODEL_PROVIDERS=json.dumps(providers), BREAKER_FAILURE_THRESHOLD=1, MAX_RETRY_COUNT=3
+    )
+    job_id = (await create(server)).job.job_id
+    first = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=1), metadata=server.md("w1")
+    )
+    [c] = first.jobs
+    assert (c.model_provider, c.model_name) == ("primary", "deepseek-chat")
+    assert (c.provider_model_name, c.provider_base_url) == ("deepseek-chat", "http://primary.test")
+    await server.stub.FailJob(
+        rr.FailJobRequest(job_id=job_id, attempt_no=1, error_code="TEMPORARY_PROVIDER_ERROR"),
+        metadata=server.md("w1"),
+    )
+    again = await server.stub.ClaimJobs(
+        rr.ClaimJobsRequest(capabilities=[LSA], limit=1), metadata=server.md("w1")
+    )
+    [c] = again.jobs
+    assert (c.model_provider, c.model_name) == ("backup", "deepseek-chat")
+    assert (c.provider_model_name, c.provider_base_url) == ("backup-chat", "http://backup.test/v1")
+    verify = await server.stub.VerifyLease(
+        rr.VerifyLeaseRequest(job_id=job_id, runtime_instance_id="w1", attempt_no=2),
+        metadata=server.md(),
+    )
+    assert verify.model_provider == "backup"  # what credential_service resolves for
+    view = (
+        await server.stub.GetCircuitBreaker(rr.GetCircuitBreakerRequest(), metadata=server.md())
+    ).breaker
+    assert view.state == msg.BREAKER_STATE_OPEN and view.consecutive_failures == 1
+    assert [(p.name, p.state) for p in view.providers] == [
+        ("primary", msg.BREAKER_STATE_OPEN),
+        ("backup", msg.BREAKER_STATE_CLOSED),
+    ]
+    assert view.providers[0].HasField("opened_at")
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await server.stub.ResetCircuitBreaker(
+            rr.ResetCircuitBreakerRequest(provider="nope"), metadata=server.md()
+        )
+    assert from_rpc_error(err.value).code == ErrorCode.INVALID_ARGUMENT
+    reset = await server.stub.ResetCircuitBreaker(
+        rr.ResetCircuitBreakerRequest(provider="primary"), metadata=server.md()
+    )
+    assert reset.breaker.state == msg.BREAKER_STATE_CLOSED
+    assert [p.state for p in reset.breaker.providers] == [msg.BREAKER_STATE_CLOSED] * 2

@@ -1,11 +1,8 @@
 """Keys and providers through the whole runtime (SPEC §9.4, cases P5, P6): the real
 job_service, credential_service and a real worker, against stand-in providers that
-record every key and model they are sent.
-
-The failover tests need job_service's part of SPEC §9.4 (the provider chosen when a
-lease is granted, per-provider breakers, the job following the key used) and are
-skipped until it lands; the contract they are written against is in
-``credential_service/README.md`` (Resolve) and the worker's README."""
+record every key and model they are sent: the provider chosen when a lease is
+granted, per-provider breakers, the job following the key used (the contract is in
+``credential_service/README.md``, Resolve, and the worker's README)."""
 
 from __future__ import annotations
 
@@ -29,10 +26,6 @@ KEY_A = "sk-user-key-a-000000000000000aaaa"
 KEY_B = "sk-user-key-b-000000000000000bbbb"
 PRIMARY_KEY = "sk-platform-primary-00000000001"
 BACKUP_KEY = "sk-platform-backup-000000000002"
-NEEDS_JOB_SERVICE = (
-    "needs job_service: the provider chosen at lease grant (VerifyLease/claim "
-    "model_provider), per-provider breakers, MODEL_PROVIDERS in its settings"
-)
 
 
 @dataclass
@@ -185,7 +178,6 @@ async def test_p6_a_user_key_runs_on_its_own_provider_only(flow: Flow) -> None:
         ] == [("backup", "backup-chat")]
 
 
-@pytest.mark.skip(reason=f"{NEEDS_JOB_SERVICE}; the job's credentialId following the key used")
 async def test_p5_the_job_follows_the_key_it_ran_on(flow: Flow) -> None:
     """The job's ``credentialId`` follows the key the attempt used (the ModelCall's
     ``credential_id``), so a refusal of key B by the model marks B invalid, not A."""
@@ -210,7 +202,6 @@ async def test_p5_the_job_follows_the_key_it_ran_on(flow: Flow) -> None:
     assert stored.credential.status == 2  # CREDENTIAL_STATUS_INVALID: B was refused
 
 
-@pytest.mark.skip(reason=NEEDS_JOB_SERVICE)
 @pytest.mark.stack_settings(
     BREAKER_FAILURE_THRESHOLD=2, BREAKER_COOLDOWN_SECONDS=2, MAX_RETRY_COUNT=6
 )

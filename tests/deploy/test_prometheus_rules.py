@@ -150,7 +150,6 @@ def test_job_service_exports_the_metrics_the_rules_await(family: str) -> None:
     assert (defined[family].type, defined[family].labels) == (spec.type, spec.labels)
 
 
-@pytest.mark.skip(reason="needs job_service: airt_platform_breaker_state{provider} (SPEC §9.4)")
 def test_job_service_labels_the_breaker_by_provider() -> None:
     defined = promql.defined_metrics()
     for family, labels in promql.AWAITED_LABELS.items():

@@ -257,13 +257,18 @@ async def test_breaker_over_rest(stack: RuntimeStack) -> None:
     )
     assert put.status_code == 200
     assert (await create(stack, "u1", "user_deepseek_key")).status_code == 201
+    # SPEC §9.4: the same fields, and every provider's breaker (here the default one)
+    assert [(p["name"], p["state"], p["consecutiveFailures"]) for p in view["providers"]] == [
+        ("deepseek", "open", 2)
+    ]
+    unknown = await stack.http.post("/admin/ai/circuit-breaker/reset?provider=nope", headers=ADMIN)
+    assert unknown.status_code == 400 and unknown.json()["code"] == "INVALID_ARGUMENT"
+    assert unknown.json()["details"]["field"] == "provider"
+    still = (await stack.http.get("/admin/ai/circuit-breaker", headers=ADMIN)).json()
+    assert still["state"] == "open"  # a refused reset changes nothing
     reset = await stack.http.post("/admin/ai/circuit-breaker/reset", headers=ADMIN)
-    assert reset.json() == {
-        "state": "closed",
-        "consecutiveFailures": 0,
-        "openedAt": None,
-        "halfOpenAt": None,
-    }
+    closed = {"state": "closed", "consecutiveFailures": 0, "openedAt": None, "halfOpenAt": None}
+    assert reset.json() == {**closed, "providers": [{"name": "deepseek", **closed}]}
     assert (await create(stack, "u1")).status_code == 201
 
 

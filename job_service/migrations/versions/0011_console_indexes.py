@@ -1,7 +1,7 @@
 """indexes of the operator console's reads: jobs by creation time and by end time
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 Create Date: 2026-12-03 14:00:00
 
 ``ix_jobs_created_status`` (created_at, status) serves the console's job list
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0011"
-down_revision: str | None = "0009"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

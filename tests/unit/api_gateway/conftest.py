@@ -208,6 +208,7 @@ def job_defaults() -> dict[str, Any]:
                     actor="runtime:worker-a",
                     attempt_no=1,
                     at=to_timestamp(T0),
+                    model_provider="deepseek",
                 )
             )
             resp.invocations.append(

@@ -91,6 +91,8 @@ async def test_admin_job_view_has_events_and_invocations(
         ("pending", "locked"),
     ]
     assert body["events"][0]["at"] == "2026-11-30T12:00:00.123Z"
+    # the provider a lease grant gave the attempt, on its locked event only (SPEC §9.4)
+    assert [e["modelProvider"] for e in body["events"]] == [None, "deepseek"]
     inv = body["invocations"][0]
     assert inv["costUsd"] == pytest.approx(0.0012)
     assert inv["credentialId"] is None and inv["apiKeyMode"] == "platform_key"
@@ -181,7 +183,18 @@ async def test_costs_default_window_stays_in_the_calendar(
 async def test_breaker(client: httpx.AsyncClient, backends: Backends) -> None:
     backends.job.responses["GetCircuitBreaker"] = rr.GetCircuitBreakerResponse(
         breaker=msg.CircuitBreaker(
-            state=msg.BREAKER_STATE_HALF_OPEN, consecutive_failures=5, opened_at=to_timestamp(T0)
+            state=msg.BREAKER_STATE_HALF_OPEN,
+            consecutive_failures=5,
+            opened_at=to_timestamp(T0),
+            providers=[
+                msg.ProviderBreaker(
+                    name="deepseek",
+                    state=msg.BREAKER_STATE_HALF_OPEN,
+                    consecutive_failures=5,
+                    opened_at=to_timestamp(T0),
+                ),
+                msg.ProviderBreaker(name="backup", state=msg.BREAKER_STATE_CLOSED),
+            ],
         )
     )
     resp = await client.get("/admin/ai/circuit-breaker", headers=A)
@@ -190,9 +203,35 @@ async def test_breaker(client: httpx.AsyncClient, backends: Backends) -> None:
         "consecutiveFailures": 5,
         "openedAt": "2026-11-30T12:00:00.123Z",
         "halfOpenAt": None,
+        "providers": [
+            {
+                "name": "deepseek",
+                "state": "half_open",
+                "consecutiveFailures": 5,
+                "openedAt": "2026-11-30T12:00:00.123Z",
+                "halfOpenAt": None,
+            },
+            {
+                "name": "backup",
+                "state": "closed",
+                "consecutiveFailures": 0,
+                "openedAt": None,
+                "halfOpenAt": None,
+            },
+        ],
     }
     reset = await client.post("/admin/ai/circuit-breaker/reset", headers=A)
     assert reset.json()["state"] == "closed"
+    assert not backends.job.last("ResetCircuitBreaker").request.HasField("provider")
+    one = await client.post("/admin/ai/circuit-breaker/reset?provider=backup", headers=A)
+    assert one.status_code == 200, one.text
+    assert backends.job.last("ResetCircuitBreaker").request.provider == "backup"
+
+
+async def test_costs_group_by_model_provider(client: httpx.AsyncClient, backends: Backends) -> None:
+    resp = await client.get("/admin/ai/costs?groupBy=modelProvider", headers=A)
+    assert resp.status_code == 200, resp.text
+    assert backends.job.last("GetCosts").request.group_by == "modelProvider"
 
 
 @pytest.fixture

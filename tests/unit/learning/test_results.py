@@ -511,7 +511,7 @@ async def test_result_rows_are_unique_by_idempotency_key(tx: Tx) -> None:
 async def test_concurrent_results_with_the_same_items_write_each_once(
     sessions: async_sessionmaker[AsyncSession], tx: Tx, world: World
 ) -> None:
-    out = {"items": [question(f"Shared {i}?", [world.block(3)]) for i in range(5)]}
+    out = {"items": [question(f"Shared {i}?", [world.block(3)]) for i in range(3)]}  # the count
 
     async def submit(job_id: str) -> AcceptOutcome:
         async def once() -> AcceptOutcome:
@@ -529,9 +529,9 @@ async def test_concurrent_results_with_the_same_items_write_each_once(
         return await retry_transient(once)
 
     outcomes = await asyncio.gather(*(submit(f"c{i}") for i in range(4)))
-    assert sum(o.written for o in outcomes) == 5
-    assert all(o.generated == 5 and o.written + o.skipped == 5 for o in outcomes)
-    assert await rows(tx, "questions") == 5
+    assert sum(o.written for o in outcomes) == 3
+    assert all(o.generated == 3 and o.written + o.skipped == 3 for o in outcomes)
+    assert await rows(tx, "questions") == 3
     for i in range(4):
         await tx(
             results.insert_result_row,
@@ -545,7 +545,7 @@ async def test_concurrent_results_with_the_same_items_write_each_once(
         listed = await tx(
             results.result_items, job_id=f"c{i}", job_type="quiz_generation", user_id="u1"
         )
-        assert [q["stem"] for q in listed] == [f"Shared {n}?" for n in range(5)]
+        assert [q["stem"] for q in listed] == [f"Shared {n}?" for n in range(3)]
 
 
 async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commits(
@@ -554,7 +554,7 @@ async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commit
     # The job service's result runs prepare_result without a savepoint and commits
     # the job's move to failed in the same transaction: so the refusal itself must
     # have written no row (prepare_result only reads; the port has no other shape).
-    good = [question(f"Good {i}?", [world.block(1)]) for i in range(3)]
+    good = [question(f"Good {i}?", [world.block(1)]) for i in range(2)]  # 3 = the count
     bad = question("Bad?", [world.other_material.blocks[0].block_id])
 
     async def accept_and_commit(session: AsyncSession) -> str:
@@ -574,3 +574,61 @@ async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commit
 
     assert await tx(accept_and_commit) == ErrorCode.INVALID_SCHEMA
     assert await rows(tx, "questions") == 0
+
+
+async def test_a_result_with_more_items_than_the_count_writes_the_first_count(
+    tx: Tx, world: World
+) -> None:
+    """SPEC §9.4: the snapshot's job asked for 3 questions; five valid ones are sent:
+    the first three are written and the plan records three generated."""
+    await tx(
+        plans.create_generation_plan,
+        job_id="j1",
+        user_id="u1",
+        job_type="quiz_generation",
+        target_type="material",
+        target_id=world.material.material_id,
+        params={"count": 3},
+    )
+    qs = [question(f"Question {i}?", [world.block(i)]) for i in range(5)]
+    outcome = await accept(tx, "j1", "quiz_generation", world.quiz_snapshot, {"items": qs})
+    assert outcome == AcceptOutcome(3, 3, 0)
+    items = await tx(results.result_items, job_id="j1", job_type="quiz_generation")
+    assert [i["stem"] for i in items] == ["Question 0?", "Question 1?", "Question 2?"]
+    plan = await tx(plans.get_generation_plan, "j1")
+    assert plan is not None and (plan["generated"], plan["written"]) == (3, 3)
+
+
+@pytest.mark.parametrize(
+    ("change", "loc"),
+    [
+        ({"difficulty": 1}, "items.0.difficulty"),  # a number is not a string
+        ({"answer": "D"}, "items.0"),  # single_choice: one of its options
+        ({"questionType": "true_false", "options": ["yes", "no"], "answer": "yes"}, "items.0"),
+        ({"questionType": "multiple_choice", "answer": []}, "items.0"),
+        ({"sourceBlockIds": "b1"}, "items.0.sourceBlockIds"),  # not a list
+    ],
+)
+async def test_the_server_validates_outputs_strictly(
+    tx: Tx, world: World, change: dict[str, Any], loc: str
+) -> None:
+    """The server checks a result with the worker's strict models (SPEC §9.4): no
+    coercion, and a quiz answer must fit its question."""
+    bad = {**question("Strict?", [world.block(1)]), **change}
+    with pytest.raises(AppError) as exc:
+        await accept(tx, "j1", "quiz_generation", world.quiz_snapshot, {"items": [bad]})
+    assert exc.value.code == ErrorCode.INVALID_SCHEMA
+    assert exc.value.details is not None
+    assert exc.value.details["errors"][0]["loc"].startswith(loc)
+    assert await rows(tx, "questions") == 0
+
+
+async def test_a_float_score_as_text_is_refused(tx: Tx, world: World) -> None:
+    """``"0.5"`` is not a number (no coercion, SPEC §9.4)."""
+    kp = world.kp.knowledge_point_id
+    weak = {"knowledgePointId": kp, "reason": "r", "severity": "0.5", "evidenceBlockIds": []}
+    with pytest.raises(AppError) as exc:
+        await accept(tx, "j9", "weak_point_analysis", world.quiz_snapshot, {"items": [weak]})
+    assert exc.value.code == ErrorCode.INVALID_SCHEMA
+    assert exc.value.details is not None
+    assert exc.value.details["errors"][0]["loc"] == "items.0.severity"

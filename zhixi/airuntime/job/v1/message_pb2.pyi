@@ -33,7 +33,7 @@ BREAKER_STATE_OPEN: BreakerState
 BREAKER_STATE_HALF_OPEN: BreakerState
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "user_id", "job_type", "target_type", "target_id", "snapshot_id", "status", "priority", "params", "api_key_mode", "credential_id", "model_provider", "model_name", "prompt_version", "output_schema_version", "attempt_no", "retry_count", "max_retry_count", "timeout_seconds", "locked_by", "lock_until", "available_at", "cancel_requested", "error_code", "error_message", "retried_from_job_id", "created_at", "updated_at", "started_at", "finished_at", "locked_at", "cancelled_at", "expired_at", "trace_parent", "version")
+    __slots__ = ("job_id", "user_id", "job_type", "target_type", "target_id", "snapshot_id", "status", "priority", "params", "api_key_mode", "credential_id", "model_provider", "model_name", "prompt_version", "output_schema_version", "attempt_no", "retry_count", "max_retry_count", "timeout_seconds", "locked_by", "lock_until", "available_at", "cancel_requested", "error_code", "error_message", "retried_from_job_id", "created_at", "updated_at", "started_at", "finished_at", "locked_at", "cancelled_at", "expired_at", "trace_parent", "version", "provider_model_name", "provider_base_url")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,8 @@ class Job(_message.Message):
     EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
     TRACE_PARENT_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_BASE_URL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user_id: str
     job_type: _message_pb2.JobType
@@ -104,10 +106,12 @@ class Job(_message.Message):
     expired_at: _timestamp_pb2.Timestamp
     trace_parent: str
     version: int
-    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., priority: _Optional[int] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., attempt_no: _Optional[int] = ..., retry_count: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., locked_by: _Optional[str] = ..., lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retried_from_job_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., locked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_parent: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    provider_model_name: str
+    provider_base_url: str
+    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., priority: _Optional[int] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., attempt_no: _Optional[int] = ..., retry_count: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., locked_by: _Optional[str] = ..., lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retried_from_job_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., locked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_parent: _Optional[str] = ..., version: _Optional[int] = ..., provider_model_name: _Optional[str] = ..., provider_base_url: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
-    __slots__ = ("job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at")
+    __slots__ = ("job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at", "model_provider")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FROM_STATUS_FIELD_NUMBER: _ClassVar[int]
     TO_STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +119,7 @@ class JobEvent(_message.Message):
     ACTOR_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     from_status: _message_pb2.JobStatus
     to_status: _message_pb2.JobStatus
@@ -122,7 +127,8 @@ class JobEvent(_message.Message):
     actor: str
     attempt_no: int
     at: _timestamp_pb2.Timestamp
-    def __init__(self, job_id: _Optional[str] = ..., from_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., to_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., error_code: _Optional[str] = ..., actor: _Optional[str] = ..., attempt_no: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    model_provider: str
+    def __init__(self, job_id: _Optional[str] = ..., from_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., to_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., error_code: _Optional[str] = ..., actor: _Optional[str] = ..., attempt_no: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model_provider: _Optional[str] = ...) -> None: ...
 
 class Invocation(_message.Message):
     __slots__ = ("id", "job_id", "attempt_no", "model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id", "cost_usd", "created_at")
@@ -303,16 +309,32 @@ class CostRow(_message.Message):
     def __init__(self, key: _Optional[str] = ..., calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., cost_usd: _Optional[float] = ...) -> None: ...
 
 class CircuitBreaker(_message.Message):
-    __slots__ = ("state", "consecutive_failures", "opened_at", "half_open_at")
+    __slots__ = ("state", "consecutive_failures", "opened_at", "half_open_at", "providers")
     STATE_FIELD_NUMBER: _ClassVar[int]
     CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
     OPENED_AT_FIELD_NUMBER: _ClassVar[int]
     HALF_OPEN_AT_FIELD_NUMBER: _ClassVar[int]
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
     state: BreakerState
     consecutive_failures: int
     opened_at: _timestamp_pb2.Timestamp
     half_open_at: _timestamp_pb2.Timestamp
-    def __init__(self, state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    providers: _containers.RepeatedCompositeFieldContainer[ProviderBreaker]
+    def __init__(self, state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., providers: _Optional[_Iterable[_Union[ProviderBreaker, _Mapping]]] = ...) -> None: ...
+
+class ProviderBreaker(_message.Message):
+    __slots__ = ("name", "state", "consecutive_failures", "opened_at", "half_open_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONSECUTIVE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    OPENED_AT_FIELD_NUMBER: _ClassVar[int]
+    HALF_OPEN_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    state: BreakerState
+    consecutive_failures: int
+    opened_at: _timestamp_pb2.Timestamp
+    half_open_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class JobStateCount(_message.Message):
     __slots__ = ("status", "count")

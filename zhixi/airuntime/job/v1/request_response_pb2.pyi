@@ -427,8 +427,10 @@ class GetCircuitBreakerResponse(_message.Message):
     def __init__(self, breaker: _Optional[_Union[_message_pb2_1.CircuitBreaker, _Mapping]] = ...) -> None: ...
 
 class ResetCircuitBreakerRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("provider",)
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    provider: str
+    def __init__(self, provider: _Optional[str] = ...) -> None: ...
 
 class ResetCircuitBreakerResponse(_message.Message):
     __slots__ = ("breaker",)
