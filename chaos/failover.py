@@ -139,7 +139,9 @@ async def provider_failover(system: System, profile: Profile) -> ScenarioResult:
     # long enough for the outage, two cool-downs and a stretch on the primary again
     rate = jobs / max(20.0, 12.0 + 4 * cooldown)
     loader = asyncio.create_task(run.load.run(jobs, rate))
-    await _wait_in_flight(run, 4)
+    # the outage begins once the load runs (one job in flight; at most 5 s in), whatever
+    # the machine's speed: at 50 ms a call a fast machine rarely has several in flight
+    await _wait_in_flight(run, 1, limit_s=5.0)
     t_down = time.monotonic()
     run.fault_window(t_down)
     await _standin(primary, "POST", "faults", [{"kind": "status", "status": 503, "count": 10**6}])
