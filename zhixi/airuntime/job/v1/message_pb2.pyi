@@ -311,3 +311,11 @@ class CircuitBreaker(_message.Message):
     opened_at: _timestamp_pb2.Timestamp
     half_open_at: _timestamp_pb2.Timestamp
     def __init__(self, state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class JobChange(_message.Message):
+    __slots__ = ("seq", "job")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    job: Job
+    def __init__(self, seq: _Optional[int] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...

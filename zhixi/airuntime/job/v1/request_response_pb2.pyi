@@ -621,3 +621,35 @@ class VerifyLeasesResponse(_message.Message):
     VERDICTS_FIELD_NUMBER: _ClassVar[int]
     verdicts: _containers.RepeatedCompositeFieldContainer[LeaseVerdict]
     def __init__(self, verdicts: _Optional[_Iterable[_Union[LeaseVerdict, _Mapping]]] = ...) -> None: ...
+
+class WatchJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchJobsResponse(_message.Message):
+    __slots__ = ("changes", "head_seq")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobChange]
+    head_seq: int
+    def __init__(self, changes: _Optional[_Iterable[_Union[_message_pb2_1.JobChange, _Mapping]]] = ..., head_seq: _Optional[int] = ...) -> None: ...
+
+class ListJobChangesRequest(_message.Message):
+    __slots__ = ("user_id", "after_seq", "limit")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    after_seq: int
+    limit: int
+    def __init__(self, user_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListJobChangesResponse(_message.Message):
+    __slots__ = ("changes", "head_seq", "more")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobChange]
+    head_seq: int
+    more: bool
+    def __init__(self, changes: _Optional[_Iterable[_Union[_message_pb2_1.JobChange, _Mapping]]] = ..., head_seq: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
