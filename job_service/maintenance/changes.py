@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from job_service import metrics
 from job_service.store import statements as st
 from job_service.store.records import JobRecord
 from job_service.store.tx import Store
@@ -154,11 +155,13 @@ class ChangeFeed:
         assert self._cursor is not None
         sub = Subscription(self._cursor.head)
         self._subs.add(sub)
+        metrics.WATCHERS.set(len(self._subs))
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forget ``sub`` (idempotent); the poller stops with the last one."""
         self._subs.discard(sub)
+        metrics.WATCHERS.set(len(self._subs))
 
     def nudge(self) -> None:
         """Poll now rather than at the next interval (a local commit happened)."""
@@ -169,6 +172,7 @@ class ChangeFeed:
         for sub in list(self._subs):
             sub.queue.put_nowait(None)
         self._subs.clear()
+        metrics.WATCHERS.set(0)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -225,10 +229,11 @@ class ChangeFeed:
         return len(found) >= BATCH_ROWS
 
     def _publish(self, batch: list[Change]) -> None:
+        metrics.CHANGES_DELIVERED.inc(len(batch))
         for sub in list(self._subs):
             if sub.queue.qsize() >= MAX_QUEUED_BATCHES:
                 # stuck: end its stream; the watcher reconnects and re-reads
-                self._subs.discard(sub)
+                self.unsubscribe(sub)
                 sub.queue.put_nowait(None)
                 continue
             sub.queue.put_nowait(batch)
