@@ -25,6 +25,7 @@ from starlette.background import BackgroundTask
 
 from airuntime_common.enums import JOB_STATUS
 from airuntime_common.errors import AppError, invalid_argument
+from airuntime_common.lru import LruCache
 from airuntime_common.states import TERMINAL
 from api_gateway import convert
 from api_gateway.backends import Caller
@@ -38,6 +39,9 @@ STREAM_NAP_SECONDS = 3600.0
 CHANGES_PAGE = 500
 #: Jobs whose last sent version a per-user stream remembers (oldest forgotten first).
 MAX_REMEMBERED_JOBS = 10_000
+#: ``(jobId, version)`` → the event's JSON text: a change sent to several streams
+#: is serialized once.
+_EVENT_DATA: LruCache[tuple[str, int], str] = LruCache(4096)
 
 
 def etag(job: msg.Job) -> str:
@@ -160,11 +164,12 @@ async def get_job(
 
 
 def _job_event(job: msg.Job, event_id: int) -> ServerSentEvent:
-    return ServerSentEvent(
-        data=json.dumps(convert.job_json(job), separators=(",", ":")),
-        event="job",
-        id=str(event_id),
-    )
+    key = (job.job_id, job.version)
+    data = _EVENT_DATA.get(key)
+    if data is None:
+        data = json.dumps(convert.job_json(job), separators=(",", ":"))
+        _EVENT_DATA.put(key, data)
+    return ServerSentEvent(data=data, event="job", id=str(event_id))
 
 
 class _Release:
