@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 IDLE_SECONDS = 30.0
 #: Most changes queued for one waiter; past it the queue becomes one RESYNC.
 MAX_QUEUED = 1000
+#: Seconds of silence after which the watch counts as dead and is re-opened
+#: (job_service sends a keepalive every 10 s): a half-open connection is noticed.
+STALE_SECONDS = 35.0
 
 
 class _Resync:
@@ -94,6 +97,7 @@ class JobHub:
         max_streams_per_user: ``SSE_MAX_STREAMS_PER_USER``.
         reconnect_seconds: pause before re-opening a watch that failed.
         idle_seconds: how long the watch stays open without waiters.
+        stale_seconds: silence after which the watch is re-opened.
     """
 
     def __init__(
@@ -104,12 +108,14 @@ class JobHub:
         max_streams_per_user: int,
         reconnect_seconds: float = 0.5,
         idle_seconds: float = IDLE_SECONDS,
+        stale_seconds: float = STALE_SECONDS,
     ) -> None:
         self.job_stub = job_stub
         self.token = token
         self.max_streams_per_user = max_streams_per_user
         self.reconnect_seconds = reconnect_seconds
         self.idle_seconds = idle_seconds
+        self.stale_seconds = stale_seconds
         self._by_job: dict[str, set[Waiter]] = {}
         self._by_user: dict[str, set[Waiter]] = {}
         self._streams: dict[str, int] = {}
@@ -220,6 +226,8 @@ class JobHub:
                 raise
             except grpc.aio.AioRpcError as exc:
                 log.warning("job watch stream failed: %s", exc.code().name)
+            except TimeoutError:
+                log.warning("job watch stream silent for %s s: re-opening", self.stale_seconds)
             except Exception:
                 log.warning("job watch stream failed", exc_info=True)
             self.connected = False
@@ -230,7 +238,10 @@ class JobHub:
             rr.WatchJobsRequest(), metadata=outgoing(self.token, None, None)
         )
         try:
-            async for resp in call:
+            while True:
+                resp = await asyncio.wait_for(call.read(), self.stale_seconds)
+                if resp is grpc.aio.EOF:
+                    return
                 if not self.connected:
                     self.connected = True
                     self.connects += 1

@@ -39,6 +39,8 @@ MAX_GAPS = 1000
 #: A jump of the sequence larger than this is not tracked as holes (a restore, a
 #: manual insert): its holes are taken as never to be filled.
 MAX_JUMP = 10_000
+#: Seconds before polling again after a failed poll.
+FAILED_POLL_PAUSE = 1.0
 #: Most batches queued for one subscriber before it counts as stuck and is dropped.
 MAX_QUEUED_BATCHES = 256
 
@@ -188,18 +190,19 @@ class ChangeFeed:
 
     async def _run(self) -> None:
         while self._subs:
-            full = False
+            full, pause = False, self.interval
             try:
                 full = await self.poll_once()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.warning("job change poll failed", exc_info=True)
+                pause = max(FAILED_POLL_PAUSE, self.interval)  # the database is down
             if full:
                 continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.interval)
+                await asyncio.wait_for(self._wake.wait(), timeout=pause)
         self._cursor = None
 
     async def poll_once(self) -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from sqlalchemy.exc import DBAPIError
@@ -15,6 +16,10 @@ from job_service.rpc.convert import job_to_proto
 from job_service.services.domain import JobDomain
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+#: Seconds without a change after which the stream sends an empty message, so a
+#: watcher can tell a quiet stream from a dead connection.
+KEEPALIVE_SECONDS = 10.0
 
 
 def change_to_proto(change: Change) -> msg.JobChange:
@@ -32,7 +37,8 @@ class WatchRpcs:
     ) -> AsyncIterator[rr.WatchJobsResponse]:
         """Stream every job change this replica's poller sees, from now on.
 
-        The first message carries only ``head_seq``; the stream ends (OK) when the
+        The first message carries only ``head_seq``; after :data:`KEEPALIVE_SECONDS`
+        without a change an empty message follows. The stream ends (OK) when the
         watcher falls too far behind or the service stops: the watcher reconnects
         and re-reads what it waits on. An unreachable database → ``UNAVAILABLE``.
         """
@@ -47,7 +53,11 @@ class WatchRpcs:
         try:
             yield rr.WatchJobsResponse(head_seq=sub.head)
             while True:
-                batch = await sub.queue.get()
+                try:
+                    batch = await asyncio.wait_for(sub.queue.get(), KEEPALIVE_SECONDS)
+                except TimeoutError:
+                    yield rr.WatchJobsResponse()
+                    continue
                 if batch is None:
                     return
                 yield rr.WatchJobsResponse(changes=[change_to_proto(c) for c in batch])

@@ -122,3 +122,25 @@ async def test_list_job_changes_gives_each_changed_job_of_the_user_once(
             rr.ListJobChangesRequest(user_id="u1", after_seq=0, limit=5000), metadata=server.md()
         )
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_watching_needs_the_service_token(server: Server) -> None:
+    stream = server.stub.WatchJobs(rr.WatchJobsRequest(), metadata=(("x-internal-api-key", "no"),))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stream.read()
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert server.domain.changes.subscriber_count == 0
+
+
+async def test_a_quiet_watch_sends_keepalives(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from job_service.rpc import watch as watch_rpc
+
+    monkeypatch.setattr(watch_rpc, "KEEPALIVE_SECONDS", 0.05)
+    stream = server.stub.WatchJobs(rr.WatchJobsRequest(), metadata=server.md())
+    await stream.read()
+    async with asyncio.timeout(5):
+        quiet = await stream.read()
+    assert quiet is not grpc.aio.EOF and not quiet.changes
+    stream.cancel()
