@@ -68,6 +68,9 @@ def create_app(
         try:
             yield
         finally:
+            hub = getattr(app.state, "hub", None)
+            if hub is not None:
+                await hub.aclose()
             await backends.aclose()
 
     app = FastAPIOffline(
@@ -83,6 +86,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.backends = injected
+    app.state.hub = None  # the job watch (SPEC §9.1), made on first use
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     errors.install(app)

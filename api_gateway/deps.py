@@ -37,6 +37,7 @@ from api_gateway.headers import (
     RuntimeInstanceIdHeader,
 )
 from api_gateway.settings import GatewaySettings
+from api_gateway.watch import JobHub
 
 ROLES = ("user", "admin")
 #: The longest ``sub`` (user id) accepted (SPEC §9.3).
@@ -94,6 +95,26 @@ def get_backends(request: Request) -> Backends:
     if backends is None:
         raise AppError(ErrorCode.UNAVAILABLE, "backends are not connected yet")
     return backends
+
+
+def get_hub(request: Request) -> JobHub:
+    """The app's :class:`JobHub` (made on first use, on the app's backends; SPEC §9.1).
+
+    Raises:
+        AppError: 503 ``UNAVAILABLE`` before the lifespan has connected the backends.
+    """
+    hub: JobHub | None = getattr(request.app.state, "hub", None)
+    if hub is None:
+        backends = get_backends(request)
+        settings = backends.settings
+        hub = JobHub(
+            backends.job,
+            settings.RUNTIME_SERVICE_TOKEN,
+            max_streams_per_user=settings.SSE_MAX_STREAMS_PER_USER,
+            reconnect_seconds=settings.WATCH_RECONNECT_SECONDS,
+        )
+        request.app.state.hub = hub
+    return hub
 
 
 def request_id(request: Request) -> str | None:
@@ -260,3 +281,11 @@ async def settings_dep(request: Request) -> GatewaySettings:
 
 
 Settings = Annotated[GatewaySettings, Depends(settings_dep)]
+
+
+async def hub_dep(request: Request) -> JobHub:
+    """Dependency: the app's :class:`JobHub`."""
+    return get_hub(request)
+
+
+Hub = Annotated[JobHub, Depends(hub_dep)]

@@ -46,6 +46,12 @@ class GatewaySettings(CommonSettings):
             ``/admin/ai/runtime`` in addition to the ones workers report.
         GRPC_TIMEOUT_SECONDS: deadline of every backend call (seconds).
         WORKER_STATUS_TIMEOUT_SECONDS: deadline of each worker ``GetStatus`` (seconds).
+        SSE_MAX_STREAMS_PER_USER: most event streams one user may hold open on one
+            gateway process; one more → 429 ``TOO_MANY_STREAMS`` (SPEC §9.1).
+        SSE_PING_SECONDS: seconds between ``: ping`` comments on an idle event
+            stream (at most 15, SPEC §9.1).
+        WATCH_RECONNECT_SECONDS: pause before re-opening a failed watch of job
+            changes (seconds).
     """
 
     JWT_SECRET: str = ""
@@ -58,6 +64,9 @@ class GatewaySettings(CommonSettings):
     RUNTIME_WORKER_ADDRS: str = ""
     GRPC_TIMEOUT_SECONDS: float = 10.0
     WORKER_STATUS_TIMEOUT_SECONDS: float = 1.0
+    SSE_MAX_STREAMS_PER_USER: int = Field(default=5, ge=1, le=10_000)
+    SSE_PING_SECONDS: float = Field(default=15.0, gt=0, le=15)
+    WATCH_RECONNECT_SECONDS: float = Field(default=0.5, gt=0, le=60)
 
     def check(self) -> None:
         """Refuse to start without the secrets.

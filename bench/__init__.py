@@ -2,7 +2,7 @@
 
 Scenarios (see :mod:`bench.scenarios`): ``throughput``, ``peer`` (the same backlog
 through procrastinate on PostgreSQL, :mod:`bench.peer`), ``floor``, ``pickup``,
-``poll_scale``, ``idle``, ``gateway``, ``worker500``. Every run creates a fresh
+``poll_scale``, ``idle``, ``gateway``, ``worker500``, ``waiting`` (:mod:`bench.waiting`). Every run creates a fresh
 database (dropped afterwards), writes ``bench-results/<timestamp>.json`` and
 prints a table; every figure carries its unit and the run's parameters.
 """

@@ -223,10 +223,58 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 f"≤250 {_check(w['peak_rss_mb'] <= 250)}",
             )
         )
+    out.extend(_waiting_rows(r.get("waiting", {})))
     for name, res in r.items():
         if "error" in res:
             out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
     return out
+
+
+def _waiting_rows(wt: dict[str, Any]) -> list[Row]:
+    """The ``waiting`` scenario's rows (SPEC §9.1)."""
+    if "delivery" not in wt:
+        return []
+    d = wt["delivery"]
+    prm = f"{wt['commits']} commits, 2 replicas"
+    p99 = d["p99_ms"]
+    rows_: list[Row] = [
+        (
+            "commit → event p50/p99",
+            f"{d['p50_ms']}/{p99}",
+            "ms",
+            prm,
+            f"p99≤250 {_check(p99 <= 250)}",
+        )
+    ]
+    if "create_with_streams" in wt:
+        without, with_ = wt["create_without_streams"], wt["create_with_streams"]
+        rss = wt["gateway_rss_mb"]
+        sprm = f"{wt['streams']} streams, {wt['users']} users"
+        rows_ += [
+            (
+                "  create p99 without/with streams",
+                f"{without['latency']['p99_ms']}/{with_['latency']['p99_ms']}",
+                "ms",
+                sprm,
+                "",
+            ),
+            (
+                "  gateway CPU per create without/with",
+                f"{without.get('gateway_cpu_ms_per_request')}/"
+                f"{with_.get('gateway_cpu_ms_per_request')}",
+                "ms",
+                sprm,
+                "",
+            ),
+            (
+                "  gateway RSS before/with streams",
+                f"{rss['before_streams']}/{rss['streams_open_after_load']}",
+                "MB",
+                sprm,
+                "",
+            ),
+        ]
+    return rows_
 
 
 def _peer_rows(pr: dict[str, Any]) -> list[Row]:

@@ -38,6 +38,7 @@ from bench.harness import (
     scrape_histograms,
     summary_ms,
 )
+from bench.waiting import waiting
 from launcher.core import LauncherError
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
@@ -70,6 +71,8 @@ class Params:
         w500_seconds: measuring window of the 500-slot worker scenario (s).
         settle_limit_s: longest wait for InnoDB to flush and purge after the poll-at-scale
             tables are grown (s).
+        wait_changes: jobs created and cancelled one by one in the ``waiting`` scenario.
+        wait_streams: event streams held open on the gateway in the ``waiting`` scenario.
     """
 
     base_url: str
@@ -88,6 +91,8 @@ class Params:
     gateway_concurrency: int = 32
     w500_seconds: float = 60.0
     settle_limit_s: float = 300.0
+    wait_changes: int = 300
+    wait_streams: int = 1000
 
     @classmethod
     def quick(cls, base_url: str) -> Params:
@@ -104,6 +109,7 @@ class Params:
             gateway_requests=500,
             w500_seconds=15.0,
             settle_limit_s=60.0,
+            wait_changes=100,
         )
 
 
@@ -770,4 +776,5 @@ SCENARIOS = {
     "idle": idle,
     "gateway": gateway,
     "worker500": worker500,
+    "waiting": waiting,
 }

@@ -61,6 +61,7 @@ class JobServiceApp:
     async def stop(self, grace: float = 2.0) -> None:
         """NOT_SERVING, stop the reaper, drain in-flight RPCs, close the pool."""
         self.stop_event.set()
+        await self.domain.changes.aclose()  # ends the watch streams, so the drain is short
         await self.server.stop(grace)
         if self.reaper_task is not None:
             await self.reaper_task

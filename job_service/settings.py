@@ -75,6 +75,12 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     ERASURE_PSEUDONYM_KEY: str = ""
     #: How often the queue-depth and breaker gauges are re-read from the database.
     METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0, le=DAY)
+    #: How often the one change poller of the process reads the job changes every
+    #: replica committed, while someone watches (``WatchJobs``, SPEC §9.1).
+    WATCH_POLL_INTERVAL_MS: int = Field(default=100, ge=5, le=60_000)
+    #: How long a hole in the event sequence (a transaction still to commit) is
+    #: looked for again before it counts as rolled back (SPEC §9.1).
+    WATCH_GAP_SECONDS: float = Field(default=5, ge=0, le=600)
 
     @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
     @classmethod

@@ -13,10 +13,10 @@ from fastapi import APIRouter, Body, Path, Query, Response
 from airuntime_common.enums import JOB_STATUS, JOB_TYPE, LEARNING_EVENT_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.timeutil import to_timestamp, utcnow
-from api_gateway import convert
+from api_gateway import convert, waiting
 from api_gateway.convert import pb_enum
-from api_gateway.deps import Backend, UserPrincipal
-from api_gateway.headers import IdempotencyKeyHeader
+from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
+from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
 from api_gateway.jobs import check_idempotency_key, create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
@@ -68,6 +68,46 @@ REPLAYED: dict[int | str, dict[str, Any]] = {
         },
     }
 }
+
+#: The job's ETag on its GET answers (SPEC §9.1).
+ETAG_HEADER: dict[str, Any] = {
+    "ETag": {
+        "description": 'The job\'s version in double quotes (e.g. "7"); it changes on every '
+        "change of the job. Send it back as If-None-Match.",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+}
+#: ``GET /v1/ai/jobs/{jobId}``'s answers besides the errors.
+JOB_GET_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the job as it is now", "headers": ETAG_HEADER},
+    304: {
+        "description": "If-None-Match names the current ETag (after waitSeconds, if given, "
+        "without a change; at once for a terminal job). No body.",
+        "headers": ETAG_HEADER,
+    },
+}
+#: The event streams' answers besides the errors (SPEC §9.1).
+STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "text/event-stream: `event: job`, `id: <id>`, `data: <Job JSON>` per "
+        "change, and a `: ping` comment at least every 15 s",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    },
+}
+JOB_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **STREAM_RESPONSES,
+    204: {
+        "description": "Last-Event-ID is at or after the job's terminal event: stop reconnecting"
+    },
+}
+
+
+class EventStream(Response):
+    """The media type of the event streams, for the OpenAPI document."""
+
+    media_type = "text/event-stream"
+
 
 router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
 
@@ -348,11 +388,78 @@ async def _jobs_by_ids(user_id: str, call: Backend, ids: str, other_filter: Any)
     return {"jobs": [convert.job_json(j) for j in resp.jobs], "nextPageToken": None}
 
 
-@router.get("/ai/jobs/{jobId}", response_model=JobOut)
-async def get_ai_job(principal: UserPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
-    """One of the caller's jobs (another user's → 404 ``JOB_NOT_FOUND``)."""
-    resp = await call(call.job.GetJob, rr.GetJobRequest(job_id=jobId, user_id=principal.user_id))
-    return convert.job_json(resp.job)
+@router.get("/ai/jobs/{jobId}", response_model=JobOut, responses=JOB_GET_RESPONSES)
+async def get_ai_job(
+    principal: UserPrincipal,
+    call: Backend,
+    hub: Hub,
+    jobId: JobId,
+    waitSeconds: Annotated[
+        int,
+        Query(
+            ge=0,
+            le=60,
+            description="Hold the answer up to this many seconds: with If-None-Match until "
+            "the job changes (else 304), without it until the job is terminal (SPEC §9.1).",
+        ),
+    ] = 0,
+    if_none_match: IfNoneMatchHeader = None,
+) -> Response:
+    """One of the caller's jobs with its ``ETag`` (another user's → 404
+    ``JOB_NOT_FOUND``); 304 while ``If-None-Match`` is current; ``waitSeconds`` holds
+    the answer (SPEC §9.1)."""
+    return await waiting.get_job(
+        call,
+        hub,
+        job_id=jobId,
+        user_id=principal.user_id,
+        wait_seconds=waitSeconds,
+        if_none_match=if_none_match,
+    )
+
+
+@router.get(
+    "/ai/jobs/{jobId}/events",
+    response_class=EventStream,
+    responses=JOB_STREAM_RESPONSES,
+)
+async def ai_job_events(
+    principal: UserPrincipal,
+    call: Backend,
+    hub: Hub,
+    settings: Settings,
+    jobId: JobId,
+    last_event_id: LastEventIdHeader = None,
+) -> Response:
+    """The job as an event stream: the job as it is, one event per change (``id`` its
+    version), the end after a terminal state; ``Last-Event-ID`` resumes (SPEC §9.1)."""
+    return await waiting.job_events(
+        call,
+        hub,
+        job_id=jobId,
+        user_id=principal.user_id,
+        last_event_id=last_event_id,
+        ping_seconds=settings.SSE_PING_SECONDS,
+    )
+
+
+@router.get("/ai/events", response_class=EventStream, responses=STREAM_RESPONSES)
+async def ai_events(
+    principal: UserPrincipal,
+    call: Backend,
+    hub: Hub,
+    settings: Settings,
+    last_event_id: LastEventIdHeader = None,
+) -> Response:
+    """Every change of the caller's jobs as an event stream (``id`` a cursor that
+    ``Last-Event-ID`` resumes from); it does not end by itself (SPEC §9.1)."""
+    return await waiting.user_events(
+        call,
+        hub,
+        user_id=principal.user_id,
+        last_event_id=last_event_id,
+        ping_seconds=settings.SSE_PING_SECONDS,
+    )
 
 
 @router.post("/ai/jobs/{jobId}/cancel", response_model=JobOut)

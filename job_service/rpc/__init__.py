@@ -3,8 +3,9 @@
 One servicer class answers every RPC; each area's RPCs live in their own module
 and are combined here: :mod:`.jobs` (users' and admins' jobs), :mod:`.runtime`
 (the runtime contract), :mod:`.session` (the same calls over one stream),
-:mod:`.learning` (the learner's data and results) and
-:mod:`.admin` (costs, the breaker, runtime health). Request checks and the
+:mod:`.learning` (the learner's data and results),
+:mod:`.admin` (costs, the breaker, runtime health) and :mod:`.watch` (job changes,
+SPEC §9.1). Request checks and the
 error mapping shared by all are in :mod:`.common`.
 """
 
@@ -15,6 +16,7 @@ from job_service.rpc.jobs import JobRpcs
 from job_service.rpc.learning import LearningRpcs
 from job_service.rpc.runtime import RuntimeRpcs
 from job_service.rpc.session import SessionRpcs
+from job_service.rpc.watch import WatchRpcs
 from job_service.services.domain import JobDomain
 from zhixi.airuntime.job.v1 import service_pb2_grpc
 
@@ -25,6 +27,7 @@ class JobServiceServicer(
     SessionRpcs,
     LearningRpcs,
     AdminRpcs,
+    WatchRpcs,
     service_pb2_grpc.JobServiceServicer,  # type: ignore[misc]
 ):
     """Every JobService RPC.

@@ -11,6 +11,7 @@ from airuntime_common.lru import LruCache
 from airuntime_common.model_providers import ModelProviders, ProviderConfig
 from job_service import metrics
 from job_service.lifecycle import Lease, RetryPolicy
+from job_service.maintenance.changes import ChangeFeed
 from job_service.maintenance.scheduler import RECHECK_SECONDS, JobSignal, PendingProbe
 from job_service.maintenance.workers import WorkerRegistry
 from job_service.services.ports import CredentialChecker, LearningPort, SnapshotView
@@ -41,6 +42,7 @@ class Core:
         credentials: the credential service.
         signal: wakes this process's long polls when a job becomes pending.
         registry: the runtime-instance registry.
+        changes: the change feed of ``WatchJobs`` (SPEC §9.1).
         claimed_snapshots: jobId → snapshotId of jobs this process handed out by
             claim (a job's snapshot never changes), so GetSnapshot after a claim
             skips reading the job row for it.
@@ -53,6 +55,7 @@ class Core:
     signal: JobSignal = field(default_factory=JobSignal)
     registry: WorkerRegistry = field(init=False)
     probe: PendingProbe = field(init=False)
+    changes: ChangeFeed = field(init=False)
     claimed_snapshots: LruCache[str, str] = field(
         default_factory=lambda: LruCache(MAX_CLAIMED_SNAPSHOTS)
     )
@@ -61,6 +64,11 @@ class Core:
     def __post_init__(self) -> None:
         self.registry = WorkerRegistry(self.store.clock)
         self.probe = PendingProbe(self._any_claimable, RECHECK_SECONDS)
+        self.changes = ChangeFeed(
+            self.store,
+            interval=self.settings.WATCH_POLL_INTERVAL_MS / 1000.0,
+            gap_seconds=self.settings.WATCH_GAP_SECONDS,
+        )
 
     @property
     def providers(self) -> ModelProviders:

@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionm
 from airuntime_common.errors import AppError
 from job_service.lifecycle import Lease
 from job_service.maintenance.breaker import BreakerView
+from job_service.maintenance.changes import Change, ChangeFeed
 from job_service.maintenance.scheduler import JobSignal
 from job_service.maintenance.workers import WorkerRegistry, WorkerView
 from job_service.services.accounting import Accounting
@@ -134,6 +135,17 @@ class JobDomain:
     @property
     def signal(self) -> JobSignal:
         return self.core.signal
+
+    @property
+    def changes(self) -> ChangeFeed:
+        """The change feed of ``WatchJobs`` (SPEC §9.1)."""
+        return self.core.changes
+
+    async def user_changes(
+        self, user_id: str, after: int | None, limit: int
+    ) -> tuple[list[Change], int, bool]:
+        """See :meth:`Views.user_changes`."""
+        return await self.views.user_changes(user_id, after, limit)
 
     @property
     def registry(self) -> WorkerRegistry:

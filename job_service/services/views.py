@@ -13,6 +13,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.states import LIVE
 from job_service import metrics
 from job_service.maintenance import breaker
+from job_service.maintenance.changes import Change
 from job_service.maintenance.workers import WorkerView
 from job_service.services.core import Core
 from job_service.store import statements as st
@@ -116,6 +117,41 @@ class Views:
                 r.job_id: r for r in (JobRecord.from_row(x) for x in (await session.execute(stmt)))
             }
         return [found[i] for i in wanted if i in found]
+
+    async def user_changes(
+        self, user_id: str, after: int | None, limit: int
+    ) -> tuple[list[Change], int, bool]:
+        """One user's changed jobs after cursor ``after`` (SPEC §9.1 ``GET /v1/ai/events``).
+
+        Args:
+            user_id: whose jobs.
+            after: the cursor (a job event sequence); None: no changes, only the head.
+            limit: 1..1000 (0 = 500): most change rows read.
+
+        Returns:
+            ``(changes, head, more)``: each changed job once, at its latest change,
+            ordered by that change; ``head``: the newest cursor of all jobs; ``more``:
+            ``limit`` change rows were read (ask again after the last change).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` for a limit outside 0..1000 or a negative cursor.
+        """
+        limit = limit or 500
+        if not 1 <= limit <= 1000 or (after is not None and after < 0):
+            raise AppError(
+                ErrorCode.INVALID_ARGUMENT,
+                "limit must be 1..1000 and the cursor ≥ 0",
+                {"limit": limit, "afterSeq": after},
+            )
+        async with self.core.store.sessions() as session:
+            head = int((await session.execute(st.latest_event_seq())).scalar() or 0)
+            if after is None:
+                return [], head, False
+            rows = (await session.execute(st.user_changes_after(user_id, after, limit))).all()
+        latest: dict[str, Change] = {}
+        for r in rows:
+            latest[r.job_id] = Change(int(r.change_seq), JobRecord.from_row(r))
+        return sorted(latest.values(), key=lambda c: c.seq), head, len(rows) >= limit
 
     async def health(self) -> tuple[bool, list[WorkerView]]:
         """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""

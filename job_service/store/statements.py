@@ -701,3 +701,41 @@ def leases_by_holder() -> Select[Any]:
 def workers_newest_first() -> Select[Any]:
     """Every runtime instance's registry row, most recently seen first."""
     return select(workers).order_by(workers.c.last_seen_at.desc())
+
+
+# ------------------------------------------------------------------ changes (SPEC §9.1)
+
+
+def latest_event_seq() -> Select[Any]:
+    """The highest job event sequence (NULL on an empty table): a change cursor's head."""
+    return select(func.max(events.c.seq))
+
+
+def changes_after(after: int, gaps: list[int], limit: int) -> Select[Any]:
+    """Every job's changes after cursor ``after``, and the events at the sequences in
+    ``gaps`` (holes seen earlier that may have committed since): ``(change_seq, every
+    job column)`` in sequence order, at most ``limit`` rows. Walks the events' primary
+    key from ``after`` (one range, plus one point per gap) and each job by its id."""
+    cond: ColumnElement[bool] = events.c.seq > after
+    if gaps:
+        cond = or_(cond, events.c.seq.in_(gaps))
+    return (
+        select(events.c.seq.label("change_seq"), jobs)
+        .join(jobs, jobs.c.job_id == events.c.job_id)
+        .where(cond)
+        .order_by(events.c.seq)
+        .limit(limit)
+    )
+
+
+def user_changes_after(user_id: str, after: int, limit: int) -> Select[Any]:
+    """One user's job changes after cursor ``after``: ``(change_seq, every job column)``,
+    oldest first, at most ``limit`` rows. Walks the user's jobs (``ix_jobs_user``) and
+    each one's events after the cursor (``ix_job_events_job``)."""
+    return (
+        select(events.c.seq.label("change_seq"), jobs)
+        .join(jobs, jobs.c.job_id == events.c.job_id)
+        .where(jobs.c.user_id == user_id, events.c.seq > after)
+        .order_by(events.c.seq)
+        .limit(limit)
+    )

@@ -166,3 +166,25 @@ async def test_health_checks_an_instance_id_when_one_is_sent(
     else:
         md = backends.job.last("GetRuntimeHealth").metadata
         assert md.get("x-runtime-instance-id") == value
+
+
+def test_the_document_declares_waiting_for_a_job() -> None:
+    """SPEC §9.1 as a generated client sees it: ``waitSeconds`` (0..60) and
+    ``If-None-Match`` on the job's GET with its ETag and 304; ``Last-Event-ID``, a
+    ``text/event-stream`` answer, 204 (the job stream) and 429 on both streams."""
+    paths = _document()["paths"]
+    get = paths["/v1/ai/jobs/{jobId}"]["get"]
+    wait = next(p for p in get["parameters"] if p["name"] == "waitSeconds")
+    assert wait["in"] == "query" and not wait.get("required", False)
+    assert (wait["schema"]["minimum"], wait["schema"]["maximum"]) == (0, 60)
+    assert wait["schema"]["default"] == 0
+    assert "If-None-Match" in _header_params(get)
+    assert "ETag" in get["responses"]["200"]["headers"]
+    assert "ETag" in get["responses"]["304"]["headers"]
+    assert "content" not in get["responses"]["304"]
+    for path, end in (("/v1/ai/jobs/{jobId}/events", True), ("/v1/ai/events", False)):
+        op = paths[path]["get"]
+        assert "Last-Event-ID" in _header_params(op), path
+        assert "text/event-stream" in op["responses"]["200"]["content"], path
+        assert ("204" in op["responses"]) is end, path
+        assert "Retry-After" in op["responses"]["429"]["headers"], path

@@ -403,3 +403,11 @@ class ThroughputMinute(_message.Message):
     failed: int
     cancelled: int
     def __init__(self, minute: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ...) -> None: ...
+
+class JobChange(_message.Message):
+    __slots__ = ("seq", "job")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    job: Job
+    def __init__(self, seq: _Optional[int] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...

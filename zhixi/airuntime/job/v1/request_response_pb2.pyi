@@ -827,3 +827,35 @@ class RuntimeSessionResponse(_message.Message):
     fail_job: FailJobResponse
     record_invocation: RecordInvocationResponse
     def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[RuntimeSessionError, _Mapping]] = ..., claim_jobs: _Optional[_Union[ClaimJobsResponse, _Mapping]] = ..., start_job: _Optional[_Union[StartJobResponse, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesResponse, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultResponse, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobResponse, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationResponse, _Mapping]] = ...) -> None: ...
+
+class WatchJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchJobsResponse(_message.Message):
+    __slots__ = ("changes", "head_seq")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobChange]
+    head_seq: int
+    def __init__(self, changes: _Optional[_Iterable[_Union[_message_pb2_1.JobChange, _Mapping]]] = ..., head_seq: _Optional[int] = ...) -> None: ...
+
+class ListJobChangesRequest(_message.Message):
+    __slots__ = ("user_id", "after_seq", "limit")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    after_seq: int
+    limit: int
+    def __init__(self, user_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListJobChangesResponse(_message.Message):
+    __slots__ = ("changes", "head_seq", "more")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.JobChange]
+    head_seq: int
+    more: bool
+    def __init__(self, changes: _Optional[_Iterable[_Union[_message_pb2_1.JobChange, _Mapping]]] = ..., head_seq: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...

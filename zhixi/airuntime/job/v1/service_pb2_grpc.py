@@ -221,6 +221,16 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.FromString,
                 _registered_method=True)
+        self.WatchJobs = channel.unary_stream(
+                '/zhixi.airuntime.job.v1.JobService/WatchJobs',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsResponse.FromString,
+                _registered_method=True)
+        self.ListJobChanges = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/ListJobChanges',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -456,6 +466,21 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchJobs(self, request, context):
+        """Waiting without polling (SPEC §9.1).
+        Every change committed by any replica, as it is seen by this replica's one poller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListJobChanges(self, request, context):
+        """One user's job changes after a cursor (resume of GET /v1/ai/events).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -643,6 +668,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.RuntimeSession,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.SerializeToString,
+            ),
+            'WatchJobs': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJobs,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsResponse.SerializeToString,
+            ),
+            'ListJobChanges': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListJobChanges,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1646,6 +1681,60 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/RuntimeSession',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.RuntimeSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/WatchJobs',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.WatchJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListJobChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/ListJobChanges',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListJobChangesResponse.FromString,
             options,
             channel_credentials,
             insecure,
