@@ -84,17 +84,29 @@ class JobRpcs:
 
     @rpc
     async def ListJobs(self, request: rr.ListJobsRequest, context: Ctx) -> rr.ListJobsResponse:
-        if request.job_ids:
-            found = await self.domain.jobs_by_ids(request.user_id, list(request.job_ids))
-            return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in found])
         user_id = request.user_id if request.HasField("user_id") else None
+        status = JOB_STATUS.optional(request.status)
         job_type = JOB_TYPE.optional(request.job_type)
         created_from = _naive(request, "created_from")
         created_to = _naive(request, "created_to")
         check_created_range(created_from, created_to)
+        if request.job_ids:
+            others = (status, job_type, created_from, created_to, request.page_token)
+            if (
+                any(v is not None and v != "" for v in others)
+                or request.page_size
+                or (request.include_counts)
+            ):
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    "jobIds cannot be combined with other filters, paging or counts",
+                    {"field": "jobIds"},
+                )
+            found = await self.domain.jobs_by_ids(request.user_id, list(request.job_ids))
+            return rr.ListJobsResponse(jobs=[job_to_proto(j) for j in found])
         rows, token = await self.domain.list_jobs(
             user_id=user_id,
-            status=JOB_STATUS.optional(request.status),
+            status=status,
             job_type=job_type,
             page_size=request.page_size,
             page_token=request.page_token,

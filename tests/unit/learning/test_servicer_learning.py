@@ -23,6 +23,7 @@ from job_service.rpc.learning import LearningRpcs
 from job_service.services.domain import JobDomain
 from job_service.store.clock import DbClock
 from job_service.store.tables import jobs
+from tests.unit.job_service.conftest import make_settings
 from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
@@ -61,7 +62,7 @@ class Servicer(LearningRpcs, service_pb2_grpc.JobServiceServicer):  # type: igno
         self.domain = JobDomain(
             sessions,
             DbClock(sessions.kw["bind"].dialect.name),
-            settings=None,  # type: ignore[arg-type]
+            settings=make_settings(sessions.kw["bind"].url.render_as_string(hide_password=False)),
             learning=None,  # type: ignore[arg-type]
             credentials=None,  # type: ignore[arg-type]
         )
