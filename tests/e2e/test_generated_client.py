@@ -48,6 +48,8 @@ class Generated:
         self.client = importlib.import_module(f"{PACKAGE}.client")
         self.models = importlib.import_module(f"{PACKAGE}.models")
         self.types = importlib.import_module(f"{PACKAGE}.types")
+        #: The document's ``JobStatus`` enumeration, terminal members (SPEC §2.3).
+        self.terminal = frozenset(self.models.JobStatus(s) for s in TERMINAL)
 
     def op(self, tag: str, operation: str) -> Any:
         """``<package>.api.<tag>.<operation>`` (e.g. ``public``, ``get_ai_job``)."""
@@ -101,11 +103,6 @@ def generated(
             del sys.modules[name]
 
 
-def _status(job: Any) -> str:
-    """A generated ``JobOut``'s status as its wire string."""
-    return str(job.status.value if hasattr(job.status, "value") else job.status)
-
-
 def _wait_terminal(gen: Generated, http: Any, job_id: str, etag: str) -> tuple[Any, list[int]]:
     """Held GETs with the last ETag until the job is terminal; the job and every answer's code."""
     get_ai_job = gen.op("public", "get_ai_job")
@@ -126,7 +123,7 @@ def _wait_terminal(gen: Generated, http: Any, job_id: str, etag: str) -> tuple[A
         etag = reply.headers["ETag"]
         job = reply.parsed
         assert isinstance(job, gen.models.JobOut)
-        if _status(job) in TERMINAL:
+        if job.status in gen.terminal:
             return job, codes
     raise AssertionError(f"job {job_id} not terminal after {JOB_DEADLINE} s: {codes}")
 
@@ -168,14 +165,14 @@ def test_a_generated_client_drives_the_flow(generated: Generated, system: Runnin
 
         # a quiz job with an Idempotency-Key; the repeat replays it
         create_ai_job = gen.op("public", "create_ai_job")
-        body = models.JobCreate.from_dict(
-            {
-                "jobType": "quiz_generation",
-                "targetType": "material",
-                "targetId": material.material_id,
-                "apiKeyMode": "platform_key",
-                "params": {"count": 3, "questionTypes": ["single_choice"]},
-            }
+        body = models.JobCreate(
+            job_type=models.JobType.QUIZ_GENERATION,
+            target_type=models.TargetType.MATERIAL,
+            target_id=material.material_id,
+            api_key_mode=models.ApiKeyMode.PLATFORM_KEY,
+            params=models.JobCreateParamsType0.from_dict(
+                {"count": 3, "questionTypes": ["single_choice"]}
+            ),
         )
         key = f"quiz-{uuid.uuid4().hex}"
         created = create_ai_job.sync_detailed(client=http, body=body, idempotency_key=key)
@@ -195,22 +192,20 @@ def test_a_generated_client_drives_the_flow(generated: Generated, system: Runnin
         etag = first.headers["ETag"]
         assert etag.startswith('"') and etag.endswith('"')
         current = get_ai_job.sync_detailed(job.job_id, client=http, if_none_match=etag)
-        if _status(first.parsed) in TERMINAL:  # a terminal job cannot change: 304
+        if first.parsed.status in gen.terminal:  # a terminal job cannot change: 304
             assert current.status_code == HTTPStatus.NOT_MODIFIED
             done = first.parsed
         else:
             done, codes = _wait_terminal(gen, http, job.job_id, etag)
             assert HTTPStatus.OK in codes, codes
-        assert _status(done) == "succeeded", (done.to_dict(), system.diagnostics())
+        assert done.status == models.JobStatus.SUCCEEDED, (done.to_dict(), system.diagnostics())
         assert done.error_code is None
 
         # the result: quiz items citing this material's blocks
         result = gen.op("public", "get_ai_job_result").sync_detailed(job.job_id, client=http)
         assert result.status_code == HTTPStatus.OK, result.content
         assert isinstance(result.parsed, models.JobResultOut)
-        assert str(getattr(result.parsed.job_type, "value", result.parsed.job_type)) == (
-            "quiz_generation"
-        )
+        assert result.parsed.job_type == models.JobType.QUIZ_GENERATION
         items = [item.to_dict() for item in result.parsed.items]
         assert 1 <= len(items) <= 3, items
         for item in items:
