@@ -47,7 +47,6 @@ class Generated:
         self.root = root
         self.client = importlib.import_module(f"{PACKAGE}.client")
         self.models = importlib.import_module(f"{PACKAGE}.models")
-        self.types = importlib.import_module(f"{PACKAGE}.types")
         #: The document's ``JobStatus`` enumeration, terminal members (SPEC §2.3).
         self.terminal = frozenset(self.models.JobStatus(s) for s in TERMINAL)
 
@@ -108,7 +107,6 @@ def _wait_terminal(gen: Generated, http: Any, job_id: str, etag: str) -> tuple[A
     get_ai_job = gen.op("public", "get_ai_job")
     codes: list[int] = []
     deadline = time.monotonic() + JOB_DEADLINE
-    job = None
     while time.monotonic() < deadline:
         reply = get_ai_job.sync_detailed(
             job_id, client=http, wait_seconds=WAIT_SECONDS, if_none_match=etag
