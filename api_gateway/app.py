@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import grpc
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
@@ -23,6 +24,19 @@ from api_gateway.settings import GatewaySettings
 DOCS_ASSETS_PATH = "/docs/assets"
 #: Swagger UI settings: no call to the public validator service.
 SWAGGER_UI_PARAMETERS = {"validatorUrl": None}
+
+
+def operation_id(route: APIRoute) -> str:
+    """The OpenAPI ``operationId`` of a route: its handler's name in lowerCamelCase.
+
+    ``create_material`` → ``createMaterial``, ``get_ai_job`` → ``getAiJob``. A client
+    generated from ``/openapi.json`` names its functions after these (FastAPI's default
+    appends the path and method: ``get_ai_job_v1_ai_jobs__jobId__get``). Handler names
+    are unique across the gateway's routers (admin ones start with ``admin_``), so the
+    ids are too.
+    """
+    first, *rest = route.name.split("_")
+    return first + "".join(word[:1].upper() + word[1:] for word in rest)
 
 
 def create_app(
@@ -83,6 +97,7 @@ def create_app(
         # one URL per resource: "/v1/ai/jobs/" is 404 (with a hint), not a 307 to an
         # absolute http:// URL of whatever Host the request named
         redirect_slashes=False,
+        generate_unique_id_function=operation_id,
     )
     app.state.settings = settings
     app.state.backends = injected

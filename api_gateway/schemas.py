@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from typing_extensions import TypeAliasType
 
 from airuntime_common import jobtypes
 from airuntime_common.states import JobStatus as JobStatusEnum
@@ -26,20 +27,29 @@ ID = Field(min_length=1, max_length=128)
 #: unknown id → 404, never 400"), not a length error (the body size limit bounds it).
 REF = Field(min_length=1)
 
+# Each enumeration is a named schema of the OpenAPI document (``JobType``,
+# ``JobStatus`` …, referenced wherever a field or parameter takes it), so a client
+# generated from it has one type per enumeration rather than one per field.
 if TYPE_CHECKING:
     JobType = str
     JobStatus = str
 else:
     #: The registered job types (:mod:`airuntime_common.jobtypes`) when the gateway starts.
-    JobType = Literal[jobtypes.names()]
+    JobType = TypeAliasType("JobType", Literal[jobtypes.names()])
     #: Every job state (:class:`airuntime_common.states.JobStatus`).
-    JobStatus = Literal[tuple(s.value for s in JobStatusEnum)]
-TargetType = Literal["user", "material", "knowledge_point"]
-ApiKeyMode = Literal["platform_key", "user_deepseek_key"]
-QuestionType = Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
-ResultKind = Literal["analyses", "weak-points", "recommendations", "questions", "flashcards"]
-GroupBy = Literal["day", "jobType", "modelName", "modelProvider", "apiKeyMode"]
-BreakerState = Literal["closed", "open", "half_open"]
+    JobStatus = TypeAliasType("JobStatus", Literal[tuple(s.value for s in JobStatusEnum)])
+TargetType = TypeAliasType("TargetType", Literal["user", "material", "knowledge_point"])
+ApiKeyMode = TypeAliasType("ApiKeyMode", Literal["platform_key", "user_deepseek_key"])
+QuestionType = TypeAliasType(
+    "QuestionType", Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
+)
+ResultKind = TypeAliasType(
+    "ResultKind", Literal["analyses", "weak-points", "recommendations", "questions", "flashcards"]
+)
+GroupBy = TypeAliasType(
+    "GroupBy", Literal["day", "jobType", "modelName", "modelProvider", "apiKeyMode"]
+)
+BreakerState = TypeAliasType("BreakerState", Literal["closed", "open", "half_open"])
 AttemptNo = Field(ge=1, le=INT32_MAX)
 
 

@@ -13,7 +13,11 @@ async function loadJobTypes() {
   try {
     const doc = await (await fetch("/openapi.json")).json();
     const param = doc.paths["/admin/ai/jobs"].get.parameters.find((p) => p.name === "jobType");
-    const schema = param.schema.anyOf ? param.schema.anyOf.find((s) => s.enum) : param.schema;
+    // the enumeration is a named schema (components.schemas.JobType), referenced by $ref
+    const named = (s) => (s && s.$ref ? doc.components.schemas[s.$ref.split("/").pop()] : s);
+    const schema = param.schema.anyOf
+      ? param.schema.anyOf.map(named).find((s) => s && s.enum)
+      : named(param.schema);
     jobTypes = schema.enum || [];
   } catch (e) {
     jobTypes = [];

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import AsyncIterator
 
@@ -325,7 +326,13 @@ async def test_openapi_lists_request_models(client: httpx.AsyncClient) -> None:
     schemas = spec["components"]["schemas"]
     for name in ("JobCreate", "AdminJobCreate", "PollBody", "ResultBody", "JobOut", "ErrorBody"):
         assert name in schemas
-    assert schemas["JobCreate"]["properties"]["jobType"]["enum"][0] == "learning_state_analysis"
+    # each enumeration is one named schema, referenced by every field that takes it
+    assert schemas["JobCreate"]["properties"]["jobType"] == {"$ref": "#/components/schemas/JobType"}
+    assert schemas["JobType"]["enum"][0] == "learning_state_analysis"
+    assert schemas["JobStatus"]["enum"][:3] == ["pending", "locked", "running"]
+    for model in ("JobOut", "JobCreate", "AdminJobCreate"):
+        for field in ("jobType", "targetType", "apiKeyMode"):
+            assert "#/components/schemas/" in json.dumps(schemas[model]["properties"][field])
     assert "/admin/console" not in spec["paths"]
     assert (await client.get("/docs")).status_code == 200
     assert OWNER  # fixtures imported for parity

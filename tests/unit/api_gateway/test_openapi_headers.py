@@ -69,6 +69,20 @@ def test_the_document_declares_the_bearer_and_the_idempotency_key() -> None:
         assert op["responses"]["200"]["headers"]["Idempotent-Replayed"]["required"] is True
 
 
+def test_every_operation_id_is_its_handlers_name_in_camel_case() -> None:
+    """Generated clients name their functions after these: ``getAiJob``, not
+    FastAPI's ``get_ai_job_v1_ai_jobs__jobId__get``; unique across the document."""
+    ids = {(method, path): op["operationId"] for method, path, op in _operations(_document(), "/")}
+    assert len(set(ids.values())) == len(ids)
+    assert ids[("GET", "/v1/ai/jobs/{jobId}")] == "getAiJob"
+    assert ids[("POST", "/v1/materials")] == "createMaterial"
+    assert ids[("DELETE", "/v1/me")] == "eraseMe"
+    assert ids[("GET", "/admin/ai/jobs/{jobId}")] == "adminGetJob"
+    assert ids[("POST", "/internal/runtime/jobs/{jobId}/heartbeat")] == "heartbeat"
+    for operation_id in ids.values():
+        assert operation_id.isalnum() and operation_id[0].islower(), operation_id
+
+
 def test_every_429_and_503_declares_retry_after() -> None:
     document = _document()
     seen = 0
