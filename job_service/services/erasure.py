@@ -2,7 +2,9 @@
 
 Under the user's admission lock (no create of theirs runs meanwhile), their jobs
 are ended (pending → cancelled, leased → ``cancelRequested``) and then removed with
-their events; every learning-room row of theirs goes (through the learning port);
+their events — a leased one stays until its attempt ends, with the user's id replaced
+by the pseudonym and nothing of theirs on it, so the model call in flight still logs
+its tokens and cost (its result writes nothing: its snapshot is gone); every learning-room row of theirs goes (through the learning port);
 so do their AI switch and admission row. What the platform must keep stays, with no
 way back to the user: the invocation logs of their jobs keep tokens and cost under
 :func:`pseudonym` (as their ``job_id``, without the credential), the platform spend
@@ -23,6 +25,7 @@ from typing import Final
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.states import LEASED
 from job_service.services.admission import Admission
 from job_service.services.cancellation import end_jobs
 from job_service.services.core import Core
@@ -80,10 +83,12 @@ class Erasure:
                 usage = {"pseudonym": name, "jobs": today}
                 await run_one(session, st.add_erased_usage.sql(clock, usage))
             job_ids = [str(r[0]) for r in rows]
+            leased = {str(r[0]) for r in rows if r[1] in LEASED}
             await self.core.learning.erase_user(session, user_id, job_ids)
             for start in range(0, max(len(job_ids), 1), _CHUNK):
                 chunk = job_ids[start : start + _CHUNK]
-                for stmt in st.erase_jobs(user_id, chunk, name):
+                kept = [j for j in chunk if j in leased]
+                for stmt in st.erase_jobs(clock, user_id, chunk, name, kept):
                     await session.execute(stmt)
             return Erased(ended[0], ended[1], len(rows))
 

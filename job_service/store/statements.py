@@ -50,7 +50,12 @@ from job_service.store.tables import (
     platform_spend,
     workers,
 )
-from job_service.store.transitions import lease_guard_bound, leases_guard, lock_guard
+from job_service.store.transitions import (
+    VERSION_PLUS_ONE,
+    lease_guard_bound,
+    leases_guard,
+    lock_guard,
+)
 
 #: Accepted results (``ai_results``).
 results = cast(Table, AiResult.__table__)
@@ -214,11 +219,24 @@ def jobs_of_user(clock: DbClock, user_id: str) -> Any:
     return _for_update(clock, stmt)
 
 
-def erase_jobs(user_id: str, job_ids: Sequence[str], pseudonym: str) -> list[Any]:
+def erase_jobs(
+    clock: DbClock,
+    user_id: str,
+    job_ids: Sequence[str],
+    pseudonym: str,
+    kept: Sequence[str] = (),
+) -> list[Any]:
     """An erasure's writes on the job tables, in order (SPEC §9.2): the invocation logs
     of ``job_ids`` keep tokens and cost under ``pseudonym`` (as their ``job_id``, no
-    credential), then the jobs' events, the user's jobs, AI switch and admission row go."""
+    credential), then the jobs' events, the user's jobs, AI switch and admission row go.
+
+    ``kept`` (jobs leased at the erasure, among ``job_ids``) stay until their attempt
+    ends, with nothing of the user left on them: ``user_id`` the pseudonym (a user
+    target too), no params, idempotency key, credential or error text, and their
+    events' ``user:`` actor the pseudonym's. The attempt's model calls then still log
+    their tokens and cost, and its result writes nothing (its snapshot is gone)."""
     ids = list(job_ids)
+    keep = list(kept)
     out: list[Any] = []
     if ids:
         out.append(
@@ -226,7 +244,29 @@ def erase_jobs(user_id: str, job_ids: Sequence[str], pseudonym: str) -> list[Any
             .where(invocations.c.job_id.in_(ids))
             .values(job_id=pseudonym, credential_id=None)
         )
-        out.append(delete(events).where(events.c.job_id.in_(ids)))
+    if keep:
+        out.append(
+            update(jobs)
+            .where(jobs.c.job_id.in_(keep), jobs.c.user_id == user_id)
+            .values(
+                user_id=pseudonym,
+                target_id=case((jobs.c.target_type == "user", pseudonym), else_=jobs.c.target_id),
+                params={},
+                idempotency_key=None,
+                credential_id=None,
+                error_message=None,
+                updated_at=clock.now(),
+                version=VERSION_PLUS_ONE,
+            )
+        )
+        out.append(
+            update(events)
+            .where(events.c.job_id.in_(keep), events.c.actor == f"user:{user_id}")
+            .values(actor=f"user:{pseudonym}")
+        )
+    gone = [i for i in ids if i not in set(keep)]
+    if gone:
+        out.append(delete(events).where(events.c.job_id.in_(gone)))
     out.append(delete(jobs).where(jobs.c.user_id == user_id))
     out.append(delete(authorizations).where(authorizations.c.user_id == user_id))
     out.append(delete(admission_locks).where(admission_locks.c.user_id == user_id))

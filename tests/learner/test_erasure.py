@@ -122,8 +122,25 @@ async def erase_and_check(learner: Learner, other: Learner, system: System) -> N
     second = await learner.delete("/v1/me")
     assert second.status_code == 204, second.text
 
+    # the attempt in flight still logs its model call: its tokens and cost are kept
+    call = await learner.http.post(
+        "/internal/runtime/invocation-logs",
+        json={
+            "jobId": leased["jobId"],
+            "attemptNo": leased["attemptNo"],
+            "modelProvider": "deepseek",
+            "modelName": "deepseek-chat",
+            "apiKeyMode": "platform_key",
+            "promptTokens": 1200,
+            "completionTokens": 300,
+            "latencyMs": 850,
+            "outcome": "succeeded",
+        },
+        headers=system.runtime_headers("erasure-w1"),
+    )
+    assert call.status_code == 201, call.text
     late = await send_result(learner, system, leased, "erasure-w1", m["materialId"])
-    assert late.status_code in (404, 409), late.text
+    assert late.status_code == 409, late.text
     assert (await learner.get("/v1/materials")).json()["materials"] == []
     assert (await learner.get("/v1/ai/jobs")).json()["jobs"] == []
     assert (await learner.get("/v1/knowledge-points")).json()["knowledgePoints"] == []
@@ -131,7 +148,16 @@ async def erase_and_check(learner: Learner, other: Learner, system: System) -> N
     assert (await learner.get("/v1/me/model-credential")).status_code == 404
     assert (await learner.get("/v1/me/ai-authorization")).json()["granted"] is True
     assert (await learner.get(f"/v1/ai/jobs/{done['jobId']}")).status_code == 404
-    assert await admin_costs(learner, system) == costs_before
+    costs_after = await admin_costs(learner, system)
+    calls = (
+        {r["key"]: r["calls"] for r in costs_before},
+        {r["key"]: r["calls"] for r in costs_after},
+    )
+    assert calls[1]["platform_key"] == calls[0].get("platform_key", 0) + 1, (
+        costs_before,
+        costs_after,
+    )
+    assert calls[1].get("user_key") == calls[0].get("user_key")
 
     dumps = mariadb_dump(system.job_db) + mariadb_dump(system.credential_db)
     assert learner.user_id not in dumps

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from airuntime_common import metadata
-from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
+from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE, TARGET_TYPE
 from airuntime_common.errors import AppError
 from airuntime_common.grpc_errors import from_rpc_error
 from job_service.app import JobServiceApp, serve
@@ -525,8 +525,14 @@ async def test_erasing_a_user_leaves_no_row_of_theirs(db_url: str) -> None:
         assert name in text  # the kept invocation logs and the day's usage row
         assert await costs(one) == before
         late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
-        assert await code_of(submit(one, leased, late, "w3")) in ("JOB_NOT_FOUND", "LOCK_NOT_HELD")
+        # the leased job stays, with nothing of the user on it, until its attempt ends:
+        # its result writes nothing (409, the job ends cancelled)
+        assert await code_of(submit(one, leased, late, "w3")) == "INVALID_JOB_STATE"
+        ended = await one.call("GetJob", rr.GetJobRequest(job_id=leased.job_id))
+        assert ended.job.status == JOB_STATUS.to_proto("cancelled")
+        assert ended.job.user_id == name and not ended.job.params
         assert "late" not in await dump(one)
+        assert ERASED not in await dump(one)
         # the same id sees an empty account, and its day's quota is still used (3 of 5)
         mats = await one.call("ListMaterials", rr.ListMaterialsRequest(user_id=ERASED))
         assert list(mats.materials) == []
