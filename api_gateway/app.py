@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import grpc
 from fastapi import FastAPI
@@ -102,6 +103,13 @@ def create_app(
     app.state.settings = settings
     app.state.backends = injected
     app.state.hub = None  # the job watch (SPEC §9.1), made on first use
+    _assemble(app, settings, telemetry)
+    return app
+
+
+def _assemble(app: FastAPI, settings: GatewaySettings, telemetry: Any) -> None:
+    """The error handlers, routers, the console's assets and the middleware, in order
+    (CORS outermost, so the gateway's own refusals carry its headers too)."""
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     errors.install(app)
@@ -122,6 +130,5 @@ def create_app(
     )
     if telemetry is not None:
         telemetry.instrument_fastapi(app)
-    if settings.cors_origins:  # outermost: the gateway's own refusals get CORS headers too
+    if settings.cors_origins:
         app.add_middleware(GatewayCORS, origins=settings.cors_origins)
-    return app
