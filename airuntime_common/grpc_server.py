@@ -145,6 +145,15 @@ class _Undecodable:
         self.reason = reason
 
 
+def _undecodable(request: _Undecodable) -> AppError:
+    """The INVALID_ARGUMENT (SPEC §4) answering a request whose bytes did not parse."""
+    return AppError(
+        ErrorCode.INVALID_ARGUMENT,
+        "request is not a valid protobuf message for this method",
+        {"reason": request.reason},
+    )
+
+
 def _safe_deserializer(
     deserialize: Callable[[bytes], Any] | None,
 ) -> Callable[[bytes], Any] | None:
@@ -181,14 +190,7 @@ def _with_context(
         token = bind(**fields)
         try:
             if isinstance(request, _Undecodable):
-                await abort(
-                    context,
-                    AppError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        "request is not a valid protobuf message for this method",
-                        {"reason": request.reason},
-                    ),
-                )
+                await abort(context, _undecodable(request))
             return await inner(request, context)
         except asyncio.CancelledError:  # the caller went away (deadline, cancel)
             code = "CANCELLED"
@@ -219,14 +221,7 @@ def _stream_with_context(
     async def checked(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         async for request in requests:
             if isinstance(request, _Undecodable):
-                await abort(
-                    context,
-                    AppError(
-                        ErrorCode.INVALID_ARGUMENT,
-                        "request is not a valid protobuf message for this method",
-                        {"reason": request.reason},
-                    ),
-                )
+                await abort(context, _undecodable(request))
             yield request
 
     async def wrapped(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:

@@ -7,10 +7,13 @@ job rows, i.e. measured on the database clock (µs), never on this process's clo
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -341,3 +344,33 @@ def scrape_histograms(
             elif sample.name == f"{family.name}_sum":
                 slot[1] += sample.value
     return {name: {k: (v[0], v[1]) for k, v in series.items()} for name, series in out.items()}
+
+
+def run_load_process(
+    system: System, requests: int, concurrency: int, *extra: str
+) -> dict[str, Any]:
+    """Run ``python -m bench.load`` (POST /v1/ai/jobs from a process of its own) against
+    the system's gateway; its JSON summary (its last line).
+
+    Raises:
+        RuntimeError: the load process failed (its stderr's tail in the message).
+    """
+    env = dict(os.environ)
+    env["BENCH_JWT_SECRET"] = system.launcher.env["JWT_SECRET"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench.load",
+        "--url",
+        system.launcher.gateway_url,
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(concurrency),
+        *extra,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load process failed: {proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -35,6 +33,7 @@ from bench.harness import (
     global_status,
     mariadb_pid,
     rss_peak_mb,
+    run_load_process,
     scrape_histograms,
     summary_ms,
 )
@@ -692,25 +691,9 @@ async def gateway(p: Params) -> dict[str, Any]:
         async with System(
             url, workers=0, only=["job_service", "credential_service", "api_gateway"]
         ) as system:
-            env = dict(os.environ)
-            cmd = [
-                sys.executable,
-                "-m",
-                "bench.load",
-                "--url",
-                system.launcher.gateway_url,
-                "--requests",
-                str(p.gateway_requests),
-                "--concurrency",
-                str(p.gateway_concurrency),
-            ]
-            env["BENCH_JWT_SECRET"] = system.launcher.env["JWT_SECRET"]
-            proc = await asyncio.to_thread(
-                subprocess.run, cmd, env=env, capture_output=True, text=True, timeout=600
+            result = await asyncio.to_thread(
+                run_load_process, system, p.gateway_requests, p.gateway_concurrency
             )
-            if proc.returncode != 0:
-                raise RuntimeError(f"load process failed: {proc.stderr[-2000:]}")
-            result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return {
         "params": {"requests": p.gateway_requests, "concurrency": p.gateway_concurrency},
         **result,

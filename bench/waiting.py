@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from bench.harness import System, cpu_seconds, fresh_database, summary_ms
+from bench.harness import System, cpu_seconds, fresh_database, run_load_process, summary_ms
 from launcher.token import mint_token
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
@@ -108,25 +105,9 @@ def _load(system: System, p: Params, users: int) -> dict[str, Any]:
     the machine, so latency alone mixes in their CPU)."""
     pid = system.launcher.pids()["api_gateway"]
     cpu0 = cpu_seconds(pid)
-    env = dict(os.environ)
-    env["BENCH_JWT_SECRET"] = system.launcher.env["JWT_SECRET"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.load",
-        "--url",
-        system.launcher.gateway_url,
-        "--requests",
-        str(p.gateway_requests),
-        "--concurrency",
-        str(p.gateway_concurrency),
-        "--users",
-        str(users),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"load process failed: {proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_load_process(
+        system, p.gateway_requests, p.gateway_concurrency, "--users", str(users)
+    )
     result["gateway_cpu_ms_per_request"] = round(
         (cpu_seconds(pid) - cpu0) * 1000 / max(1, p.gateway_requests), 3
     )

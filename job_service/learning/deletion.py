@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from job_service.learning.common import require_user
+from job_service.learning.knowledge_points import owned_knowledge_point
 from job_service.learning.materials import owned_material
 from job_service.learning.snapshots import SNAPSHOT_CACHE
 from job_service.learning.tables import (
@@ -76,34 +77,6 @@ class MaterialScope:
         return [("material", self.material_id)] + [
             ("knowledge_point", k) for k in sorted(self.knowledge_point_ids)
         ]
-
-
-async def owned_knowledge_point(
-    session: AsyncSession, user_id: str, knowledge_point_id: str
-) -> KnowledgePoint:
-    """The user's knowledge point row.
-
-    Raises:
-        AppError: ``NOT_FOUND`` when unknown or another user's.
-    """
-    require_user(user_id)
-    kp = None
-    if knowledge_point_id:
-        kp = (
-            await session.execute(
-                select(KnowledgePoint).where(
-                    KnowledgePoint.knowledge_point_id == knowledge_point_id,
-                    KnowledgePoint.user_id == user_id,
-                )
-            )
-        ).scalar_one_or_none()
-    if kp is None:
-        raise AppError(
-            ErrorCode.NOT_FOUND,
-            f"knowledge point {knowledge_point_id!r} not found",
-            {"knowledgePointId": knowledge_point_id},
-        )
-    return kp
 
 
 async def delete_knowledge_point(

@@ -121,10 +121,10 @@ async def create_knowledge_point(
     return KnowledgePointView(kp_id, user_id, material.material_id, name, ids, now)
 
 
-async def get_knowledge_point(
+async def owned_knowledge_point(
     session: AsyncSession, user_id: str, knowledge_point_id: str
-) -> KnowledgePointView:
-    """Read one of the user's knowledge points.
+) -> KnowledgePoint:
+    """The user's knowledge point row.
 
     Raises:
         AppError: ``NOT_FOUND`` when unknown or another user's.
@@ -146,6 +146,18 @@ async def get_knowledge_point(
             f"knowledge point {knowledge_point_id!r} not found",
             {"knowledgePointId": knowledge_point_id},
         )
+    return kp
+
+
+async def get_knowledge_point(
+    session: AsyncSession, user_id: str, knowledge_point_id: str
+) -> KnowledgePointView:
+    """Read one of the user's knowledge points.
+
+    Raises:
+        AppError: ``NOT_FOUND`` when unknown or another user's.
+    """
+    kp = await owned_knowledge_point(session, user_id, knowledge_point_id)
     block_ids = list(
         (
             await session.execute(

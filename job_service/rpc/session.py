@@ -39,15 +39,16 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 log = logging.getLogger("job_service.rpc")
 
-#: The request's ``call`` field → (servicer method, response field).
-SESSION_CALLS: dict[str, tuple[str, str]] = {
-    "claim_jobs": ("ClaimJobs", "claim_jobs"),
-    "start_job": ("StartJob", "start_job"),
-    "heartbeat_leases": ("HeartbeatLeases", "heartbeat_leases"),
-    "get_snapshot": ("GetSnapshot", "get_snapshot"),
-    "submit_result": ("SubmitResult", "submit_result"),
-    "fail_job": ("FailJob", "fail_job"),
-    "record_invocation": ("RecordInvocation", "record_invocation"),
+#: A call's name (its field in the request's ``call`` and the answer's ``answer``) →
+#: the servicer method that runs it.
+SESSION_CALLS: dict[str, str] = {
+    "claim_jobs": "ClaimJobs",
+    "start_job": "StartJob",
+    "heartbeat_leases": "HeartbeatLeases",
+    "get_snapshot": "GetSnapshot",
+    "submit_result": "SubmitResult",
+    "fail_job": "FailJob",
+    "record_invocation": "RecordInvocation",
 }
 #: Calls one session may have in flight; a worker holds at most its slots' worth of
 #: leases plus a claim and a heartbeat, so this only stops a runaway client.
@@ -185,17 +186,18 @@ class SessionRpcs:
                     if task is not None:
                         task.cancel()
                     continue
-                if request.id in calls or len(calls) >= MAX_CALLS_IN_FLIGHT:
-                    answers.put_nowait(
-                        CallRefused(
-                            grpc.StatusCode.RESOURCE_EXHAUSTED
-                            if request.id not in calls
-                            else grpc.StatusCode.INVALID_ARGUMENT,
-                            "too many calls in flight on this session"
-                            if request.id not in calls
-                            else "a call with this id is in flight",
-                        ).answer(request.id)
+                refused = None
+                if request.id in calls:
+                    refused = CallRefused(
+                        grpc.StatusCode.INVALID_ARGUMENT, "a call with this id is in flight"
                     )
+                elif len(calls) >= MAX_CALLS_IN_FLIGHT:
+                    refused = CallRefused(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "too many calls in flight on this session",
+                    )
+                if refused is not None:
+                    answers.put_nowait(refused.answer(request.id))
                     continue
                 task = asyncio.create_task(self._run_call(request, kind, context, answers))
                 calls[request.id] = task
@@ -210,7 +212,7 @@ class SessionRpcs:
         context: Ctx,
         answers: asyncio.Queue[Answer],
     ) -> None:
-        method_name, field = SESSION_CALLS[kind]
+        field, method_name = kind, SESSION_CALLS[kind]
         method: Callable[[Any, Any], Awaitable[Any]] = getattr(self, method_name)
         call_context = CallContext(context)
         started = time.perf_counter()

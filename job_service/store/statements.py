@@ -264,7 +264,8 @@ def erase_jobs(
             .where(events.c.job_id.in_(keep), events.c.actor == f"user:{user_id}")
             .values(actor=f"user:{pseudonym}")
         )
-    gone = [i for i in ids if i not in set(keep)]
+    kept_ids = set(keep)
+    gone = [i for i in ids if i not in kept_ids]
     if gone:
         out.append(delete(events).where(events.c.job_id.in_(gone)))
     out.append(delete(jobs).where(jobs.c.user_id == user_id))

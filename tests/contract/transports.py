@@ -438,7 +438,7 @@ class _SessionStub:
 
 
 #: JobService method → its call's name on a RuntimeSession.
-SESSION_FIELDS = {method: field for field, (method, _) in SESSION_CALLS.items()}
+SESSION_FIELDS = {method: field for field, method in SESSION_CALLS.items()}
 
 
 class SessionTransport(GrpcTransport):
