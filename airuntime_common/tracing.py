@@ -14,7 +14,7 @@ timeout, compression, certificates). ``OTEL_SDK_DISABLED=true`` or
 ``OTEL_TRACES_EXPORTER=none`` turn it off.
 
 Unset, :func:`setup` returns None and installs nothing: no tracer provider, no
-interceptor on any server or channel, no middleware, no httpx hook, and the
+interceptor on any server or channel, no middleware, no HTTP client hook, and the
 OpenTelemetry packages are not even imported. The hot path then pays one
 ``is None`` test where a span would be made.
 
@@ -163,7 +163,7 @@ def _resource(service_name: str) -> Any:
 
 def _redact_headers_always() -> list[str]:
     """Add :data:`ALWAYS_REDACTED_HEADERS` to the standard sanitize list (in the
-    environment, which the httpx instrumentation reads) and return the whole list."""
+    environment, which the HTTP instrumentations read) and return the whole list."""
     current = [h.strip() for h in os.environ.get(_SANITIZE_VAR, "").split(",") if h.strip()]
     merged = current + [h for h in ALWAYS_REDACTED_HEADERS if h not in current]
     os.environ[_SANITIZE_VAR] = ",".join(merged)
@@ -306,12 +306,37 @@ class Tracing:
             exclude_spans=["receive", "send"],
         )
 
-    def instrument_httpx(self, client: Any) -> None:
-        """Trace every request of one ``httpx.AsyncClient`` (method, URL without
-        credentials, status; bodies never, headers only as configured and redacted)."""
-        from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+    def aiohttp_trace_config(self) -> Any:
+        """An ``aiohttp.TraceConfig`` that traces every request of the session made
+        with it (one client span: method, URL without credentials, status; bodies
+        never, headers only as ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_*``
+        ask, always with the redacted ones redacted)."""
+        from opentelemetry.instrumentation._semconv import (
+            _OpenTelemetrySemanticConventionStability,
+            _OpenTelemetryStabilitySignalType,
+        )
+        from opentelemetry.instrumentation.aiohttp_client import create_trace_config
+        from opentelemetry.util.http import (
+            OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST,
+            OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE,
+            get_custom_headers,
+        )
 
-        HTTPXClientInstrumentor.instrument_client(client, tracer_provider=self.provider)
+        _OpenTelemetrySemanticConventionStability._initialize()  # type: ignore[no-untyped-call]
+        mode = _OpenTelemetrySemanticConventionStability._get_opentelemetry_stability_opt_in_mode(
+            _OpenTelemetryStabilitySignalType.HTTP
+        )
+        return create_trace_config(
+            tracer_provider=self.provider,
+            sem_conv_opt_in_mode=mode,
+            captured_request_headers=get_custom_headers(
+                OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_REQUEST
+            ),
+            captured_response_headers=get_custom_headers(
+                OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_CLIENT_RESPONSE
+            ),
+            sensitive_headers=list(self._sanitized),
+        )
 
     def parent_context(self, trace_parent: str | None) -> Context | None:
         """The remote parent a stored ``traceparent`` names, or None (none, or invalid)."""

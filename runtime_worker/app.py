@@ -37,11 +37,11 @@ class WorkerApp:
 
     With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`) each
     attempt's spans join its job's trace (:mod:`runtime_worker.spans`), every gRPC
-    call is a client span and the DeepSeek provider's HTTP calls are httpx spans.
+    call is a client span and the DeepSeek provider's HTTP calls are aiohttp client spans.
 
     Args:
         settings: worker settings (checked by :meth:`start`).
-        provider: model provider; DeepSeek over httpx when omitted.
+        provider: model provider; DeepSeek over aiohttp when omitted.
 
     Raises:
         InvalidSetting: an unsupported OpenTelemetry exporter or protocol.
@@ -56,8 +56,7 @@ class WorkerApp:
             max_response_bytes=settings.MODEL_MAX_RESPONSE_BYTES,
         )
         if self.tracing is not None and isinstance(self.provider, DeepSeekProvider):
-            for http_client in self.provider.http_clients:
-                self.tracing.instrument_httpx(http_client)
+            self.provider.add_trace_config(self.tracing.aiohttp_trace_config())
         self.client = RuntimeClient(
             job_target=settings.JOB_SERVICE_ADDR,
             credential_target=settings.CREDENTIAL_SERVICE_ADDR,

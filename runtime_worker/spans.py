@@ -6,7 +6,7 @@
     └── attempt                      claim → the attempt's last report
         ├── claim                    the job was locked (started) → the claim's answer arrived
         ├── resolve                  ResolveCredential (its gRPC client span below)
-        ├── model call               one per provider call (the httpx span below)
+        ├── model call               one per provider call (the aiohttp span below)
         └── result | fail            SubmitResult | FailJob
 
 Every span carries :data:`JOB_ID`, :data:`JOB_ATTEMPT`, :data:`JOB_TYPE` and, once

@@ -2,11 +2,11 @@
 
 A provider (or a proxy in front of it) can send any amount: a runaway answer of
 hundreds of megabytes, or a small gzip body that inflates a thousandfold. The
-body is read chunk by chunk off the wire and decoded here, never by httpx (whose
-decoders inflate a whole chunk at once), so at most ``limit`` decoded bytes are
+body is read chunk by chunk off the wire and decoded here, never by the HTTP
+client (whose decoders inflate a whole chunk at once), so at most ``limit`` decoded bytes are
 ever held, plus one network chunk (64 KiB). Past the cap :class:`BodyTooLarge` is
-raised at once; the caller stops reading, which makes httpx close the connection
-instead of returning it to the pool.
+raised at once; the caller stops reading and closes the connection instead of
+returning it to the pool.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ async def read_bounded(
     """Read a whole body of at most ``limit`` decoded bytes.
 
     Args:
-        chunks: the raw body as it comes off the wire (``httpx.Response.aiter_raw()``).
+        chunks: the raw body as it comes off the wire (``aiohttp``'s ``resp.content.iter_any()``
+            on a session that does not decompress).
         limit: most decoded bytes accepted (bytes).
         content_encoding: the ``Content-Encoding`` header ("" when absent).
         content_length: the ``Content-Length`` header, if any: an identity body

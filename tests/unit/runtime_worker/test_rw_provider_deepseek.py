@@ -9,6 +9,7 @@ import socket
 import time
 from typing import Any
 
+import aiohttp
 import pytest
 
 from airuntime_common.errors import ErrorCode, is_retryable
@@ -316,4 +317,23 @@ async def test_no_redirect_is_followed(raw_http: Any) -> None:
     err = await expect_error(server)
     # any other non-2xx is a provider answering oddly: temporary (classify.py)
     assert (err.code, err.http_status) == (ErrorCode.TEMPORARY_PROVIDER_ERROR, 307)
+    assert len(server.requests) == 1
+
+
+async def test_a_session_passed_in_is_used_and_left_open(raw_http: Any) -> None:
+    """``client=``: the calls go through the caller's session, which the provider
+    neither closes nor instruments (its maker does)."""
+
+    async def ok(req: dict[str, Any], w: asyncio.StreamWriter) -> None:
+        await write_response(w, 200, envelope('{"items": []}'))
+
+    server = await raw_http(ok)
+    async with aiohttp.ClientSession() as session:
+        provider = DeepSeekProvider(session)
+        response = await provider.complete(make_request(server.base_url))
+        await provider.aclose()
+        assert not session.closed
+        with pytest.raises(RuntimeError):
+            provider.add_trace_config(aiohttp.TraceConfig())
+    assert response.content == '{"items": []}'
     assert len(server.requests) == 1

@@ -1,5 +1,5 @@
-"""The provider holds as many live connections as the worker has slots, spread over small
-pools, and the stand-in accepts that many at once (bench: the 500-slot worker)."""
+"""The provider holds as many live connections as the worker has slots, in one pool, and
+the stand-in accepts that many at once (bench: the 500-slot worker)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,16 @@ import asyncio
 
 from model_standin.server import run_standin
 from runtime_worker.app import WorkerApp
-from runtime_worker.providers.deepseek import CONNECTIONS_PER_POOL, DeepSeekProvider
+from runtime_worker.providers.deepseek import DeepSeekProvider
 from runtime_worker.settings import WorkerSettings
 from tests.unit.runtime_worker.test_rw_provider_deepseek import make_request
 
-CALLS = 150  # more than httpx's default pool of 100, and more than the stand-in's old backlog
+CALLS = 150  # more than aiohttp's default pool of 100, and more than the stand-in's old backlog
 
 
 async def test_every_slot_calls_at_once_and_connections_are_kept() -> None:
     async with run_standin(port=0, delay_ms=1500) as standin:
         provider = DeepSeekProvider(max_connections=CALLS)
-        assert provider.pools == -(-CALLS // CONNECTIONS_PER_POOL)
         try:
             for _ in range(2):
                 calls = [
@@ -41,11 +40,11 @@ async def test_every_slot_calls_at_once_and_connections_are_kept() -> None:
             await provider.aclose()
 
 
-async def test_the_worker_sizes_its_pools_to_its_concurrency() -> None:
+async def test_the_worker_sizes_its_pool_to_its_concurrency() -> None:
     app = WorkerApp(WorkerSettings(WORKER_CONCURRENCY=321, RUNTIME_SERVICE_TOKEN="t"))
     try:
         assert isinstance(app.provider, DeepSeekProvider)
-        assert app.provider.pools == -(-321 // CONNECTIONS_PER_POOL)
+        assert app.provider.max_connections == 321
     finally:
         await app.client.close()
         await app.provider.aclose()
