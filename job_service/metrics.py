@@ -27,6 +27,16 @@ PICKUP_LATENCY = Histogram(
     ["job_type"],
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
+RESULT_GROUP_SIZE = Histogram(
+    "airt_result_group_size",
+    "Results per group-commit transaction (groups of two or more; lone results are not counted)",
+    buckets=(2, 4, 8, 16, 32, 64, 128, 200),
+)
+RESULT_GROUP_ALONE = Counter(
+    "airt_result_group_alone_total",
+    "Results of a group left to their own transaction (replay, refusal, invalid output, "
+    "cancel requested, breaker change, or the group's transaction failed)",
+)
 RUN_TIME = Histogram(
     "airt_job_run_seconds",
     "Seconds from an attempt's startedAt to the job's finishedAt, by job type and outcome",

@@ -20,10 +20,10 @@ from typing import Any
 from airuntime_common.canonical import content_hash
 from airuntime_common.errors import AppError, ErrorCode
 from job_service import metrics
-from job_service.lifecycle import PENDING, SUCCEEDED, TERMINAL, Lease, Op, end_attempt
+from job_service.lifecycle import LEASED, PENDING, SUCCEEDED, TERMINAL, Lease, Op, end_attempt
 from job_service.maintenance import breaker
 from job_service.services.accounting import Accounting
-from job_service.services.claiming import Claimed, Claiming, check_poll_args
+from job_service.services.claiming import PLATFORM_KEY, Claimed, Claiming, check_poll_args
 from job_service.services.core import (
     MAX_ERROR_MESSAGE,
     Core,
@@ -33,16 +33,20 @@ from job_service.services.core import (
     observe_pickup,
     runtime_actor,
 )
+from job_service.services.grouping import GroupCommit
 from job_service.services.inputs import ClaimNext, ModelCallInput, SubmitOutcome
 from job_service.services.ports import PreparedResult
 from job_service.store import statements as st
-from job_service.store.batch import FenceBroken, new_batch, run_one
+from job_service.store.batch import FenceBroken, StatementBatch, new_batch, run_one
 from job_service.store.engine import DbExec
 from job_service.store.records import RESULT_FACTS, JobRecord, ResultFacts, job_of
 from job_service.store.tables import jobs
 from job_service.store.transitions import ending_values, lease_params, transition_sql
 
 log = logging.getLogger("job_service.completion")
+
+#: Most jobs one claim of a result group picks (its results share them in order).
+GROUP_PICK_LIMIT = 200
 
 
 def result_key(job_id: str, attempt_no: int, output_hash: str) -> str:
@@ -132,6 +136,22 @@ class Completion:
         self.core = core
         self.claiming = claiming
         self.accounting = accounting
+        #: results that arrive while others commit go in one transaction together
+        self.groups: GroupCommit[_Submission, _Submitted] = GroupCommit(
+            self._submit_group_tx,
+            self._submit_tx,
+            max_size=core.settings.RESULT_GROUP_MAX_SIZE,
+            max_in_flight=core.settings.RESULT_GROUP_IN_FLIGHT,
+            observe=_observe_group,
+        )
+
+    async def _submit_tx(self, sub: _Submission) -> _Submitted:
+        """One result in its own transaction."""
+        return await self.core.store.lean_tx(lambda db: self._submit(db, sub))
+
+    async def _submit_group_tx(self, subs: list[_Submission]) -> list[_Submitted | None]:
+        """Results of a group in one transaction (:meth:`_submit_group`)."""
+        return await self.core.store.lean_tx(lambda db: self._submit_group(db, subs))
 
     async def submit_result(
         self,
@@ -178,7 +198,7 @@ class Completion:
             caps,
             n,
         )
-        done = await self.core.store.lean_tx(lambda db: self._submit(db, sub))
+        done = await self.groups.submit(sub)
         self.accounting.observe(done.calls)
         for job in done.outcome.claimed:
             observe_pickup(job)
@@ -350,32 +370,8 @@ class Completion:
             await breaker.record_ending(
                 db, clock, self.core.settings, None, read.breaker_peek, facts.model_provider
             )
-        succeed = transition_sql(
-            clock,
-            Op.SUCCEED,
-            job_id=facts.job_id,
-            actor=runtime_actor(lease.instance_id),
-            lease=lease,
-            from_state=facts.status,
-            values={
-                "lock_until": None,
-                "finished_at": clock.now(),
-                "prompt_version": sub.prompt_version,
-                "output_schema_version": sub.output_schema_version,
-                "error_code": None,
-                "error_message": None,
-                **key_followed(facts.api_key_mode, sub.calls),
-            },
-        )
-        if succeed is None:
-            raise lease_refusal(lease, facts.status)
-        result_id = new_id()
         batch = new_batch(db)
-        for statement in prepared.statements(clock):
-            batch.add(statement)
-        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
-        batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)))
-        succeed.queue_fenced(batch, "succeed")
+        result_id, calls = self._queue_accept(batch, facts, sub, prepared)
         pick = batch.add(self.claiming.pick_sql(sub.next_caps, sub.next_n)) if sub.next_n else None
         if pick is None:
             batch.commit()  # else the COMMIT ends the claim's batch
@@ -404,6 +400,124 @@ class Completion:
             claimed.snapshots,
         )
         return _Submitted(outcome, facts, read.db_now, calls=calls)
+
+    def _queue_accept(
+        self, batch: StatementBatch, facts: ResultFacts, sub: _Submission, prepared: PreparedResult
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Queue an accepted result's writes on ``batch``: its business rows, model calls,
+        result row, and the succeed UPDATE behind its fence with its event.
+
+        Returns:
+            ``(resultId, the logged calls)``.
+
+        Raises:
+            AppError: LOCK_NOT_HELD (the job's state has no succeed transition).
+        """
+        clock, lease = self.core.clock, sub.lease
+        succeed = transition_sql(
+            clock,
+            Op.SUCCEED,
+            job_id=facts.job_id,
+            actor=runtime_actor(lease.instance_id),
+            lease=lease,
+            from_state=facts.status,
+            values={
+                "lock_until": None,
+                "finished_at": clock.now(),
+                "prompt_version": sub.prompt_version,
+                "output_schema_version": sub.output_schema_version,
+                "error_code": None,
+                "error_message": None,
+                **key_followed(facts.api_key_mode, sub.calls),
+            },
+        )
+        if succeed is None:
+            raise lease_refusal(lease, facts.status)
+        result_id = new_id()
+        for statement in prepared.statements(clock):
+            batch.add(statement)
+        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)))
+        succeed.queue_fenced(batch, "succeed")
+        return result_id, calls
+
+    async def _submit_group(self, db: DbExec, subs: list[_Submission]) -> list[_Submitted | None]:
+        """Several results in one transaction: the plain ones (lease held, no prior result,
+        no cancel requested, a valid output, no breaker change) are accepted as
+        :meth:`_accept` would, in one locking read and one batch, and the claims riding
+        on them in one claim per caller and capabilities; every other result is left
+        (``None``) to its own transaction, which answers it as alone (replay, refusal,
+        INVALID_SCHEMA ending). A fence that breaks raises :class:`FenceBroken`: the
+        group is rolled back and each result then runs alone.
+        """
+        clock = self.core.clock
+        answers: list[_Submitted | None] = [None] * len(subs)
+        first: dict[str, int] = {}
+        for i, sub in enumerate(subs):
+            first.setdefault(sub.lease.job_id, i)
+        batch = new_batch(db)
+        read = batch.add(st.submit_read_many.sql(clock, {"ids": list(first)}))
+        keyed = batch.add(st.results_by_keys.sql(clock, {"keys": [sub.key for sub in subs]}))
+        got = await batch.run()
+        rows = {str(row[0]): row for row in got[read].rows}
+        prior = {str(row[1]) for row in got[keyed].rows}
+        ready: list[tuple[int, ResultFacts, datetime, PreparedResult]] = []
+        for i, sub in enumerate(subs):
+            row = rows.get(sub.lease.job_id)
+            if row is None or first[sub.lease.job_id] != i or sub.key in prior:
+                continue
+            facts, db_now, plain = _group_row(row, sub.lease)
+            if not plain:
+                continue
+            try:
+                prepared = await self._prepare(db, facts, sub)
+            except AppError as err:
+                if err.code != ErrorCode.INVALID_SCHEMA:
+                    raise
+                continue  # ended alone, as an invalid output is
+            ready.append((i, facts, db_now, prepared))
+        if not ready:
+            return answers
+        batch = new_batch(db)
+        accepted = {i: self._queue_accept(batch, facts, subs[i], p) for i, facts, _, p in ready}
+        claims: dict[tuple[str, tuple[str, ...]], list[int]] = {}
+        for i, *_ in ready:
+            if subs[i].next_n:
+                key = (subs[i].lease.instance_id, tuple(subs[i].next_caps))
+                claims.setdefault(key, []).append(i)
+        picks = {
+            key: (batch.add(self.claiming.pick_sql(list(key[1]), _wanted(subs, idx))), idx)
+            for key, idx in claims.items()
+        }
+        if not picks:
+            batch.commit()
+        out = await batch.run()
+        shares: dict[int, Claimed] = {}
+        for n, ((instance_id, caps), (pick, idx)) in enumerate(picks.items()):
+            claimed = await self.claiming.claim_in(
+                db,
+                instance_id,
+                list(caps),
+                _wanted(subs, idx),
+                start=True,
+                picked=out[pick].rows,
+                commit=n == len(picks) - 1,  # run again, this transaction replays: no claim
+            )
+            shares.update(_share(claimed, [(i, subs[i].next_n) for i in idx]))
+        for i, facts, db_now, _ in ready:
+            result_id, calls = accepted[i]
+            share = shares.get(i, Claimed())
+            outcome = SubmitOutcome(
+                facts.job_id,
+                SUCCEEDED,
+                result_id,
+                subs[i].output_hash,
+                False,
+                share.jobs,
+                share.snapshots,
+            )
+            answers[i] = _Submitted(outcome, facts, db_now, calls=calls)
+        return answers
 
     def _attempt_ended(self, sub: _Submission, done: _Submitted) -> None:
         """Metrics and the log line of an attempt a result ended (not of a replay)."""
@@ -575,6 +689,50 @@ def _claim_next_args(claim_next: ClaimNext | None) -> tuple[list[str], int]:
         )
     n = check_poll_args(claim_next.capabilities, claim_next.limit, 0)
     return sorted(set(claim_next.capabilities)), n
+
+
+def _group_row(row: Sequence[Any], lease: Lease) -> tuple[ResultFacts, datetime, bool]:
+    """A :data:`statements.submit_read_many` row: the job's facts, the database's now,
+    and whether the result is plain (see :meth:`Completion._submit_group`). The lease
+    check is :func:`~job_service.store.transitions.lease_guard_bound`'s, on the row."""
+    n = len(RESULT_FACTS)
+    facts = ResultFacts(*row[:n])
+    locked_by, attempt_no, live, db_now, state, failures = row[n:]
+    plain = (
+        facts.status in LEASED
+        and locked_by == lease.instance_id
+        and attempt_no == lease.attempt_no
+        and bool(live)
+        and not facts.cancel_requested
+        # a platform-key success that changes its breaker goes alone (record_ending)
+        and (facts.api_key_mode != PLATFORM_KEY or (state == "closed" and failures == 0))
+    )
+    return facts, db_now, plain
+
+
+def _observe_group(size: int, alone: int) -> None:
+    metrics.RESULT_GROUP_SIZE.observe(size)
+    metrics.RESULT_GROUP_ALONE.inc(alone)
+
+
+def _wanted(subs: Sequence[_Submission], idx: Sequence[int]) -> int:
+    """How many jobs one claim of a group picks: what its results asked for, at most
+    :data:`GROUP_PICK_LIMIT`."""
+    return min(GROUP_PICK_LIMIT, sum(subs[i].next_n for i in idx))
+
+
+def _share(claimed: Claimed, wants: Sequence[tuple[int, int]]) -> dict[int, Claimed]:
+    """A group's claim shared among its results in order, each up to what it asked."""
+    shares: dict[int, Claimed] = {}
+    at = 0
+    for i, n in wants:
+        jobs_i = claimed.jobs[at : at + n]
+        at += n
+        snaps = {
+            j.job_id: claimed.snapshots[j.job_id] for j in jobs_i if j.job_id in claimed.snapshots
+        }
+        shares[i] = Claimed(jobs_i, snaps)
+    return shares
 
 
 def _result_row(result_id: str, sub: _Submission) -> dict[str, Any]:

@@ -456,6 +456,36 @@ def submit_read(clock: DbClock) -> Any:
 
 
 @Statement
+def submit_read_many(clock: DbClock) -> Any:
+    """A result group's locking read (bound: ``ids`` list): per job, the
+    :class:`~job_service.store.records.ResultFacts` columns, then its lease columns
+    (``locked_by``, ``attempt_no``, ``live``: 1 when ``lockUntil ≥ now``), ``db_now``
+    and the breaker's peek (``breaker_state``, ``breaker_failures``). The lease check
+    of :func:`~job_service.store.transitions.lease_guard_bound` is made on these
+    columns by :func:`job_service.services.grouping.lease_held`."""
+    from job_service.maintenance.breaker import peek_columns
+
+    live = and_(jobs.c.lock_until.is_not(None), jobs.c.lock_until >= clock.now())
+    stmt = select(
+        *(jobs.c[name] for name in RESULT_FACTS),
+        jobs.c.locked_by,
+        jobs.c.attempt_no,
+        case((live, 1), else_=0).label("live"),
+        clock.now().label("db_now"),
+        *peek_columns(),
+    ).where(jobs.c.job_id.in_(bindparam("ids", expanding=True)))
+    return _for_update(clock, stmt)
+
+
+@Statement
+def results_by_keys(clock: DbClock) -> Any:
+    """``(resultId, idempotencyKey)`` of the results with one of the bound ``keys``."""
+    return select(results.c.result_id, results.c.idempotency_key).where(
+        results.c.idempotency_key.in_(bindparam("keys", expanding=True))
+    )
+
+
+@Statement
 def results_of_job(clock: DbClock) -> Any:
     """``(resultId, idempotencyKey, outputHash)`` of the job's (``r_job_id``) results."""
     return select(results.c.result_id, results.c.idempotency_key, results.c.output_hash).where(

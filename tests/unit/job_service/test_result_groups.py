@@ -1,0 +1,254 @@
+"""Group commit of results: results that queue go in one transaction, and each gets the
+answer it would have had alone (SPEC §2.3 result, §2.5 idempotency, §3 claim_next)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from airuntime_common.errors import AppError, ErrorCode
+from job_service import metrics
+from job_service.lifecycle import Lease
+from job_service.services.domain import JobDomain
+from job_service.services.grouping import GroupCommit
+from job_service.services.inputs import ClaimNext, ModelCallInput
+from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
+
+CAPS = ["learning_state_analysis"]
+
+
+def _call() -> ModelCallInput:
+    return ModelCallInput(
+        model_provider="deepseek",
+        model_name="deepseek-chat",
+        api_key_mode="platform_key",
+        credential_id=None,
+        prompt_tokens=1000,
+        completion_tokens=100,
+        cache_hit_tokens=0,
+        latency_ms=250,
+        outcome="succeeded",
+    )
+
+
+def _groups_seen() -> tuple[float, float]:
+    """(groups, results in them) observed so far by the group-size histogram."""
+    count = total = 0.0
+    for metric in metrics.RESULT_GROUP_SIZE.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_count"):
+                count = sample.value
+            elif sample.name.endswith("_sum"):
+                total = sample.value
+    return count, total
+
+
+def _alone_seen() -> float:
+    """Results of groups left to their own transaction so far."""
+    return float(metrics.RESULT_GROUP_ALONE._value.get())
+
+
+def _one_at_a_time(domain: JobDomain) -> None:
+    """One result transaction at a time: whatever arrives while it runs is one group."""
+    domain.completion.groups.max_in_flight = 1
+
+
+async def _submit(domain: JobDomain, lease: Lease, output: Any = None, **kw: Any) -> Any:
+    return await domain.submit_result(
+        lease,
+        prompt_version="learning_state_analysis.v1",
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT if output is None else output,
+        **kw,
+    )
+
+
+async def _settled(*calls: Any) -> list[Any]:
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+async def test_queued_results_commit_as_one_group_and_share_its_claim(domain: JobDomain) -> None:
+    _one_at_a_time(domain)
+    made = [await new_job(domain) for _ in range(20)]
+    running, _ = await domain.claim_started("w1", CAPS, 10, 0)
+    assert len(running) == 10
+    groups0, results0 = _groups_seen()
+    alone0 = _alone_seen()
+    outcomes = await _settled(
+        *(
+            _submit(
+                domain,
+                Lease(job.job_id, "w1", 1),
+                calls=[_call()],
+                claim_next=ClaimNext(CAPS, 1),
+            )
+            for job in running
+        )
+    )
+    groups1, results1 = _groups_seen()
+    # the first ran alone at once, the nine that queued behind it went together
+    assert (groups1 - groups0, results1 - results0) == (1, 9)
+    assert _alone_seen() == alone0  # all nine taken by the group itself
+    assert all(o.status == "succeeded" and not o.replayed for o in outcomes)
+    assert len({o.result_id for o in outcomes}) == 10
+    claimed = [job for o in outcomes for job in o.claimed]
+    assert all(len(o.claimed) == 1 for o in outcomes)
+    assert len({job.job_id for job in claimed}) == 10  # no job handed out twice
+    assert {job.job_id for job in claimed} == {j.job_id for j in made} - {
+        j.job_id for j in running
+    }
+    for o in outcomes:
+        [job] = o.claimed
+        assert job.status == "running" and job.locked_by == "w1"
+        assert o.snapshots[job.job_id].snapshot_id == job.snapshot_id
+    for job in running:
+        done = await domain.get(job.job_id)
+        assert done.status == "succeeded" and done.lock_until is None
+        events, invocations = await domain.history(job.job_id)
+        assert [e.to_status for e in events] == ["pending", "locked", "running", "succeeded"]
+        assert len(invocations) == 1
+
+
+async def test_each_result_of_a_group_gets_its_own_answer(domain: JobDomain) -> None:
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(6)]
+    await domain.claim_started("w1", CAPS, 6, 0)
+    first, plain, replayed, intruder, invalid, conflict = (Lease(j.job_id, "w1", 1) for j in jobs)
+    before = await _submit(domain, replayed)
+    other = await _submit(domain, conflict)
+    groups0, results0 = _groups_seen()
+    alone0 = _alone_seen()
+    answers = await _settled(
+        _submit(domain, first),
+        _submit(domain, plain, calls=[_call()]),
+        _submit(domain, plain, calls=[_call()]),  # the same result twice in one group
+        _submit(domain, replayed),
+        _submit(domain, Lease(intruder.job_id, "intruder", 1)),
+        _submit(domain, invalid, output={"summary": 5}),
+        _submit(domain, conflict, output={**ANALYSIS_OUTPUT, "summary": "another"}),
+    )
+    groups1, results1 = _groups_seen()
+    assert (groups1 - groups0, results1 - results0) == (1, 6)
+    assert _alone_seen() - alone0 == 5  # all but the plain result went alone
+    twice_a, twice_b, again, refused, bad, clash = answers[1:]
+    assert twice_a.status == twice_b.status == "succeeded"
+    assert twice_a.result_id == twice_b.result_id
+    assert sorted([twice_a.replayed, twice_b.replayed]) == [False, True]
+    assert (again.replayed, again.result_id) == (True, before.result_id)
+    assert isinstance(refused, AppError) and refused.code == ErrorCode.LOCK_NOT_HELD
+    assert isinstance(bad, AppError) and bad.code == ErrorCode.INVALID_SCHEMA
+    assert isinstance(clash, AppError) and clash.code == ErrorCode.RESULT_ALREADY_EXISTS
+    assert other.status == "succeeded"
+    assert (await domain.get(invalid.job_id)).status == "failed"
+    assert (await domain.get(intruder.job_id)).status == "running"  # the holder may still
+    _, invocations = await domain.history(plain.job_id)
+    assert len(invocations) == 1  # the replay logged none
+
+
+async def test_a_lapsed_lease_in_a_group_is_refused_and_the_rest_commit(
+    domain: JobDomain,
+) -> None:
+    from sqlalchemy import update
+
+    from job_service.store.tables import jobs as jobs_table
+
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(4)]
+    await domain.claim_started("w1", CAPS, 4, 0)
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(jobs_table)
+            .where(jobs_table.c.job_id == jobs[2].job_id)
+            .values(lock_until=domain.clock.plus(-5))
+        )
+    answers = await _settled(*(_submit(domain, Lease(j.job_id, "w1", 1)) for j in jobs))
+    assert isinstance(answers[2], AppError) and answers[2].code == ErrorCode.LOCK_NOT_HELD
+    assert [getattr(a, "status", None) for i, a in enumerate(answers) if i != 2] == [
+        "succeeded"
+    ] * 3
+
+
+async def test_group_commit_runs_a_lone_request_at_once_and_groups_what_queues() -> None:
+    ran: list[list[int] | int] = []
+    gate = asyncio.Event()
+
+    async def one(item: int) -> int:
+        ran.append(item)
+        if item == 0:
+            await gate.wait()
+        return item * 10
+
+    async def group(items: list[int]) -> list[int | None]:
+        ran.append(list(items))
+        return [None if i % 2 else i * 10 for i in items]  # odd ones go alone
+
+    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=3, max_in_flight=1)
+    calls = [asyncio.ensure_future(gc.submit(i)) for i in range(6)]
+    await asyncio.sleep(0)
+    assert ran == [0] and gc.in_flight == 1
+    gate.set()
+    assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40, 50]
+    assert ran[1] == [1, 2, 3] and [4, 5] in ran
+    assert gc.in_flight == 0
+
+
+async def test_a_group_that_fails_answers_each_request_alone() -> None:
+    gate = asyncio.Event()
+
+    async def one(item: int) -> int:
+        if item == 0:
+            await gate.wait()
+        if item == 2:
+            raise AppError(ErrorCode.LOCK_NOT_HELD, "no", None)
+        return item
+
+    async def group(items: list[int]) -> list[int | None]:
+        raise RuntimeError("the group's transaction failed")
+
+    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=10, max_in_flight=1)
+    calls = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
+    await asyncio.sleep(0)
+    gate.set()
+    got = await asyncio.gather(*calls, return_exceptions=True)
+    assert got[0] == 0 and got[1] == 1 and got[3] == 3
+    assert isinstance(got[2], AppError) and got[2].code == ErrorCode.LOCK_NOT_HELD
+
+
+async def test_a_caller_that_goes_away_leaves_its_group_whole() -> None:
+    gate = asyncio.Event()
+    done: list[int] = []
+
+    async def one(item: int) -> int:
+        if item == 0:
+            await gate.wait()
+        return item
+
+    async def group(items: list[int]) -> list[int | None]:
+        await asyncio.sleep(0.01)
+        done.extend(items)
+        return list(items)
+
+    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=10, max_in_flight=1)
+    calls = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
+    await asyncio.sleep(0)
+    calls[2].cancel()
+    gate.set()
+    got = await asyncio.gather(*calls, return_exceptions=True)
+    assert got[0] == 0 and got[1] == 1 and got[3] == 3
+    assert isinstance(got[2], asyncio.CancelledError)
+    assert gc.in_flight == 0
+
+
+def test_bounds_below_one_are_refused() -> None:
+    async def one(item: int) -> int:
+        return item
+
+    async def group(items: list[int]) -> list[int | None]:
+        return list(items)
+
+    with pytest.raises(ValueError):
+        GroupCommit(group, one, max_size=0, max_in_flight=1)
+    with pytest.raises(ValueError):
+        GroupCommit(group, one, max_size=1, max_in_flight=0)
