@@ -96,9 +96,7 @@ async def test_queued_results_commit_as_one_group_and_share_its_claim(domain: Jo
     claimed = [job for o in outcomes for job in o.claimed]
     assert all(len(o.claimed) == 1 for o in outcomes)
     assert len({job.job_id for job in claimed}) == 10  # no job handed out twice
-    assert {job.job_id for job in claimed} == {j.job_id for j in made} - {
-        j.job_id for j in running
-    }
+    assert {job.job_id for job in claimed} == {j.job_id for j in made} - {j.job_id for j in running}
     for o in outcomes:
         [job] = o.claimed
         assert job.status == "running" and job.locked_by == "w1"
