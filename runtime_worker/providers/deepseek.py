@@ -140,7 +140,7 @@ class DeepSeekProvider:
     its concurrent requests); 500 at a time 0.66–0.68 ms each in the one pool
     (3.05–3.08 ms on httpx pools of 2), so aiohttp's pool needs no spreading.
     Measured with an ad-hoc loop of 3,000 calls (5,000 at 500) through
-    :meth:`complete` against ``python -m model_standin`` in another process, the
+    :meth:`complete` against the model stand-in in another process, the
     two interleaved (3 rounds; 2 at 500), ``time.process_time`` per call, on a
     2-CPU machine under load.
 
