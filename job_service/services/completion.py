@@ -23,7 +23,13 @@ from job_service import metrics
 from job_service.lifecycle import LEASED, PENDING, SUCCEEDED, TERMINAL, Lease, Op, end_attempt
 from job_service.maintenance import breaker
 from job_service.services.accounting import Accounting
-from job_service.services.claiming import PLATFORM_KEY, Claimed, Claiming, check_poll_args
+from job_service.services.claiming import (
+    PLATFORM_KEY,
+    Claimed,
+    Claiming,
+    ClaimPlan,
+    check_poll_args,
+)
 from job_service.services.core import (
     MAX_ERROR_MESSAGE,
     Core,
@@ -104,6 +110,8 @@ class _Read:
     prior_result_id: str | None
     db_now: datetime
     breaker_peek: tuple[str | None, int | None] = field(default=(None, None))
+    #: the ``claim_next`` pick's rows (locked, not yet claimed), read with the job
+    picked: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def key_followed(api_key_mode: str, calls: Sequence[ModelCallInput]) -> dict[str, Any]:
@@ -243,15 +251,22 @@ class Completion:
 
     async def _read(self, db: DbExec, sub: _Submission) -> _Read:
         """The locking read: the job's result facts, whether the lease is live, a prior
-        result with this idempotency key, the database's now and the breaker's peek."""
-        sql = st.submit_read.sql(self.core.clock, {**lease_params(sub.lease), "r_key": sub.key})
-        rows = (await run_one(db, sql)).rows
+        result with this idempotency key, the database's now and the breaker's peek;
+        with ``claim_next``, the claim's pick in the same round trip (its rows stay
+        locked to this transaction; a result that is not accepted claims none)."""
+        clock = self.core.clock
+        batch = new_batch(db)
+        read = batch.add(st.submit_read.sql(clock, {**lease_params(sub.lease), "r_key": sub.key}))
+        pick = batch.add(self.claiming.pick_sql(sub.next_caps, sub.next_n)) if sub.next_n else None
+        out = await batch.run()
+        rows = out[read].rows
         if not rows:
             raise lease_refusal(sub.lease, None)
         row = rows[0]
         facts = ResultFacts(*row[: len(RESULT_FACTS)])
         lease_held, prior, db_now, state, failures = row[len(RESULT_FACTS) :]
-        return _Read(facts, bool(lease_held), prior, db_now, (state, failures))
+        picked = out[pick].rows if pick is not None else []
+        return _Read(facts, bool(lease_held), prior, db_now, (state, failures), picked)
 
     async def _replay_after_race(
         self, db: DbExec, facts: ResultFacts, sub: _Submission
@@ -362,34 +377,26 @@ class Completion:
     async def _accept(
         self, db: DbExec, read: _Read, sub: _Submission, prepared: PreparedResult
     ) -> _Submitted:
-        """Everything left is decided: one batch, the COMMIT included. The fence stops
-        it before the event and COMMIT if the lease lapsed since the read; run again
-        after a lost connection, the transaction replays by the idempotency key."""
+        """Everything left is decided: one batch, the COMMIT included, with the claim of
+        the rows the read picked (``claim_next``). The fence stops it before the
+        event, the claim and the COMMIT if the lease lapsed since the read; run
+        again after a lost connection, the transaction replays by the idempotency
+        key (and claims nothing)."""
         clock, facts, lease = self.core.clock, read.facts, sub.lease
         if facts.api_key_mode == "platform_key":
             await breaker.record_ending(
                 db, clock, self.core.settings, None, read.breaker_peek, facts.model_provider
             )
+        plan = await self.claiming.plan_claim(db, lease.instance_id, read.picked, start=True)
         batch = new_batch(db)
         result_id, calls = self._queue_accept(batch, facts, sub, prepared)
-        pick = batch.add(self.claiming.pick_sql(sub.next_caps, sub.next_n)) if sub.next_n else None
-        if pick is None:
-            batch.commit()  # else the COMMIT ends the claim's batch
+        queued = self.claiming.queue_claim(batch, plan) if plan is not None else None
+        batch.commit()
         try:
             out = await batch.run()
         except FenceBroken:
             raise lease_refusal(lease, facts.status) from None
-        claimed = Claimed()
-        if pick is not None:
-            claimed = await self.claiming.claim_in(
-                db,
-                lease.instance_id,
-                sub.next_caps,
-                sub.next_n,
-                start=True,
-                picked=out[pick].rows,
-                commit=True,  # run again, this transaction replays: no claim
-            )
+        claimed = self.claiming.claimed_from(out, queued) if queued is not None else Claimed()
         outcome = SubmitOutcome(
             facts.job_id,
             SUCCEEDED,
@@ -444,20 +451,29 @@ class Completion:
     async def _submit_group(self, db: DbExec, subs: list[_Submission]) -> list[_Submitted | None]:
         """Several results in one transaction: the plain ones (lease held, no prior result,
         no cancel requested, a valid output, no breaker change) are accepted as
-        :meth:`_accept` would, in one locking read and one batch, and the claims riding
-        on them in one claim per caller and capabilities; every other result is left
-        (``None``) to its own transaction, which answers it as alone (replay, refusal,
-        INVALID_SCHEMA ending). A fence that breaks raises :class:`FenceBroken`: the
-        group is rolled back and each result then runs alone.
+        :meth:`_accept` would, in one locking read (with the claims' picks, one per
+        caller and capabilities) and one batch (with those claims and the COMMIT);
+        every other result is left (``None``) to its own transaction, which answers
+        it as alone (replay, refusal, INVALID_SCHEMA ending). A fence that breaks
+        raises :class:`FenceBroken`: the group is rolled back and each result then
+        runs alone.
         """
         clock = self.core.clock
         answers: list[_Submitted | None] = [None] * len(subs)
         first: dict[str, int] = {}
+        wanting: dict[tuple[str, tuple[str, ...]], list[int]] = {}
         for i, sub in enumerate(subs):
             first.setdefault(sub.lease.job_id, i)
+            if sub.next_n:
+                wanting.setdefault((sub.lease.instance_id, tuple(sub.next_caps)), []).append(i)
         batch = new_batch(db)
         read = batch.add(st.submit_read_many.sql(clock, {"ids": list(first)}))
         keyed = batch.add(st.results_by_keys.sql(clock, {"keys": [sub.key for sub in subs]}))
+        # every pick runs before any lock and skips no row of its own transaction, so
+        # picks of overlapping capabilities see the same first rows: each reads as far
+        # as the whole group asks, and the rows are shared out below without repeats
+        reach = _wanted(subs, [i for idx in wanting.values() for i in idx])
+        picks = {key: batch.add(self.claiming.pick_sql(list(key[1]), reach)) for key in wanting}
         got = await batch.run()
         rows = {str(row[0]): row for row in got[read].rows}
         prior = {str(row[1]) for row in got[keyed].rows}
@@ -478,31 +494,27 @@ class Completion:
             ready.append((i, facts, db_now, prepared))
         if not ready:
             return answers
+        accepted_ids = {i for i, *_ in ready}
+        plans: list[tuple[ClaimPlan, list[int]]] = []
+        taken: set[str] = set()  # rows an earlier claim of this group already has
+        for key, idx in wanting.items():
+            idx = [i for i in idx if i in accepted_ids]
+            if not idx:
+                continue
+            fresh = [r for r in got[picks[key]].rows if str(r[0]) not in taken]
+            fresh = fresh[: _wanted(subs, idx)]
+            taken.update(str(r[0]) for r in fresh)
+            plan = await self.claiming.plan_claim(db, key[0], fresh, start=True)
+            if plan is not None:
+                plans.append((plan, idx))
         batch = new_batch(db)
         accepted = {i: self._queue_accept(batch, facts, subs[i], p) for i, facts, _, p in ready}
-        claims: dict[tuple[str, tuple[str, ...]], list[int]] = {}
-        for i, *_ in ready:
-            if subs[i].next_n:
-                key = (subs[i].lease.instance_id, tuple(subs[i].next_caps))
-                claims.setdefault(key, []).append(i)
-        picks = {
-            key: (batch.add(self.claiming.pick_sql(list(key[1]), _wanted(subs, idx))), idx)
-            for key, idx in claims.items()
-        }
-        if not picks:
-            batch.commit()
+        queued = [(self.claiming.queue_claim(batch, plan), idx) for plan, idx in plans]
+        batch.commit()  # run again, this transaction replays: no claim
         out = await batch.run()
         shares: dict[int, Claimed] = {}
-        for n, ((instance_id, caps), (pick, idx)) in enumerate(picks.items()):
-            claimed = await self.claiming.claim_in(
-                db,
-                instance_id,
-                list(caps),
-                _wanted(subs, idx),
-                start=True,
-                picked=out[pick].rows,
-                commit=n == len(picks) - 1,  # run again, this transaction replays: no claim
-            )
+        for claim, idx in queued:
+            claimed = self.claiming.claimed_from(out, claim)
             shares.update(_share(claimed, [(i, subs[i].next_n) for i in idx]))
         for i, facts, db_now, _ in ready:
             result_id, calls = accepted[i]

@@ -250,3 +250,61 @@ def test_bounds_below_one_are_refused() -> None:
         GroupCommit(group, one, max_size=0, max_in_flight=1)
     with pytest.raises(ValueError):
         GroupCommit(group, one, max_size=1, max_in_flight=0)
+
+
+async def test_claims_of_one_group_never_hand_out_a_job_twice(domain: JobDomain) -> None:
+    """Callers with overlapping capabilities in one group: their picks run in one
+    transaction before any lock and skip no row it locked itself, so they see the same
+    first rows; the claims share them out, each job once, and leave none behind."""
+    _one_at_a_time(domain)
+    holders = ["w1", "w1", "w1", "w2"]
+    running = []
+    for holder in holders:
+        await new_job(domain)
+        running += (await domain.claim_started(holder, CAPS, 1, 0))[0]
+    waiting = [await new_job(domain) for _ in range(5)]
+    # the first goes alone and claims nothing; the other three queue as one group
+    wants = [None, ClaimNext(CAPS, 2), ClaimNext([*CAPS, "quiz_generation"], 2), ClaimNext(CAPS, 2)]
+    answers = await _settled(
+        *(
+            _submit(domain, Lease(job.job_id, holder, 1), claim_next=want)
+            for job, holder, want in zip(running, holders, wants, strict=True)
+        )
+    )
+    assert all(getattr(a, "status", None) == "succeeded" for a in answers), answers
+    claimed = [(job.job_id, job.locked_by) for a in answers for job in a.claimed]
+    ids = [job_id for job_id, _ in claimed]
+    assert len(ids) == len(set(ids))  # no job handed out twice
+    assert set(ids) == {job.job_id for job in waiting}  # and none left behind
+    assert [len(a.claimed) for a in answers] == [0, 2, 2, 1]
+    for a, holder in zip(answers, holders, strict=True):
+        assert all(job.locked_by == holder and job.status == "running" for job in a.claimed)
+    for job_id, holder in claimed:
+        got = await domain.get(job_id)
+        assert (got.status, got.locked_by, got.attempt_no) == ("running", holder, 1)
+        events, _ = await domain.history(job_id)
+        assert [e.to_status for e in events] == ["pending", "locked", "running"]
+
+
+async def test_a_group_whose_results_are_refused_leaves_its_picks_pending(
+    domain: JobDomain,
+) -> None:
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(3)]
+    await domain.claim_started("w1", CAPS, 3, 0)
+    waiting = [await new_job(domain) for _ in range(3)]
+    answers = await _settled(
+        *(
+            _submit(
+                domain,
+                Lease(job.job_id, "w1", 1),
+                output={"summary": 5},
+                claim_next=ClaimNext(CAPS, 1),
+            )
+            for job in jobs
+        )
+    )
+    assert all(isinstance(a, AppError) and a.code == ErrorCode.INVALID_SCHEMA for a in answers)
+    for job in waiting:
+        got = await domain.get(job.job_id)
+        assert (got.status, got.locked_by, got.attempt_no) == ("pending", None, 0)
