@@ -234,22 +234,26 @@ def _throughput_params(p: Params) -> dict[str, Any]:
     return {"jobs": p.jobs, "slots": list(p.slots), "workers": 1, "job_services": p.job_services}
 
 
+def full_path_env(slots: int) -> dict[str, str]:
+    """The worker's environment for a full-path figure: ``slots`` slots, the platform key
+    held (``WORKER_PLATFORM_KEYS``, the seed's deployment: the runtime has
+    ``DEEPSEEK_API_KEY``; ``BENCH_WORKER_PLATFORM_KEYS=0`` resolves it per attempt) and
+    the job_service calls over one ``RuntimeSession`` stream (``BENCH_WORKER_RPC_SESSION=0``
+    sends one unary call each). The throughput runs and the floor's capture share it, so
+    the floor replays the statements a throughput job runs."""
+    return {
+        "WORKER_CONCURRENCY": str(slots),
+        "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
+        "WORKER_RPC_SESSION": os.environ.get("BENCH_WORKER_RPC_SESSION", "1"),
+    }
+
+
 async def throughput_run(p: Params, slots: int) -> dict[str, Any]:
     """One throughput run: a backlog of ``p.jobs`` jobs through the full path, one worker
-    of ``slots`` slots, on a fresh database (figures: :func:`_run_backlog`).
-
-    The worker holds the platform key (``WORKER_PLATFORM_KEYS``, the seed's deployment:
-    the runtime has ``DEEPSEEK_API_KEY``), so a platform-key attempt needs no
-    ResolveCredential round trip; ``BENCH_WORKER_PLATFORM_KEYS=0`` measures with it. Its
-    job_service calls travel over one ``RuntimeSession`` stream (the worker's default);
-    ``BENCH_WORKER_RPC_SESSION=0`` measures them as one unary call each."""
+    of ``slots`` slots (:func:`full_path_env`), on a fresh database (figures:
+    :func:`_run_backlog`)."""
     with fresh_database(p.base_url) as url:
-        env = {
-            "WORKER_CONCURRENCY": str(slots),
-            "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
-            "WORKER_RPC_SESSION": os.environ.get("BENCH_WORKER_RPC_SESSION", "1"),
-            **metrics_ports(),
-        }
+        env = {**full_path_env(slots), **metrics_ports()}
         async with System(url, extra_env=env, job_services=p.job_services) as system:
             return await _run_backlog(system, p.jobs, limit_s=60 + p.jobs / 5)
 
@@ -337,9 +341,11 @@ async def throughput_and_peer(p: Params) -> dict[str, dict[str, Any]]:
 
 
 async def floor(p: Params) -> dict[str, Any]:
-    """Scenario 2: the captured per-job SQL replayed directly with aiomysql (no services)."""
+    """Scenario 2: the SQL of one job of the full path (the worker set up as the
+    throughput runs', :func:`full_path_env`), captured, then replayed directly with
+    aiomysql (no services)."""
     with fresh_database(p.base_url) as url:
-        async with System(url, extra_env={"WORKER_CONCURRENCY": "1"}) as system:
+        async with System(url, extra_env=full_path_env(1)) as system:
             capture = await floor_mod.capture_one_job(system)
         runs: dict[str, Any] = {}
         for slots in p.slots:
