@@ -29,6 +29,7 @@ from sqlalchemy import (
     select,
     text,
     tuple_,
+    union_all,
     update,
 )
 
@@ -212,6 +213,7 @@ def events_from_rows(
     at: str,
     params: dict[str, Any],
     if_matched: bool = False,
+    then: tuple[str, str] | None = None,
 ) -> Sql:
     """The event of every row a claim (or lock) just moved, read from the rows themselves
     (their new ``attemptNo``, the provider the attempt was given; ``at`` is the column
@@ -221,28 +223,42 @@ def events_from_rows(
     ``to_status`` and held by ``instance_id`` get one. With ``if_matched`` (one
     job's lock) only when the statement before matched exactly one row, so a
     refused lock of a job the caller already holds appends nothing.
+
+    ``then``, ``(status, at)``: the UPDATE made a second transition after the first,
+    from ``to_status`` to ``status`` (a claim with start: locked, then running, see
+    :func:`transition_many_sql`); every row now in ``status`` gets both events, the
+    first step's of all rows before the second step's, as two statements would
+    have appended them.
     """
+    steps = [(from_status, to_status, at)]
+    if then is not None:
+        steps.append((to_status, then[0], then[1]))
+    final = steps[-1][1]
 
     def build() -> Any:
-        source = select(
-            jobs.c.job_id,
-            bindparam("e_from", from_status, type_=String()),
-            bindparam("e_to", to_status, type_=String()),
-            bindparam("e_code", None, type_=String()),
-            bindparam("e_actor", type_=String()),
-            jobs.c.attempt_no,
-            jobs.c[at],
-            jobs.c.model_provider,
-        ).where(
-            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-            jobs.c.status == to_status,
-            jobs.c.locked_by == bindparam("instance_id", type_=String()),
-        )
-        if if_matched:
-            source = source.where(text("changes() = 1" if clock.is_sqlite else "ROW_COUNT() = 1"))
+        parts = []
+        for n, (was, now, column) in enumerate(steps):
+            part = select(
+                jobs.c.job_id,
+                bindparam(f"e_from{n}", was, type_=String()),
+                bindparam(f"e_to{n}", now, type_=String()),
+                bindparam(f"e_code{n}", None, type_=String()),
+                bindparam("e_actor", type_=String()),
+                jobs.c.attempt_no,
+                jobs.c[column],
+                jobs.c.model_provider,
+            ).where(
+                jobs.c.job_id.in_(bindparam("ids", expanding=True)),
+                jobs.c.status == final,
+                jobs.c.locked_by == bindparam("instance_id", type_=String()),
+            )
+            if if_matched:
+                part = part.where(text("changes() = 1" if clock.is_sqlite else "ROW_COUNT() = 1"))
+            parts.append(part)
+        source = parts[0] if len(parts) == 1 else union_all(*parts)
         return insert(events).from_select([*EVENT_COLUMNS, "model_provider"], source)
 
-    key = ("events_from_rows", clock.dialect, from_status, to_status, at, if_matched)
+    key = ("events_from_rows", clock.dialect, from_status, to_status, at, if_matched, then)
     return Sql(key, build, {**params, "e_actor": str(params["e_actor"])[:MAX_ACTOR]})
 
 
@@ -449,6 +465,7 @@ def transition_many_sql(
     values: dict[str, Any],
     where: ColumnElement[bool] | None = None,
     holder: str | None = None,
+    then: Op | None = None,
 ) -> Sql:
     """One transition of several jobs as a single guarded UPDATE (no event: the caller
     appends them with :func:`events_from_rows`).
@@ -457,16 +474,28 @@ def transition_many_sql(
         holder: for a holder-only transition, the instance that must hold each
             job's lease (:func:`holder_guard_bound`); only for jobs the same
             transaction has just locked to it.
+        then: a second transition the same UPDATE makes, from ``op``'s to-state
+            (a claim with start: LOCK then START). The guard is ``op``'s; a
+            holder-only ``then`` needs no lease check, as ``op`` gives the lease
+            to the caller in this very statement (``values`` sets both steps'
+            columns).
 
     Raises:
-        ValueError: a holder-only transition without ``holder`` (a programming error).
+        ValueError: a holder-only transition without ``holder``, or a ``then``
+            that does not leave ``op``'s to-state (programming errors).
     """
     t = TRANSITIONS[op]
     if t.holder_only and holder is None:
         raise ValueError(f"{op} needs a lease")
+    to_state = t.to_state
+    if then is not None:
+        follow = TRANSITIONS[then]
+        if to_state is None or to_state not in follow.from_states or follow.to_state is None:
+            raise ValueError(f"{then} does not follow {op}")
+        to_state = follow.to_state
     sets: dict[str, Any] = {"updated_at": clock.now(), "version": VERSION_PLUS_ONE, **values}
-    if t.to_state is not None:
-        sets["status"] = t.to_state
+    if to_state is not None:
+        sets["status"] = to_state
     shape = _shape(sets)
     where_id = 0 if where is None else cache.stable_id(where)
     holder_where = holder_guard_bound(clock) if holder is not None else None
@@ -485,7 +514,7 @@ def transition_many_sql(
     holder_params = {} if holder is None else {"m_instance_id": holder}
     if shape is None or where_id is None:
         return Sql(None, lambda: build(False), holder_params)
-    key = ("apply_many", clock.dialect, op, where_id, holder is not None, shape)
+    key = ("apply_many", clock.dialect, op, then, where_id, holder is not None, shape)
     return Sql(
         key, lambda: build(True), {"m_job_ids": list(job_ids), **holder_params, **_set_params(sets)}
     )
