@@ -7,6 +7,9 @@ from typing import Any
 INTERNAL_API_KEY = "x-internal-api-key"
 RUNTIME_INSTANCE_ID = "x-runtime-instance-id"
 REQUEST_ID = "x-request-id"
+#: ``RuntimeSession``: "1" in the server's initial metadata (it takes batched calls)
+#: and in the caller's (it takes batched answers)
+SESSION_BATCH = "x-runtime-session-batch"
 
 
 def get(context: Any, key: str) -> str | None:

@@ -8,6 +8,13 @@ message); a refusal arrives as the rich status the unary call would have ended
 with, raised as the same :class:`grpc.aio.AioRpcError`, so the client's retry
 rules and error mapping apply unchanged.
 
+Calls that queue while the stream is busy writing go out together as one
+``batch`` message, once job_service's initial metadata says it takes batches
+(``x-runtime-session-batch``); the worker asks for batched answers the same way.
+Nothing waits to fill a batch: a lone call is written at once, so batching only
+saves writes (each a system call and a poller wake-up on both sides) when calls
+come faster than the stream sends them, as under load.
+
 When the stream breaks (job_service restarted, the network cut), every call in
 flight on it fails ``UNAVAILABLE`` (the retryable calls are then retried, as a
 unary call cut the same way would be) and the next call opens a new stream. A
@@ -47,6 +54,22 @@ STREAM_REFUSALS = frozenset(
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 Pending = dict[int, "asyncio.Future[rr.RuntimeSessionResponse]"]
+#: The most calls one batch message carries.
+MAX_CALLS_PER_MESSAGE = 64
+
+
+class _Stream:
+    """One open stream: its calls in flight and the messages waiting to be written."""
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+        self.pending: Pending = {}
+        self.outbox: list[rr.RuntimeSessionRequest] = []
+        self.wake = asyncio.Event()
+        #: job_service's initial metadata said it takes batches
+        self.batches = False
+        self.reader: asyncio.Task[None] | None = None
+        self.writer: asyncio.Task[None] | None = None
 
 
 def _rpc_error(code: grpc.StatusCode, message: str, status: bytes = b"") -> grpc.aio.AioRpcError:
@@ -64,34 +87,75 @@ class RuntimeSession:
 
     def __init__(self, stub: job_grpc.JobServiceStub, metadata: Sequence[tuple[str, str]]) -> None:
         self._stub = stub
-        self._metadata = tuple(metadata)
+        self._metadata = (*tuple(metadata), (md_keys.SESSION_BATCH, "1"))
         self._ids = itertools.count(1)
-        self._stream: Any = None
-        self._pending: Pending = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._write_lock = asyncio.Lock()
+        self._stream: _Stream | None = None
         self._open_lock = asyncio.Lock()
         #: job_service answered UNIMPLEMENTED: calls go unary
         self.unsupported = False
         #: streams opened so far (a reopen after a break counts)
         self.opened = 0
+        #: messages written, and how many of them were batches (for tests and metrics)
+        self.messages_written = 0
+        self.batches_written = 0
 
-    async def _current(self) -> tuple[Any, Pending]:
+    async def _current(self) -> _Stream:
         async with self._open_lock:
             if self._stream is None:
-                self._stream = self._stub.RuntimeSession(metadata=self._metadata)
-                self._pending = {}
-                self._reader = asyncio.create_task(self._read(self._stream, self._pending))
+                stream = _Stream(self._stub.RuntimeSession(metadata=self._metadata))
+                stream.reader = asyncio.create_task(self._read(stream))
+                stream.writer = asyncio.create_task(self._write(stream))
+                self._stream = stream
                 self.opened += 1
-            return self._stream, self._pending
+            return self._stream
 
-    async def _read(self, stream: Any, pending: Pending) -> None:
+    async def _write(self, stream: _Stream) -> None:
+        """Write what the outbox holds, all of it in one message when job_service takes
+        batches; a failed write fails the calls it carried ``UNAVAILABLE``."""
+        while True:
+            await stream.wake.wait()
+            stream.wake.clear()
+            while stream.outbox:
+                take = MAX_CALLS_PER_MESSAGE if stream.batches else 1
+                messages, stream.outbox[:take] = stream.outbox[:take], []
+                message = (
+                    messages[0]
+                    if len(messages) == 1
+                    else rr.RuntimeSessionRequest(batch=rr.RuntimeSessionBatch(calls=messages))
+                )
+                try:
+                    await stream.call.write(message)
+                except (
+                    grpc.aio.AioRpcError,
+                    grpc.aio.UsageError,
+                    asyncio.InvalidStateError,
+                ) as exc:
+                    broke = _rpc_error(
+                        grpc.StatusCode.UNAVAILABLE, f"the runtime session broke: {exc}"
+                    )
+                    for sent in (*messages, *stream.outbox):
+                        future = stream.pending.pop(sent.id, None)
+                        if future is not None and not future.done():
+                            future.set_exception(broke)
+                    stream.outbox.clear()
+                    continue
+                self.messages_written += 1
+                self.batches_written += len(messages) > 1
+
+    async def _read(self, stream: _Stream) -> None:
         error: grpc.aio.AioRpcError
+        pending = stream.pending
         try:
-            async for answer in stream:
-                future = pending.pop(answer.id, None)
-                if future is not None and not future.done():
-                    future.set_result(answer)
+            initial = await stream.call.initial_metadata()
+            stream.batches = dict(initial or ()).get(md_keys.SESSION_BATCH) == "1"
+            async for answer in stream.call:
+                batch = (
+                    answer.batch.answers if answer.WhichOneof("answer") == "batch" else (answer,)
+                )
+                for one in batch:
+                    future = pending.pop(one.id, None)
+                    if future is not None and not future.done():
+                        future.set_result(one)
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the runtime session ended")
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
@@ -107,12 +171,15 @@ class RuntimeSession:
         finally:
             if self._stream is stream:
                 self._stream = None
+            if stream.writer is not None:
+                stream.writer.cancel()
         if not self.unsupported and error.code() != grpc.StatusCode.CANCELLED:
             log.warning("runtime session ended: %s", error.details())
         for future in pending.values():
             if not future.done():
                 future.set_exception(error)
         pending.clear()
+        stream.outbox.clear()
 
     async def call(
         self, field: str, request: Any, *, deadline_s: float | None, request_id: str = ""
@@ -127,29 +194,22 @@ class RuntimeSession:
             grpc.aio.AioRpcError: the call's refusal (its rich status), UNAVAILABLE when
                 the stream broke, DEADLINE_EXCEEDED after ``deadline_s``.
         """
-        stream, pending = await self._current()
+        stream = await self._current()
         call_id = next(self._ids)
         future: asyncio.Future[rr.RuntimeSessionResponse] = (
             asyncio.get_running_loop().create_future()
         )
-        pending[call_id] = future
-        message = rr.RuntimeSessionRequest(id=call_id, request_id=request_id, **{field: request})
-        try:
-            async with self._write_lock:
-                await stream.write(message)
-        except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
-            pending.pop(call_id, None)
-            if future.done() and future.exception() is not None:
-                raise future.exception() from None  # type: ignore[misc]
-            raise _rpc_error(
-                grpc.StatusCode.UNAVAILABLE, f"the runtime session broke: {exc}"
-            ) from None
+        stream.pending[call_id] = future
+        stream.outbox.append(
+            rr.RuntimeSessionRequest(id=call_id, request_id=request_id, **{field: request})
+        )
+        stream.wake.set()
         try:
             answer = await asyncio.wait_for(asyncio.shield(future), deadline_s)
         except (TimeoutError, asyncio.CancelledError) as exc:
-            pending.pop(call_id, None)
+            stream.pending.pop(call_id, None)
             future.cancel()
-            await self._cancel(stream, call_id)
+            self._cancel(stream, call_id)
             if isinstance(exc, TimeoutError):
                 raise _rpc_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded") from None
             raise
@@ -160,21 +220,28 @@ class RuntimeSession:
             )
         return getattr(answer, field)
 
-    async def _cancel(self, stream: Any, call_id: int) -> None:
-        with contextlib.suppress(Exception):
-            async with self._write_lock:
-                await stream.write(rr.RuntimeSessionRequest(id=next(self._ids), cancel=call_id))
+    def _cancel(self, stream: _Stream, call_id: int) -> None:
+        """Stop a call in flight: drop it if it is still unwritten, else send a cancel."""
+        for n, waiting in enumerate(stream.outbox):
+            if waiting.id == call_id:
+                del stream.outbox[n]
+                return
+        if self._stream is stream:
+            stream.outbox.append(rr.RuntimeSessionRequest(id=next(self._ids), cancel=call_id))
+            stream.wake.set()
 
     async def close(self) -> None:
         """Half-close the stream and stop reading; calls in flight fail CANCELLED."""
-        stream, reader = self._stream, self._reader
+        stream = self._stream
         self._stream = None
-        if stream is not None:
-            stream.cancel()
-        if reader is not None:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+        if stream is None:
+            return
+        stream.call.cancel()
+        for task in (stream.reader, stream.writer):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
 
     def method(
         self, field: str, unary: Callable[..., Awaitable[Any]]

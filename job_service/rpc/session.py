@@ -16,6 +16,14 @@ REST shim stay for every other runtime.
 
 A call's duration is observed in ``airt_grpc_server_handling_seconds`` under its own
 method's label (``JobService/ClaimJobs``…), as the unary call's would be.
+
+Batches: the server's initial metadata says it takes batched calls
+(``x-runtime-session-batch: 1``): a ``batch`` message carries calls (and cancels)
+that are taken in order as if each came alone. A caller that sends the same key
+gets the answers that are ready together as one ``batch`` answer: one message,
+one write, instead of one per answer (a group of results committed together
+answers at once). Batching changes no call's outcome, only how many messages
+carry them.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from typing import Any
 
 import grpc
 
+from airuntime_common import metadata as md_keys
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import abort
 from airuntime_common.grpc_server import RPC_SECONDS
@@ -60,9 +69,26 @@ MAX_CALLS_IN_FLIGHT = 1024
 Answer = rr.RuntimeSessionResponse | AppError | None
 
 
-def _protocol_error(request: rr.RuntimeSessionRequest, kind: str | None) -> AppError | None:
+#: The most answers one batched answer carries.
+MAX_ANSWERS_PER_MESSAGE = 64
+
+
+def _protocol_error(
+    request: rr.RuntimeSessionRequest, kind: str | None, *, in_batch: bool = False
+) -> AppError | None:
     """The INVALID_ARGUMENT ending the stream for a message no conforming caller sends:
-    no call, a message numbered 0 (proto3's unset), a cancel of call 0."""
+    no call, a message numbered 0 (proto3's unset), a cancel of call 0, an empty
+    batch or a batch within a batch."""
+    if kind == "batch":
+        if in_batch:
+            return AppError(
+                ErrorCode.INVALID_ARGUMENT, "a batch holds calls, not batches", {"field": "batch"}
+            )
+        if not request.batch.calls:
+            return AppError(
+                ErrorCode.INVALID_ARGUMENT, "a batch names no call", {"field": "batch.calls"}
+            )
+        return None
     if kind is None:
         return AppError(
             ErrorCode.INVALID_ARGUMENT, "a session message names no call", {"field": "call"}
@@ -76,6 +102,13 @@ def _protocol_error(request: rr.RuntimeSessionRequest, kind: str | None) -> AppE
             ErrorCode.INVALID_ARGUMENT, "cancel names call 0: ids start at 1", {"field": "cancel"}
         )
     return None
+
+
+def _one_message(answers: list[rr.RuntimeSessionResponse]) -> rr.RuntimeSessionResponse:
+    """One answer as it is, several as one batch."""
+    if len(answers) == 1:
+        return answers[0]
+    return rr.RuntimeSessionResponse(batch=rr.RuntimeSessionAnswers(answers=answers))
 
 
 def _forget(calls: dict[int, asyncio.Task[None]], call_id: int, _task: object) -> None:
@@ -147,19 +180,29 @@ class SessionRpcs:
         has answered; a caller that goes away cancels every call in flight at once. A
         message no conforming caller sends (no call, id 0) ends it INVALID_ARGUMENT.
         """
+        batched = md_keys.get(context, md_keys.SESSION_BATCH) == "1"
+        await context.send_initial_metadata(((md_keys.SESSION_BATCH, "1"),))
         answers: asyncio.Queue[Answer] = asyncio.Queue()
         calls: dict[int, asyncio.Task[None]] = {}
         reader = asyncio.create_task(self._read_calls(requests, context, calls, answers))
         reading = True
         try:
             while reading or calls or not answers.empty():
-                answer = await answers.get()
-                if answer is None:
-                    reading = False
-                    continue
-                if isinstance(answer, AppError):
-                    await abort(context, answer)
-                yield answer
+                ready = [await answers.get()]
+                while batched and len(ready) < MAX_ANSWERS_PER_MESSAGE and not answers.empty():
+                    ready.append(answers.get_nowait())
+                out: list[rr.RuntimeSessionResponse] = []
+                for answer in ready:
+                    if answer is None:
+                        reading = False
+                    elif isinstance(answer, AppError):
+                        if out:
+                            yield _one_message(out)
+                        await abort(context, answer)
+                    else:
+                        out.append(answer)
+                if out:
+                    yield _one_message(out)
         finally:
             reader.cancel()
             for task in list(calls.values()):
@@ -178,32 +221,52 @@ class SessionRpcs:
             async for request in requests:
                 kind = request.WhichOneof("call")
                 broken = _protocol_error(request, kind)
-                if broken is not None:
+                if broken is None and kind == "batch":
+                    for call in request.batch.calls:
+                        inner = call.WhichOneof("call")
+                        broken = _protocol_error(call, inner, in_batch=True)
+                        if broken is not None:
+                            break
+                if broken is not None:  # nothing of a broken message runs
                     answers.put_nowait(broken)
                     return
-                if kind == "cancel":
-                    task = calls.get(request.cancel)
-                    if task is not None:
-                        task.cancel()
-                    continue
-                refused = None
-                if request.id in calls:
-                    refused = CallRefused(
-                        grpc.StatusCode.INVALID_ARGUMENT, "a call with this id is in flight"
-                    )
-                elif len(calls) >= MAX_CALLS_IN_FLIGHT:
-                    refused = CallRefused(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        "too many calls in flight on this session",
-                    )
-                if refused is not None:
-                    answers.put_nowait(refused.answer(request.id))
-                    continue
-                task = asyncio.create_task(self._run_call(request, kind, context, answers))
-                calls[request.id] = task
-                task.add_done_callback(functools.partial(_forget, calls, request.id))
+                if kind == "batch":
+                    for call in request.batch.calls:
+                        self._take(call, str(call.WhichOneof("call")), context, calls, answers)
+                else:
+                    self._take(request, str(kind), context, calls, answers)
         finally:
             answers.put_nowait(None)
+
+    def _take(
+        self,
+        request: rr.RuntimeSessionRequest,
+        kind: str,
+        context: Ctx,
+        calls: dict[int, asyncio.Task[None]],
+        answers: asyncio.Queue[Answer],
+    ) -> None:
+        """Start one well-formed call (or apply a cancel), as its message's turn comes."""
+        if kind == "cancel":
+            task = calls.get(request.cancel)
+            if task is not None:
+                task.cancel()
+            return
+        refused = None
+        if request.id in calls:
+            refused = CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, "a call with this id is in flight"
+            )
+        elif len(calls) >= MAX_CALLS_IN_FLIGHT:
+            refused = CallRefused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, "too many calls in flight on this session"
+            )
+        if refused is not None:
+            answers.put_nowait(refused.answer(request.id))
+            return
+        task = asyncio.create_task(self._run_call(request, kind, context, answers))
+        calls[request.id] = task
+        task.add_done_callback(functools.partial(_forget, calls, request.id))
 
     async def _run_call(
         self,

@@ -36,6 +36,11 @@ def _claim(wait_ms: int = 0) -> rr.ClaimJobsRequest:
     )
 
 
+def _ask(call_id: int) -> rr.RuntimeSessionRequest:
+    """A heartbeat with no leases: answered at once, touches nothing."""
+    return rr.RuntimeSessionRequest(id=call_id, heartbeat_leases=rr.HeartbeatLeasesRequest())
+
+
 def _session(stack: RuntimeStack, instance: str = "w1", token: str = TOKEN) -> RuntimeSession:
     session = RuntimeSession(stack.stub, metadata.outgoing(token, instance))
     stack.sessions.append(session)
@@ -158,6 +163,23 @@ async def test_without_the_method_calls_go_unary() -> None:
         pytest.param(rr.RuntimeSessionRequest(id=1), id="no-call"),
         pytest.param(rr.RuntimeSessionRequest(id=0, claim_jobs=_claim()), id="id-0"),
         pytest.param(rr.RuntimeSessionRequest(id=2, cancel=0), id="cancel-0"),
+        pytest.param(rr.RuntimeSessionRequest(batch=rr.RuntimeSessionBatch()), id="empty-batch"),
+        pytest.param(
+            rr.RuntimeSessionRequest(
+                batch=rr.RuntimeSessionBatch(
+                    calls=[rr.RuntimeSessionRequest(batch=rr.RuntimeSessionBatch(calls=[_ask(1)]))]
+                )
+            ),
+            id="batch-in-batch",
+        ),
+        pytest.param(
+            rr.RuntimeSessionRequest(
+                batch=rr.RuntimeSessionBatch(
+                    calls=[_ask(1), rr.RuntimeSessionRequest(id=0, claim_jobs=_claim())]
+                )
+            ),
+            id="batch-with-id-0",
+        ),
     ],
 )
 async def test_a_message_no_caller_sends_ends_the_stream(
@@ -169,3 +191,108 @@ async def test_a_message_no_caller_sends_ends_the_stream(
         async for _ in stream:
             pass
     assert from_rpc_error(ended.value).code == ErrorCode.INVALID_ARGUMENT
+
+
+async def _answers(stream: Any, want: int) -> tuple[dict[int, rr.RuntimeSessionResponse], int]:
+    """Read until ``want`` answers came; the answers by id and the messages they took."""
+    got: dict[int, rr.RuntimeSessionResponse] = {}
+    messages = 0
+    async for message in stream:
+        messages += 1
+        batch = message.batch.answers if message.WhichOneof("answer") == "batch" else [message]
+        for answer in batch:
+            got[answer.id] = answer
+        if len(got) >= want:
+            break
+    return got, messages
+
+
+async def test_a_batch_runs_each_call_and_answers_may_come_together(stack: RuntimeStack) -> None:
+    """A batch of calls runs each as if it came alone (a refusal stays that call's); to
+    a caller that asks for batches, answers ready together come in one message."""
+    md = (*metadata.outgoing(TOKEN, "w1"), (metadata.SESSION_BATCH, "1"))
+    stream = stack.stub.RuntimeSession(metadata=md)
+    initial = dict(await stream.initial_metadata())
+    assert initial.get(metadata.SESSION_BATCH) == "1"  # the server says it takes batches
+    bad = rr.RuntimeSessionRequest(id=3, claim_jobs=rr.ClaimJobsRequest(limit=1))
+    await stream.write(
+        rr.RuntimeSessionRequest(
+            batch=rr.RuntimeSessionBatch(calls=[_ask(1), _ask(2), bad, _ask(4)])
+        )
+    )
+    got, messages = await _answers(stream, 4)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert [got[i].WhichOneof("answer") for i in (1, 2, 4)] == ["heartbeat_leases"] * 3
+    assert got[3].WhichOneof("answer") == "error"
+    assert got[3].error.grpc_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert messages < 4  # answers that were ready together shared a message
+    stream.cancel()
+
+
+async def test_without_asking_answers_come_one_per_message(stack: RuntimeStack) -> None:
+    stream = stack.stub.RuntimeSession(metadata=metadata.outgoing(TOKEN, "w1"))
+    await stream.write(
+        rr.RuntimeSessionRequest(batch=rr.RuntimeSessionBatch(calls=[_ask(1), _ask(2), _ask(3)]))
+    )
+    got, messages = await _answers(stream, 3)
+    assert sorted(got) == [1, 2, 3] and messages == 3
+    stream.cancel()
+
+
+async def test_the_session_sends_calls_that_queue_as_one_message(stack: RuntimeStack) -> None:
+    """Calls made while the stream is busy go out together; each gets its own answer."""
+    session = _session(stack)
+    await session.call("heartbeat_leases", rr.HeartbeatLeasesRequest(), deadline_s=5)
+    assert session.messages_written == 1 and session.batches_written == 0  # alone: at once
+    jobs = [await stack.create() for _ in range(3)]
+    claims = await asyncio.gather(
+        *(session.call("claim_jobs", _claim(), deadline_s=5) for _ in range(3)),
+        *(
+            session.call("heartbeat_leases", rr.HeartbeatLeasesRequest(), deadline_s=5)
+            for _ in range(5)
+        ),
+    )
+    claimed = sorted(j.job_id for answer in claims[:3] for j in answer.jobs)
+    assert claimed == sorted(job["jobId"] for job in jobs)  # each job once, to one claim
+    assert session.messages_written == 2 and session.batches_written == 1
+    assert session.opened == 1
+
+
+class _NoBatches(job_grpc.JobServiceServicer):  # type: ignore[misc]
+    """A job_service of an earlier release: a RuntimeSession without batches (it would
+    end the stream on one); it answers each heartbeat, one message each."""
+
+    def __init__(self) -> None:
+        self.kinds: list[str | None] = []
+
+    async def RuntimeSession(self, requests: Any, context: Any) -> Any:
+        async for request in requests:
+            self.kinds.append(request.WhichOneof("call"))
+            await asyncio.sleep(0.01)  # a busy server: the caller's calls queue meanwhile
+            yield rr.RuntimeSessionResponse(
+                id=request.id, heartbeat_leases=rr.HeartbeatLeasesResponse()
+            )
+
+
+async def test_a_server_that_takes_no_batches_gets_none() -> None:
+    servicer = _NoBatches()
+    server = grpc.aio.server()
+    job_grpc.add_JobServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    session = RuntimeSession(job_grpc.JobServiceStub(channel), metadata.outgoing(TOKEN, "w1"))
+    try:
+        await session.call("heartbeat_leases", rr.HeartbeatLeasesRequest(), deadline_s=5)
+        await asyncio.gather(
+            *(
+                session.call("heartbeat_leases", rr.HeartbeatLeasesRequest(), deadline_s=5)
+                for _ in range(6)
+            )
+        )
+        assert servicer.kinds == ["heartbeat_leases"] * 7
+        assert session.messages_written == 7 and session.batches_written == 0
+    finally:
+        await session.close()
+        await channel.close()
+        await server.stop(0)

@@ -773,7 +773,7 @@ class VerifyLeasesResponse(_message.Message):
     def __init__(self, verdicts: _Optional[_Iterable[_Union[LeaseVerdict, _Mapping]]] = ...) -> None: ...
 
 class RuntimeSessionRequest(_message.Message):
-    __slots__ = ("id", "request_id", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "cancel")
+    __slots__ = ("id", "request_id", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "cancel", "batch")
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CLAIM_JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -784,6 +784,7 @@ class RuntimeSessionRequest(_message.Message):
     FAIL_JOB_FIELD_NUMBER: _ClassVar[int]
     RECORD_INVOCATION_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     id: int
     request_id: str
     claim_jobs: ClaimJobsRequest
@@ -794,7 +795,14 @@ class RuntimeSessionRequest(_message.Message):
     fail_job: FailJobRequest
     record_invocation: RecordInvocationRequest
     cancel: int
-    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., claim_jobs: _Optional[_Union[ClaimJobsRequest, _Mapping]] = ..., start_job: _Optional[_Union[StartJobRequest, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesRequest, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotRequest, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultRequest, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobRequest, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationRequest, _Mapping]] = ..., cancel: _Optional[int] = ...) -> None: ...
+    batch: RuntimeSessionBatch
+    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., claim_jobs: _Optional[_Union[ClaimJobsRequest, _Mapping]] = ..., start_job: _Optional[_Union[StartJobRequest, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesRequest, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotRequest, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultRequest, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobRequest, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationRequest, _Mapping]] = ..., cancel: _Optional[int] = ..., batch: _Optional[_Union[RuntimeSessionBatch, _Mapping]] = ...) -> None: ...
+
+class RuntimeSessionBatch(_message.Message):
+    __slots__ = ("calls",)
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    calls: _containers.RepeatedCompositeFieldContainer[RuntimeSessionRequest]
+    def __init__(self, calls: _Optional[_Iterable[_Union[RuntimeSessionRequest, _Mapping]]] = ...) -> None: ...
 
 class RuntimeSessionError(_message.Message):
     __slots__ = ("grpc_code", "message", "status")
@@ -807,7 +815,7 @@ class RuntimeSessionError(_message.Message):
     def __init__(self, grpc_code: _Optional[int] = ..., message: _Optional[str] = ..., status: _Optional[bytes] = ...) -> None: ...
 
 class RuntimeSessionResponse(_message.Message):
-    __slots__ = ("id", "error", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation")
+    __slots__ = ("id", "error", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "batch")
     ID_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CLAIM_JOBS_FIELD_NUMBER: _ClassVar[int]
@@ -817,6 +825,7 @@ class RuntimeSessionResponse(_message.Message):
     SUBMIT_RESULT_FIELD_NUMBER: _ClassVar[int]
     FAIL_JOB_FIELD_NUMBER: _ClassVar[int]
     RECORD_INVOCATION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     id: int
     error: RuntimeSessionError
     claim_jobs: ClaimJobsResponse
@@ -826,7 +835,14 @@ class RuntimeSessionResponse(_message.Message):
     submit_result: SubmitResultResponse
     fail_job: FailJobResponse
     record_invocation: RecordInvocationResponse
-    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[RuntimeSessionError, _Mapping]] = ..., claim_jobs: _Optional[_Union[ClaimJobsResponse, _Mapping]] = ..., start_job: _Optional[_Union[StartJobResponse, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesResponse, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultResponse, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobResponse, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationResponse, _Mapping]] = ...) -> None: ...
+    batch: RuntimeSessionAnswers
+    def __init__(self, id: _Optional[int] = ..., error: _Optional[_Union[RuntimeSessionError, _Mapping]] = ..., claim_jobs: _Optional[_Union[ClaimJobsResponse, _Mapping]] = ..., start_job: _Optional[_Union[StartJobResponse, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesResponse, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotResponse, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultResponse, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobResponse, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationResponse, _Mapping]] = ..., batch: _Optional[_Union[RuntimeSessionAnswers, _Mapping]] = ...) -> None: ...
+
+class RuntimeSessionAnswers(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[RuntimeSessionResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[RuntimeSessionResponse, _Mapping]]] = ...) -> None: ...
 
 class WatchJobsRequest(_message.Message):
     __slots__ = ()
