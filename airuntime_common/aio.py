@@ -12,11 +12,16 @@ that ``EVENT_LOOP`` names:
   while chasing a bug.
 
 Where ``uvloop`` is asked for but not installed (Windows), the standard loop runs.
+
+A service's entry point calls :func:`settle_heap` before :func:`run`: it takes what
+imports left on the heap out of the cyclic collector's sight and makes its young
+collections rarer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import os
 from collections.abc import Coroutine
@@ -28,6 +33,13 @@ T = TypeVar("T")
 EventLoopName = Literal["uvloop", "asyncio"]
 EVENT_LOOPS: tuple[str, ...] = get_args(EventLoopName)
 DEFAULT_EVENT_LOOP: EventLoopName = "uvloop"
+
+#: The cyclic collector's thresholds while a service runs (CPython's default is
+#: ``(700, 10, 10)``): a young collection every 10,000 net container allocations
+#: rather than every 700. A job's path allocates a few thousand short-lived
+#: containers (protobuf, SQL parameters, dicts), nearly all freed by reference
+#: counting, so the default collects several times per job for nothing.
+GC_THRESHOLDS: tuple[int, int, int] = (10_000, 20, 20)
 
 
 def uvloop_available() -> bool:
@@ -52,8 +64,26 @@ def resolve_event_loop(name: str | None = None) -> EventLoopName:
     return cast(EventLoopName, chosen)
 
 
+def settle_heap() -> None:
+    """Freeze what start-up allocated and set :data:`GC_THRESHOLDS`, once per process
+    (a service's ``__main__``, before :func:`run`; not a library call, since frozen
+    objects are never collected as cycles).
+
+    Imports leave tens of thousands of long-lived objects (about 95,000 in
+    job_service: SQLAlchemy metadata, protobuf descriptors, pydantic models) that
+    every full collection would traverse again. :func:`gc.freeze` moves them to the
+    permanent generation, which the collector skips; reference counting still
+    frees them.
+    Cyclic garbage made later is collected as before, only less often.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:
-    """Run ``main`` to completion on a new event loop and close it, as :func:`asyncio.run`.
+    """Run ``main`` to completion on a new event loop and close it, as :func:`asyncio.run`,
+    after :func:`settle_heap`.
 
     Args:
         main: the process's main coroutine.

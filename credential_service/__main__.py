@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         from credential_service.app import run_forever
 
         settings.validate_for_serve()
+        aio.settle_heap()
         aio.run(run_forever(settings), loop=settings.EVENT_LOOP)
         return 0
     except MissingSetting as exc:

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_migrate(settings))
         return 0
     if command == "serve":
+        aio.settle_heap()
         aio.run(_serve(settings), loop=settings.EVENT_LOOP)
         return 0
     print(f"usage: python -m job_service [serve|migrate], not {command!r}", file=sys.stderr)

@@ -23,6 +23,7 @@ def main() -> None:
     settings = load(WorkerSettings, "runtime_worker")
     setup_logging("runtime_worker", settings.LOG_LEVEL)
     settings.check()
+    aio.settle_heap()
     aio.run(_main(settings), loop=settings.EVENT_LOOP)
 
 

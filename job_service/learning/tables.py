@@ -21,6 +21,7 @@ MySQL/MariaDB. Only job_service writes any of these tables.
 from __future__ import annotations
 
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import (
@@ -349,10 +350,13 @@ class AiFlashcardGenerationPlan(Base):
     completed_at: Mapped[datetime | None] = mapped_column(Micro)
 
 
+@cache
 def model_of(table_name: str) -> type[Any]:
     """The ORM model mapped to ``table_name``: how the job-type registry's
     ``result_table`` / ``plan_table`` names (:mod:`airuntime_common.jobtypes`)
     become tables here.
+
+    Cached: the models are all declared once this module is imported.
 
     Raises:
         LookupError: no model of this metadata maps that table.
