@@ -120,7 +120,9 @@ class Accounting:
         calls: Sequence[ModelCallInput],
     ) -> list[dict[str, Any]]:
         """Queue the log rows of ``calls`` and their platform spend in ``batch``; the rows
-        (hand them to :meth:`observe` once the transaction committed).
+        (hand them to :meth:`observe` once the transaction committed). The log rows'
+        INSERTs are queued to merge (:meth:`StatementBatch.add`): nothing reads their
+        row counts.
 
         Raises:
             AppError: as :meth:`call_rows` (nothing queued).
@@ -128,7 +130,7 @@ class Accounting:
         rows = self.call_rows(job, attempt_no, calls)
         clock = self.core.clock
         for row in rows:
-            batch.add(st.insert_invocation.sql(clock, row))
+            batch.add(st.insert_invocation.sql(clock, row), merge=True)
         spend = spend_row(rows)
         if spend is not None:
             batch.add(st.add_platform_spend.sql(clock, spend))

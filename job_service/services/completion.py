@@ -441,10 +441,12 @@ class Completion:
         if succeed is None:
             raise lease_refusal(lease, facts.status)
         result_id = new_id()
+        # the INSERTs merge with the group's others (StatementBatch.add): no row count of
+        # theirs is read, and the plan's outcome counts the rows themselves
         for statement in prepared.statements(clock):
-            batch.add(statement)
+            batch.add(statement, merge=True)
         calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
-        batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)))
+        batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)), merge=True)
         succeed.queue_fenced(batch, "succeed")
         return result_id, calls
 

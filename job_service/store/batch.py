@@ -70,11 +70,13 @@ class FenceBroken(Exception):
 
 @dataclass(frozen=True)
 class Queued:
-    """One queued entry: a statement, a fence (``fence`` = its label) or the COMMIT."""
+    """One queued entry: a statement, a fence (``fence`` = its label) or the COMMIT;
+    ``merge``: a single-row INSERT that may join others of its shape (:meth:`StatementBatch.add`)."""
 
     sql: Sql | None = None
     fence: str | None = None
     commit: bool = False
+    merge: bool = False
 
 
 class StatementBatch(ABC):
@@ -98,9 +100,21 @@ class StatementBatch(ABC):
         self._queue: list[Queued] = []
         self._statements = 0
 
-    def add(self, sql: Sql) -> int:
-        """Queue one statement; returns its index in :meth:`run`'s outcomes."""
-        self._queue.append(Queued(sql=sql))
+    def add(self, sql: Sql, *, merge: bool = False) -> int:
+        """Queue one statement; returns its index in :meth:`run`'s outcomes.
+
+        Args:
+            merge: ``sql`` is a single-row ``INSERT`` whose place in the batch and own
+                row count do not matter, only that it runs before the COMMIT (a
+                result's business row, its model-call log, its result row). On
+                MySQL/MariaDB the batch's merged INSERTs of one shape run as one
+                multi-row INSERT, at the first one's place, and each of them is
+                answered with that statement's outcome (its row count is the sum);
+                on SQLite each runs where it was queued. One whose next entry reads
+                its row count (a fence, a statement using ``ROW_COUNT()``) is never
+                merged.
+        """
+        self._queue.append(Queued(sql=sql, merge=merge))
         self._statements += 1
         return self._statements - 1
 

@@ -43,6 +43,11 @@ Two things keep a batch as safe as the statements sent one by one:
   :meth:`StatementBatch.commit`. A claim does not: run again, it would lock
   other jobs, so its COMMIT is sent alone.
 
+Single-row INSERTs queued with ``merge`` (:meth:`StatementBatch.add`: a group's
+result rows, model-call logs and business rows) join the first of their shape as one
+multi-row INSERT, unless the entry after one reads its row count: a group of eight
+results sends about 2.5 fewer statements per job.
+
 This is the MySQL/MariaDB executor of :class:`job_service.store.batch.StatementBatch`;
 SQLite runs the same batches one statement at a time
 (:class:`~job_service.store.batch.SequentialBatch`).
@@ -131,6 +136,9 @@ class _Rendering:
 
     text: str
     slots: tuple[tuple[str | None, int | None, Any, Callable[[Any], Any] | None], ...]
+    #: where the VALUES tuple of a plain single-row ``INSERT … VALUES (…)`` starts in
+    #: ``text`` (the rows of merged INSERTs join there); -1 for any other statement
+    values_at: int = -1
 
     def args(self, params: Mapping[str, Any]) -> list[Any]:
         out = []
@@ -188,8 +196,33 @@ class _Compiled:
                 slots.append((value.name, value.index, None, proc))
             else:
                 slots.append((None, None, value, proc))
-        made = self.renderings[shape] = _Rendering(state.statement, tuple(slots))
+        text = state.statement
+        made = self.renderings[shape] = _Rendering(text, tuple(slots), _values_at(text))
         return made
+
+
+def _values_at(text: str) -> int:
+    """Where the one VALUES tuple of a single-row ``INSERT [IGNORE] INTO t (…) VALUES (…)``
+    starts in ``text``, or -1 (not an INSERT, several tuples, an upsert's clause after
+    it, a SELECT as its source)."""
+    marker = " VALUES ("
+    at = text.find(marker)
+    if not text.startswith("INSERT ") or at < 0 or text.find(marker, at + 1) >= 0:
+        return -1
+    start = at + len(" VALUES ")
+    values = text[start:]
+    if "'" in values or '"' in values or "`" in values:
+        return -1  # literal text: parentheses are not counted in it
+    depth = 0
+    for i, ch in enumerate(values):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                # the tuple closes here: it must be the end of the statement
+                return start if i == len(values) - 1 else -1
+    return -1
 
 
 _COMPILED: dict[Hashable, _Compiled] = {}
@@ -203,6 +236,24 @@ def _render(c: _Compiled, params: Mapping[str, Any], escape: Callable[[Any], str
     if rendering is None:
         return _render_expanded(c, params, escape)
     return rendering.text % tuple(escape(v) for v in rendering.args(params))
+
+
+def _render_rows(c: _Compiled, rows: list[Mapping[str, Any]], escape: Callable[[Any], str]) -> str:
+    """One multi-row INSERT of merged single-row INSERTs of one shape (:func:`_merging`
+    checked that their rendering has a VALUES tuple): the first's text, then each other
+    row's tuple, in order."""
+    rendering = c.rendering(rows[0])
+    assert rendering is not None and rendering.values_at > 0
+    at = rendering.values_at
+    head, values = rendering.text[:at], rendering.text[at:]
+    return head + ", ".join(values % tuple(escape(v) for v in rendering.args(row)) for row in rows)
+
+
+def _merging(c: _Compiled, params: Mapping[str, Any]) -> bool:
+    """Whether a statement queued with ``merge`` can join others of its shape: a kept
+    rendering that is a plain single-row INSERT."""
+    rendering = c.rendering(params)
+    return rendering is not None and rendering.values_at > 0
 
 
 def _render_expanded(c: _Compiled, params: Mapping[str, Any], escape: Callable[[Any], str]) -> str:
@@ -258,6 +309,8 @@ class _Item:
     params: Mapping[str, Any]
     text: str = ""
     fence: str | None = None
+    # merged INSERTs: every row's values, ``params`` first (empty: not merged)
+    rows: list[Mapping[str, Any]] = field(default_factory=list)
 
 
 def _compiled(
@@ -298,7 +351,8 @@ class MultiStatementBatch(StatementBatch):
         galera = bool(conn.info.get(GALERA))
         items: list[_Item] = []
         indexes: list[int] = []  # statement number → position in ``items``
-        for entry in queue:
+        merged: dict[int, int] = {}  # id of a merged shape → its item's position
+        for n, entry in enumerate(queue):
             if entry.fence is not None:
                 items.append(_Item(None, {}, FENCE_SQL, fence=entry.fence))
             elif entry.sql is None:
@@ -306,10 +360,23 @@ class MultiStatementBatch(StatementBatch):
                     items.append(_Item(None, {}, "COMMIT"))
             else:
                 sql = entry.sql
+                compiled = _compiled(dialect, sql.key, sql.statement, sql.params)
+                if (
+                    entry.merge
+                    and _merging(compiled, sql.params)
+                    and not _reads_row_count(dialect, queue, n + 1)
+                ):
+                    at = merged.get(id(compiled))
+                    if at is not None:
+                        items[at].rows.append(sql.params)
+                        indexes.append(at)
+                        continue
+                    merged[id(compiled)] = len(items)
+                    indexes.append(len(items))
+                    items.append(_Item(compiled, sql.params, rows=[sql.params]))
+                    continue
                 indexes.append(len(items))
-                items.append(
-                    _Item(_compiled(dialect, sql.key, sql.statement, sql.params), sql.params)
-                )
+                items.append(_Item(compiled, sql.params))
         if not items:
             return []
         raw = await conn.get_raw_connection()
@@ -317,7 +384,11 @@ class MultiStatementBatch(StatementBatch):
         clear_committed(driver)  # this transaction's COMMIT is to be sent unless we send it
         escape = driver.escape
         texts = [
-            item.text if item.compiled is None else _render(item.compiled, item.params, escape)
+            item.text
+            if item.compiled is None
+            else _render_rows(item.compiled, item.rows, escape)
+            if len(item.rows) > 1
+            else _render(item.compiled, item.params, escape)
             for item in items
         ]
         results: list[Outcome] = []
@@ -360,6 +431,22 @@ class MultiStatementBatch(StatementBatch):
             # (airuntime_common.db._reset_if_in_transaction).
             driver.server_status &= ~SERVER_STATUS_IN_TRANS
         return [results[i] for i in indexes]
+
+
+def _reads_row_count(dialect: Dialect, queue: list[Queued], n: int) -> bool:
+    """Whether queue entry ``n`` (the one after a statement queued with ``merge``) reads
+    that statement's row count: a fence, or a statement using ``ROW_COUNT()`` (or one
+    whose text is only made per call, so cannot be looked at)."""
+    if n >= len(queue):
+        return False
+    entry = queue[n]
+    if entry.fence is not None:
+        return True
+    if entry.sql is None:
+        return False  # the COMMIT
+    sql = entry.sql
+    rendering = _compiled(dialect, sql.key, sql.statement, sql.params).rendering(sql.params)
+    return rendering is None or "ROW_COUNT()" in rendering.text
 
 
 async def _collect(cursor: Any, item: _Item) -> Outcome:

@@ -122,6 +122,42 @@ async def test_one_round_trip_gives_each_outcome_and_commits_once(engine: AsyncE
     assert await _session_counter(engine, "Com_commit") == (used, before + 1)
 
 
+async def test_inserts_queued_to_merge_run_as_one_statement(engine: AsyncEngine) -> None:
+    """Single-row INSERTs of one shape queued with ``merge`` run as one multi-row
+    INSERT at the first one's place; each is answered with its outcome."""
+    used, before = await _session_counter(engine, "Com_insert")
+    async with engine.begin() as conn:
+        assert await _driver_connection(conn) is used
+        batch = new_batch(conn)
+        a = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")), merge=True)
+        read = batch.add(Sql(WORKER_READ_KEY, _read_worker, {"w_id": "w-c"}))
+        b = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-b")), merge=True)
+        c = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-c")), merge=True)
+        batch.commit()
+        out = await batch.run()
+    assert [out[i].rowcount for i in (a, b, c)] == [3, 3, 3]
+    # the read ran after the merged INSERT, which took w-c's row to the first one's place
+    assert out[read].rows == [("w-c", ["quiz", "it's"])]
+    assert await _worker_ids(engine) == ["w-a", "w-b", "w-c"]
+    assert await _session_counter(engine, "Com_insert") == (used, before + 1)
+
+
+async def test_an_insert_whose_row_count_is_read_next_is_not_merged(engine: AsyncEngine) -> None:
+    """A fence after an INSERT queued with ``merge`` judges that INSERT alone."""
+    used, before = await _session_counter(engine, "Com_insert")
+    async with engine.begin() as conn:
+        batch = new_batch(conn)
+        a = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-a")), merge=True)
+        b = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-b")), merge=True)
+        batch.fence("w-b")  # one row: w-b's own INSERT, not a merged one of two
+        c = batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-c")), merge=True)
+        batch.commit()
+        out = await batch.run()
+    assert [out[i].rowcount for i in (a, b, c)] == [2, 1, 2]
+    assert await _worker_ids(engine) == ["w-a", "w-b", "w-c"]
+    assert await _session_counter(engine, "Com_insert") == (used, before + 2)
+
+
 @pytest.mark.parametrize("statements", [1, 3])
 async def test_a_connection_a_batch_committed_goes_back_without_a_rollback(
     engine: AsyncEngine, statements: int

@@ -230,3 +230,45 @@ def test_both_mysql_drivers_escape_a_value_alike(value: Any) -> None:
     import asyncmy.converters
 
     assert asyncmy.converters.escape_item(value, "utf8mb4") == escape(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "mergeable"),
+    [
+        ("INSERT INTO t (a, b, c) VALUES (%s, %s, UTC_TIMESTAMP(6))", True),
+        ("INSERT IGNORE INTO t (a) VALUES (%s)", True),
+        ("INSERT INTO t (a) VALUES (%s) ON DUPLICATE KEY UPDATE a = VALUES(a)", False),
+        ("INSERT INTO t (a) VALUES (%s), (%s)", False),
+        ("INSERT INTO t (a) VALUES (%s, ')')", False),
+        ("INSERT INTO t (a) SELECT a FROM u WHERE ROW_COUNT() = 1", False),
+        ("UPDATE t SET a = %s", False),
+    ],
+)
+def test_only_a_plain_single_row_insert_can_take_other_rows(text: str, mergeable: bool) -> None:
+    assert (batch._values_at(text) > 0) is mergeable
+
+
+def test_merged_inserts_render_as_one_statement_with_each_rows_values() -> None:
+    stmt = statements.insert_result.get(CLOCK)
+    rows = [
+        {
+            "result_id": f"r{i}",
+            "idempotency_key": f"j{i}:1:h",
+            "job_id": f"j{i}",
+            "attempt_no": 1,
+            "output_hash": "h",
+            "prompt_version": None,
+            "output_schema_version": "v1",
+            "output": {"summary": f"it's row {i}"},
+        }
+        for i in range(3)
+    ]
+    compiled = batch._compile(DIALECT, stmt, list(rows[0]))
+    assert batch._merging(compiled, rows[0])
+    one = batch._render(compiled, rows[0], escape)
+    text = batch._render_rows(compiled, rows, escape)
+    head, _, first = one.partition(" VALUES ")
+    assert text.startswith(head + " VALUES " + first + ", (")
+    assert text.count("UTC_TIMESTAMP(6)") == 3
+    for i in range(3):
+        assert f"'r{i}'" in text and "it\\'s row " + str(i) in text
