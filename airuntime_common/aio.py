@@ -82,8 +82,7 @@ def settle_heap() -> None:
 
 
 def run(main: Coroutine[Any, Any, T], *, loop: str | None = None) -> T:
-    """Run ``main`` to completion on a new event loop and close it, as :func:`asyncio.run`,
-    after :func:`settle_heap`.
+    """Run ``main`` to completion on a new event loop and close it, as :func:`asyncio.run`.
 
     Args:
         main: the process's main coroutine.

@@ -423,9 +423,9 @@ async def galera_conn_kill(
     Rounds (at least three, ``profile.kills`` if more) cycle through
     :data:`CONN_KILL_METHODS`: ``KILL CONNECTION`` of every connection of the
     services' database on the writer (3 times 0.3 s apart, each at a moment one
-    of them holds an open transaction: :func:`_kill_sql`); HAProxy's ``shutdown sessions server``; a switchover
-    (``disable server`` + ``shutdown sessions`` on the writer, so the first backup
-    takes over; 2 s later ``enable server``: it takes the writes back and the
+    of them holds an open transaction: :func:`_kill_sql`); HAProxy's ``shutdown
+    sessions server``; a switchover (``disable server`` + ``shutdown sessions`` on
+    the writer, so the first backup takes over; 2 s later ``enable server``: it takes the writes back and the
     backup's connections are cut).
     Recovery: from the last cut until every job in flight then is terminal.
     """

@@ -78,7 +78,7 @@ def _protocol_error(
 ) -> AppError | None:
     """The INVALID_ARGUMENT ending the stream for a message no conforming caller sends:
     no call, a message numbered 0 (proto3's unset), a cancel of call 0, an empty
-    batch or a batch within a batch."""
+    batch, a batch within a batch, or a batch holding any of these."""
     if kind == "batch":
         if in_batch:
             return AppError(
@@ -88,6 +88,10 @@ def _protocol_error(
             return AppError(
                 ErrorCode.INVALID_ARGUMENT, "a batch names no call", {"field": "batch.calls"}
             )
+        for call in request.batch.calls:
+            broken = _protocol_error(call, call.WhichOneof("call"), in_batch=True)
+            if broken is not None:
+                return broken
         return None
     if kind is None:
         return AppError(
@@ -221,12 +225,6 @@ class SessionRpcs:
             async for request in requests:
                 kind = request.WhichOneof("call")
                 broken = _protocol_error(request, kind)
-                if broken is None and kind == "batch":
-                    for call in request.batch.calls:
-                        inner = call.WhichOneof("call")
-                        broken = _protocol_error(call, inner, in_batch=True)
-                        if broken is not None:
-                            break
                 if broken is not None:  # nothing of a broken message runs
                     answers.put_nowait(broken)
                     return

@@ -139,6 +139,8 @@ class _Rendering:
     #: where the VALUES tuple of a plain single-row ``INSERT … VALUES (…)`` starts in
     #: ``text`` (the rows of merged INSERTs join there); -1 for any other statement
     values_at: int = -1
+    #: the statement reads the row count of the one before it (``ROW_COUNT()``)
+    reads_row_count: bool = False
 
     def args(self, params: Mapping[str, Any]) -> list[Any]:
         out = []
@@ -197,7 +199,9 @@ class _Compiled:
             else:
                 slots.append((None, None, value, proc))
         text = state.statement
-        made = self.renderings[shape] = _Rendering(text, tuple(slots), _values_at(text))
+        made = self.renderings[shape] = _Rendering(
+            text, tuple(slots), _values_at(text), "ROW_COUNT()" in text
+        )
         return made
 
 
@@ -352,19 +356,23 @@ class MultiStatementBatch(StatementBatch):
         items: list[_Item] = []
         indexes: list[int] = []  # statement number → position in ``items``
         merged: dict[int, int] = {}  # id of a merged shape → its item's position
+        shapes = [
+            None if e.sql is None else _compiled(dialect, e.sql.key, e.sql.statement, e.sql.params)
+            for e in queue
+        ]
         for n, entry in enumerate(queue):
+            compiled = shapes[n]
             if entry.fence is not None:
                 items.append(_Item(None, {}, FENCE_SQL, fence=entry.fence))
-            elif entry.sql is None:
+            elif entry.sql is None or compiled is None:
                 if not galera:
                     items.append(_Item(None, {}, "COMMIT"))
             else:
                 sql = entry.sql
-                compiled = _compiled(dialect, sql.key, sql.statement, sql.params)
                 if (
                     entry.merge
                     and _merging(compiled, sql.params)
-                    and not _reads_row_count(dialect, queue, n + 1)
+                    and not _reads_row_count(queue, shapes, n + 1)
                 ):
                     at = merged.get(id(compiled))
                     if at is not None:
@@ -433,20 +441,20 @@ class MultiStatementBatch(StatementBatch):
         return [results[i] for i in indexes]
 
 
-def _reads_row_count(dialect: Dialect, queue: list[Queued], n: int) -> bool:
-    """Whether queue entry ``n`` (the one after a statement queued with ``merge``) reads
-    that statement's row count: a fence, or a statement using ``ROW_COUNT()`` (or one
-    whose text is only made per call, so cannot be looked at)."""
+def _reads_row_count(queue: list[Queued], shapes: list[_Compiled | None], n: int) -> bool:
+    """Whether queue entry ``n`` (the one after a statement queued with ``merge``; its
+    compiled form ``shapes[n]``) reads that statement's row count: a fence, or a
+    statement using ``ROW_COUNT()`` (or one whose text is only made per call, so
+    cannot be looked at)."""
     if n >= len(queue):
         return False
-    entry = queue[n]
+    entry, compiled = queue[n], shapes[n]
     if entry.fence is not None:
         return True
-    if entry.sql is None:
+    if entry.sql is None or compiled is None:
         return False  # the COMMIT
-    sql = entry.sql
-    rendering = _compiled(dialect, sql.key, sql.statement, sql.params).rendering(sql.params)
-    return rendering is None or "ROW_COUNT()" in rendering.text
+    rendering = compiled.rendering(entry.sql.params)
+    return rendering is None or rendering.reads_row_count
 
 
 async def _collect(cursor: Any, item: _Item) -> Outcome:
