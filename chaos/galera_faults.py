@@ -342,21 +342,35 @@ async def _kill_the_writer(
 
 
 #: How long a ``KILL CONNECTION`` round waits for a moment when one of the services'
-#: connections holds an open transaction (seconds): the hot path's transactions are
-#: a few milliseconds long, so a cut at a random moment mostly finds them idle.
+#: connections holds an open transaction (seconds).
 AIM_SECONDS = 5.0
 
 
 async def _kill_sql(backend: GaleraBackend, database: str) -> dict[str, int]:
     """``KILL CONNECTION`` every connection of the services' database on the writer, at
-    the first moment (polled, up to :data:`AIM_SECONDS`) one of them holds an open
-    transaction; after that wait, whatever they hold."""
+    a moment (polled, up to :data:`AIM_SECONDS`) one of them holds an open
+    transaction; after that wait, whatever they hold.
+
+    The hot path's transactions are a round trip or two long, so a cut at a random
+    moment mostly finds them idle. The round makes the moment: its own transaction
+    locks the rows of the jobs being worked on (``FOR UPDATE SKIP LOCKED``, so it
+    waits on no one), and the next heartbeat, result or fail of one of them waits
+    for those locks inside its transaction, which is open when the cut lands. The
+    round's transaction is rolled back after the cut: it changes nothing.
+    """
     writer = await asyncio.to_thread(backend.proxy.wait_writer)
 
     def kill() -> dict[str, int]:
         conn = backend.cluster.connect(writer)
+        holder = backend.cluster.connect(writer, database)
         try:
-            with conn.cursor() as cur:
+            with conn.cursor() as cur, holder.cursor() as hold:
+                hold.execute("SET SESSION innodb_lock_wait_timeout = 10")
+                hold.execute("BEGIN")
+                hold.execute(
+                    "SELECT job_id FROM ai_runtime_jobs WHERE status IN ('locked', 'running')"
+                    " FOR UPDATE SKIP LOCKED"
+                )
                 deadline = time.monotonic() + AIM_SECONDS
                 listed_at = 0.0
                 ids: set[int] = set()
@@ -365,16 +379,15 @@ async def _kill_sql(backend: GaleraBackend, database: str) -> dict[str, int]:
                     if now - listed_at > 0.2:  # the services' connections, now and then
                         cur.execute(
                             "SELECT ID FROM information_schema.PROCESSLIST"
-                            " WHERE DB = %s AND ID <> CONNECTION_ID()",
-                            (database,),
+                            " WHERE DB = %s AND ID NOT IN (CONNECTION_ID(), %s)",
+                            (database, holder.thread_id()),
                         )
                         ids, listed_at = {int(r[0]) for r in cur.fetchall()}, now
-                    # the cheap read, as often as it answers: a transaction is open
-                    # for a round trip or two
                     cur.execute("SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX")
                     busy = {int(r[0]) for r in cur.fetchall()} & ids
                     if busy or now >= deadline:
                         break
+                    time.sleep(0.005)
                 # the busy ones first: they are what this round is for
                 rows = [(i, True) for i in busy] + [(i, False) for i in ids - busy]
                 killed = in_tx = 0
@@ -383,8 +396,10 @@ async def _kill_sql(backend: GaleraBackend, database: str) -> dict[str, int]:
                         cur.execute(f"KILL CONNECTION {int(conn_id)}")
                         killed += 1
                         in_tx += int(open_tx)
+                hold.execute("ROLLBACK")
                 return {"killed": killed, "inTransaction": in_tx}
         finally:
+            holder.close()
             conn.close()
 
     return await asyncio.to_thread(kill)
