@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from job_service.learning import deletion, plans, results, snapshots
 from job_service.learning.tables import AiSnapshot
-from job_service.services.ports import MaterialScopeView, SnapshotRead
+from job_service.services.ports import MaterialScopeView, SnapshotRead, SnapshotsRead
 from job_service.store.cache import Sql
 from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
@@ -28,6 +28,10 @@ class LearningModulePort:
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         """:func:`job_service.learning.snapshots.snapshot_read`."""
         return snapshots.snapshot_read(snapshot_id)
+
+    def snapshots_read(self, snapshot_ids: Sequence[str]) -> SnapshotsRead:
+        """:func:`job_service.learning.snapshots.snapshots_read`."""
+        return snapshots.snapshots_read(snapshot_ids)
 
     def generation_plan(self, clock: DbClock, **kw: Any) -> Sql | None:
         """:func:`job_service.learning.plans.plan_insert`."""

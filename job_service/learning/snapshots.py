@@ -22,7 +22,7 @@ from airuntime_common.lru import LruCache
 from job_service.learning.common import db_now, insert_ignore, new_id
 from job_service.learning.payload import build_payload
 from job_service.learning.tables import AiSnapshot
-from job_service.services.ports import SnapshotRead
+from job_service.services.ports import SnapshotRead, SnapshotsRead
 from job_service.store import cache
 from job_service.store.cache import Sql
 from job_service.store.engine import DbExec
@@ -123,8 +123,8 @@ async def build_snapshot(
     return str(snapshot_id)
 
 
-def _read_stmt() -> Any:
-    """``SELECT`` of one snapshot's view columns by ``snapshot_id`` (bound: ``s_id``)."""
+def _view_columns() -> Any:
+    """``SELECT`` of a snapshot's view columns (the fields of :class:`SnapshotView`)."""
     table = AiSnapshot.__table__
     return select(
         table.c.snapshot_id,
@@ -133,7 +133,20 @@ def _read_stmt() -> Any:
         table.c.target_id,
         table.c.payload,
         table.c.content_hash,
-    ).where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+    )
+
+
+def _read_stmt() -> Any:
+    """``SELECT`` of one snapshot's view columns by ``snapshot_id`` (bound: ``s_id``)."""
+    table = AiSnapshot.__table__
+    return _view_columns().where(table.c.snapshot_id == bindparam("s_id", type_=String()))
+
+
+def _read_many_stmt() -> Any:
+    """``SELECT`` of the view columns of the snapshots whose ids are bound as ``s_ids``
+    (a list)."""
+    table = AiSnapshot.__table__
+    return _view_columns().where(table.c.snapshot_id.in_(bindparam("s_ids", expanding=True)))
 
 
 def snapshot_exists() -> Any:
@@ -172,6 +185,22 @@ def snapshot_read(snapshot_id: str) -> SnapshotRead:
         from_row=snapshot_from_row,
         not_found=lambda: snapshot_not_found(snapshot_id),
     )
+
+
+def snapshots_read(snapshot_ids: Sequence[str], *, cached: bool = True) -> SnapshotsRead:
+    """Snapshots as a transaction reads them: the views :data:`SNAPSHOT_CACHE` holds
+    (none without ``cached``), and one ``SELECT`` of the others' rows (a row for
+    each id still stored; none for a deleted one)."""
+    views: dict[str, SnapshotView] = {}
+    missing: list[str] = []
+    for sid in dict.fromkeys(snapshot_ids):
+        view = SNAPSHOT_CACHE.get(sid) if cached else None
+        if view is not None:
+            views[sid] = view
+        else:
+            missing.append(sid)
+    sql = Sql(("load_snapshots",), _read_many_stmt, {"s_ids": missing}) if missing else None
+    return SnapshotsRead(views=views, sql=sql, from_row=snapshot_from_row)
 
 
 async def load_snapshot(session: DbExec, snapshot_id: str) -> SnapshotView:

@@ -118,11 +118,15 @@ class Accounting:
         job: JobRecord | ResultFacts,
         attempt_no: int,
         calls: Sequence[ModelCallInput],
+        *,
+        spend: bool = True,
     ) -> list[dict[str, Any]]:
-        """Queue the log rows of ``calls`` and their platform spend in ``batch``; the rows
-        (hand them to :meth:`observe` once the transaction committed). The log rows'
-        INSERTs are queued to merge (:meth:`StatementBatch.add`): nothing reads their
-        row counts.
+        """Queue the log rows of ``calls`` and, with ``spend``, their platform spend in
+        ``batch``; the rows (hand them to :meth:`observe` once the transaction
+        committed). The log rows' INSERTs are queued to merge
+        (:meth:`StatementBatch.add`): nothing reads their row counts. Without
+        ``spend`` the caller queues the spend of these rows with others' in one
+        :meth:`queue_spend`.
 
         Raises:
             AppError: as :meth:`call_rows` (nothing queued).
@@ -131,10 +135,20 @@ class Accounting:
         clock = self.core.clock
         for row in rows:
             batch.add(st.insert_invocation.sql(clock, row), merge=True)
+        if spend:
+            self.queue_spend(batch, rows)
+        return rows
+
+    def queue_spend(self, batch: StatementBatch, rows: Sequence[dict[str, Any]]) -> None:
+        """Queue one upsert adding the platform spend of logged call ``rows`` (of any
+        number of jobs) to one of today's spend rows (:func:`spend_row`); nothing
+        when none used the platform key. A group of results adds its spend in one
+        statement: one row lock, where one upsert a job would lock several of the
+        day's rows in a random order, and a concurrent group would wait on them
+        until this transaction's COMMIT (or deadlock with it)."""
         spend = spend_row(rows)
         if spend is not None:
-            batch.add(st.add_platform_spend.sql(clock, spend))
-        return rows
+            batch.add(st.add_platform_spend.sql(self.core.clock, spend))
 
     @staticmethod
     def observe(rows: Sequence[dict[str, Any]]) -> None:

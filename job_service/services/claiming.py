@@ -21,7 +21,7 @@ from job_service.lifecycle import LOCKED, PENDING, RUNNING, TERMINAL, Op
 from job_service.maintenance import breaker
 from job_service.maintenance.scheduler import RECHECK_SECONDS
 from job_service.services.core import Core, observe_pickup, runtime_actor
-from job_service.services.ports import SnapshotRead, SnapshotView
+from job_service.services.ports import SnapshotView
 from job_service.store import statements as st
 from job_service.store.batch import Outcome, StatementBatch, new_batch, run_one
 from job_service.store.cache import Sql
@@ -78,7 +78,8 @@ class QueuedClaim:
     plan: ClaimPlan
     read: int
     views: dict[str, SnapshotView]
-    reads: dict[str, tuple[int, SnapshotRead]]
+    #: the batch index of the read of the snapshots not cached, and its row → view
+    reads: tuple[int, Callable[[Sequence[Any]], SnapshotView]] | None
 
 
 def check_poll_args(capabilities: Sequence[str], limit: int, wait_ms: int) -> int:
@@ -227,24 +228,20 @@ class Claiming:
         read = self._queue_moves(
             batch, plan.ids, plan.instance_id, start=plan.start, providers=plan.providers
         )
-        views: dict[str, SnapshotView] = {}
-        reads: dict[str, tuple[int, SnapshotRead]] = {}
-        for sid in set(plan.snapshot_ids.values()):
-            snap = self.core.learning.snapshot_read(sid)
-            if snap.view is not None:
-                views[sid] = snap.view
-            else:
-                reads[sid] = (batch.add(snap.sql), snap)
-        return QueuedClaim(plan, read, views, reads)
+        snaps = self.core.learning.snapshots_read(sorted(set(plan.snapshot_ids.values())))
+        reads = (batch.add(snaps.sql), snaps.from_row) if snaps.sql is not None else None
+        return QueuedClaim(plan, read, dict(snaps.views), reads)
 
     def claimed_from(self, out: Sequence[Outcome], queued: QueuedClaim) -> Claimed:
         """The jobs a queued claim moved (in the pick's order) and their snapshots, from
         the outcomes of the batch it rode in."""
         claimed = [job_of(row) for row in out[queued.read].rows]
         views = dict(queued.views)
-        for sid, (index, snap) in queued.reads.items():
-            if out[index].rows:
-                views[sid] = snap.from_row(out[index].rows[0])
+        if queued.reads is not None:
+            index, from_row = queued.reads
+            for row in out[index].rows:
+                view = from_row(row)
+                views[view.snapshot_id] = view
         snapshot_ids = queued.plan.snapshot_ids
         by_job = {
             job.job_id: views[snapshot_ids[job.job_id]]

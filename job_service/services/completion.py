@@ -409,10 +409,18 @@ class Completion:
         return _Submitted(outcome, facts, read.db_now, calls=calls)
 
     def _queue_accept(
-        self, batch: StatementBatch, facts: ResultFacts, sub: _Submission, prepared: PreparedResult
+        self,
+        batch: StatementBatch,
+        facts: ResultFacts,
+        sub: _Submission,
+        prepared: PreparedResult,
+        *,
+        spend: bool = True,
     ) -> tuple[str, list[dict[str, Any]]]:
-        """Queue an accepted result's writes on ``batch``: its business rows, model calls,
-        result row, and the succeed UPDATE behind its fence with its event.
+        """Queue an accepted result's writes on ``batch``: its business rows, model calls
+        (with their platform spend unless ``spend`` is False: a group queues its
+        results' spend at once, :meth:`Accounting.queue_spend`), result row, and the
+        succeed UPDATE behind its fence with its event.
 
         Returns:
             ``(resultId, the logged calls)``.
@@ -445,7 +453,7 @@ class Completion:
         # theirs is read, and the plan's outcome counts the rows themselves
         for statement in prepared.statements(clock):
             batch.add(statement, merge=True)
-        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls)
+        calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls, spend=spend)
         batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)), merge=True)
         succeed.queue_fenced(batch, "succeed")
         return result_id, calls
@@ -510,8 +518,12 @@ class Completion:
             if plan is not None:
                 plans.append((plan, idx))
         batch = new_batch(db)
-        accepted = {i: self._queue_accept(batch, facts, subs[i], p) for i, facts, _, p in ready}
+        accepted = {
+            i: self._queue_accept(batch, facts, subs[i], p, spend=False) for i, facts, _, p in ready
+        }
         queued = [(self.claiming.queue_claim(batch, plan), idx) for plan, idx in plans]
+        # the group's spend in one upsert, last: its row lock is held the shortest
+        self.accounting.queue_spend(batch, [row for _, rows in accepted.values() for row in rows])
         batch.commit()  # run again, this transaction replays: no claim
         out = await batch.run()
         shares: dict[int, Claimed] = {}

@@ -9,7 +9,7 @@ fakes; every method is required (the core never probes for optional ones).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -64,6 +64,22 @@ class SnapshotRead:
     exists: Any
     from_row: Callable[[Sequence[Any]], SnapshotView]
     not_found: Callable[[], Exception]
+
+
+@dataclass(frozen=True)
+class SnapshotsRead:
+    """How to get several snapshots inside a transaction (:meth:`LearningPort.snapshots_read`).
+
+    Attributes:
+        views: the cached views, by snapshot id.
+        sql: one ``SELECT`` of the rows of the others (for a batch); None when every
+            one is cached.
+        from_row: the view of one of ``sql``'s rows.
+    """
+
+    views: Mapping[str, SnapshotView]
+    sql: Sql | None
+    from_row: Callable[[Sequence[Any]], SnapshotView]
 
 
 class PreparedResult(Protocol):
@@ -134,6 +150,11 @@ class LearningPort(LearnerDataPort, Protocol):
 
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         """A snapshot as a transaction reads it: the cached view, or its statement."""
+        ...
+
+    def snapshots_read(self, snapshot_ids: Sequence[str]) -> SnapshotsRead:
+        """Several snapshots as a transaction reads them: the cached views, and one
+        statement for the rest."""
         ...
 
     def generation_plan(

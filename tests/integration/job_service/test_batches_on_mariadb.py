@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -20,13 +20,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.outputs import validate_output
-from job_service.learning import results
+from job_service.learning import results, snapshots
 from job_service.learning.port import LearningModulePort as ModuleLearningPort
 from job_service.learning.tables import AiResult, AiSnapshot
 from job_service.lifecycle import Lease
 from job_service.services.domain import JobDomain
 from job_service.services.inputs import ModelCallInput
-from job_service.services.ports import SnapshotRead
+from job_service.services.ports import SnapshotRead, SnapshotsRead
 from job_service.store.batch import FenceBroken, new_batch
 from job_service.store.cache import Sql
 from job_service.store.engine import make_job_engine
@@ -390,6 +390,9 @@ class SnapshotTableLearning(FakeLearning):
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         # the real port's read, never answered from the process's cache
         return replace(ModuleLearningPort().snapshot_read(snapshot_id), view=None)
+
+    def snapshots_read(self, snapshot_ids: Sequence[str]) -> SnapshotsRead:
+        return snapshots.snapshots_read(snapshot_ids, cached=False)
 
 
 async def test_get_snapshot_after_claim_starts_once_and_reads_the_row(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from job_service.learning import tables as learning_models  # noqa: F401  (all t
 from job_service.maintenance import breaker as breaker_mod
 from job_service.services.domain import JobDomain
 from job_service.services.inputs import CreateJobInput
-from job_service.services.ports import AllowAllCredentials, SnapshotRead
+from job_service.services.ports import AllowAllCredentials, SnapshotRead, SnapshotsRead
 from job_service.settings import JobServiceSettings
 from job_service.store.base import Base
 from job_service.store.cache import Sql, stable
@@ -101,6 +101,18 @@ class FakeLearning:
             exists=_NO_SNAPSHOT_ROW,
             from_row=lambda row: self.snapshots[snapshot_id],
             not_found=missing,
+        )
+
+    def snapshots_read(self, snapshot_ids: Sequence[str]) -> SnapshotsRead:
+        views = {sid: self.snapshots[sid] for sid in snapshot_ids if sid in self.snapshots}
+        missing = [sid for sid in snapshot_ids if sid not in views]
+        nothing = Sql(
+            ("fake_snapshot_read",), lambda: select(workers.c.instance_id).where(false()), {}
+        )
+        return SnapshotsRead(
+            views=views,
+            sql=nothing if missing else None,
+            from_row=lambda row: self.snapshots[str(row[0])],
         )
 
     async def snapshot_stored(self, db: Any, snapshot_id: str) -> bool:

@@ -142,6 +142,33 @@ async def test_concurrent_reports_add_up_exactly(make_domain: Callable[..., Any]
     assert rows <= PLATFORM_SPEND_SHARDS
 
 
+async def test_a_group_of_results_adds_its_spend_in_one_upsert(
+    make_domain: Callable[..., Any],
+) -> None:
+    domain: JobDomain = await make_domain(MODEL_PRICES=PRICES)
+    domain.completion.groups.max_in_flight = 1  # what queues behind the first is one group
+    n = 10
+    made = [await new_job(domain) for _ in range(n)]
+    await domain.claim("w1", CAPS, n, 0)
+
+    async def report(i: int, job_id: str) -> None:
+        await domain.submit_result(
+            Lease(job_id, "w1", 1),
+            prompt_version="learning_state_analysis.v1",
+            output_schema_version="v1",
+            output=ANALYSIS_OUTPUT,
+            calls=[_call(i + 1)],
+        )
+
+    await asyncio.gather(*(report(i, j.job_id) for i, j in enumerate(made)))
+    cost, calls, rows = await _spend(domain)
+    assert (cost, calls) == (Decimal(n * (n + 1) // 2) / 1000, n)
+    assert (cost, calls) == await _logged(domain)
+    # the first result alone, the nine behind it in one statement: at most two of the
+    # day's rows (an upsert a result would have touched several of the 16)
+    assert rows <= 2
+
+
 async def test_the_budget_check_reads_todays_total(make_domain: Callable[..., Any]) -> None:
     domain: JobDomain = await make_domain(PLATFORM_DAILY_BUDGET_USD=5)
 
