@@ -47,7 +47,13 @@ from job_service.store.batch import FenceBroken, StatementBatch, new_batch, run_
 from job_service.store.engine import DbExec
 from job_service.store.records import RESULT_FACTS, JobRecord, ResultFacts, job_of
 from job_service.store.tables import jobs
-from job_service.store.transitions import ending_values, lease_params, transition_sql
+from job_service.store.transitions import (
+    ending_values,
+    events_from_rows,
+    lease_params,
+    transition_many_sql,
+    transition_sql,
+)
 
 log = logging.getLogger("job_service.completion")
 
@@ -414,13 +420,9 @@ class Completion:
         facts: ResultFacts,
         sub: _Submission,
         prepared: PreparedResult,
-        *,
-        spend: bool = True,
     ) -> tuple[str, list[dict[str, Any]]]:
-        """Queue an accepted result's writes on ``batch``: its business rows, model calls
-        (with their platform spend unless ``spend`` is False: a group queues its
-        results' spend at once, :meth:`Accounting.queue_spend`), result row, and the
-        succeed UPDATE behind its fence with its event.
+        """Queue an accepted result's writes on ``batch``: its rows
+        (:meth:`_queue_rows`), then the succeed UPDATE behind its fence with its event.
 
         Returns:
             ``(resultId, the logged calls)``.
@@ -428,35 +430,114 @@ class Completion:
         Raises:
             AppError: LOCK_NOT_HELD (the job's state has no succeed transition).
         """
-        clock, lease = self.core.clock, sub.lease
+        lease = sub.lease
         succeed = transition_sql(
-            clock,
+            self.core.clock,
             Op.SUCCEED,
             job_id=facts.job_id,
             actor=runtime_actor(lease.instance_id),
             lease=lease,
             from_state=facts.status,
-            values={
-                "lock_until": None,
-                "finished_at": clock.now(),
-                "prompt_version": sub.prompt_version,
-                "output_schema_version": sub.output_schema_version,
-                "error_code": None,
-                "error_message": None,
-                **key_followed(facts.api_key_mode, sub.calls),
-            },
+            values=self._succeed_values(facts, sub),
         )
         if succeed is None:
             raise lease_refusal(lease, facts.status)
+        done = self._queue_rows(batch, facts, sub, prepared)
+        succeed.queue_fenced(batch, "succeed")
+        return done
+
+    def _succeed_values(self, facts: ResultFacts, sub: _Submission) -> dict[str, Any]:
+        """The columns a result's succeed sets: the lease cleared, ``finishedAt`` now,
+        the versions it was made with, no error; a user-key job's credential and
+        provider as its calls followed them (:func:`key_followed`)."""
+        return {
+            "lock_until": None,
+            "finished_at": self.core.clock.now(),
+            "prompt_version": sub.prompt_version,
+            "output_schema_version": sub.output_schema_version,
+            "error_code": None,
+            "error_message": None,
+            **key_followed(facts.api_key_mode, sub.calls),
+        }
+
+    def _queue_rows(
+        self,
+        batch: StatementBatch,
+        facts: ResultFacts,
+        sub: _Submission,
+        prepared: PreparedResult,
+        *,
+        spend: bool = True,
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """Queue an accepted result's rows on ``batch``: its business rows, model calls
+        (with their platform spend unless ``spend`` is False: a group queues its
+        results' spend at once, :meth:`Accounting.queue_spend`) and result row. Each
+        INSERT merges with a group's others (:meth:`StatementBatch.add`): no row count
+        of theirs is read, and the plan's outcome counts the rows themselves.
+
+        Returns:
+            ``(resultId, the logged calls)``.
+        """
+        clock, lease = self.core.clock, sub.lease
         result_id = new_id()
-        # the INSERTs merge with the group's others (StatementBatch.add): no row count of
-        # theirs is read, and the plan's outcome counts the rows themselves
         for statement in prepared.statements(clock):
             batch.add(statement, merge=True)
         calls = self.accounting.queue_calls(batch, facts, lease.attempt_no, sub.calls, spend=spend)
         batch.add(st.insert_result.sql(clock, _result_row(result_id, sub)), merge=True)
-        succeed.queue_fenced(batch, "succeed")
         return result_id, calls
+
+    def _queue_succeeds(
+        self, batch: StatementBatch, accepted: Sequence[tuple[ResultFacts, _Submission]]
+    ) -> None:
+        """Queue a group's succeeds: one UPDATE per run of results that set the same
+        values from the same state under leases of one holder and attempt (most of a
+        group is one run), behind a fence expecting every job of the run, then the
+        run's events in one INSERT … SELECT. Each job's event is the one
+        :meth:`_queue_accept` would append (its ``at`` the row's ``updatedAt``).
+
+        A job whose lease lapsed since the group's locking read fails its run's fence
+        (:class:`FenceBroken`): the group rolls back and each result runs alone.
+        """
+        clock = self.core.clock
+        runs: dict[tuple[Any, ...], tuple[dict[str, Any], list[str]]] = {}
+        for facts, sub in accepted:
+            values = self._succeed_values(facts, sub)
+            key = (
+                sub.lease.instance_id,
+                sub.lease.attempt_no,
+                facts.status,
+                sub.prompt_version,
+                sub.output_schema_version,
+                tuple(sorted(key_followed(facts.api_key_mode, sub.calls).items())),
+            )
+            runs.setdefault(key, (values, []))[1].append(facts.job_id)
+        for (instance_id, attempt_no, status, *_), (values, ids) in runs.items():
+            batch.add(
+                transition_many_sql(
+                    clock,
+                    Op.SUCCEED,
+                    job_ids=ids,
+                    values=values,
+                    holder=instance_id,
+                    attempt_no=attempt_no,
+                    from_state=status,
+                )
+            )
+            batch.fence("succeed", rows=len(ids))
+            batch.add(
+                events_from_rows(
+                    clock,
+                    from_status=status,
+                    to_status=SUCCEEDED,
+                    at="updated_at",
+                    params={
+                        "ids": ids,
+                        "instance_id": instance_id,
+                        "e_actor": runtime_actor(instance_id),
+                    },
+                    provider=False,
+                )
+            )
 
     async def _submit_group(self, db: DbExec, subs: list[_Submission]) -> list[_Submitted | None]:
         """Several results in one transaction: the plain ones (lease held, no prior result,
@@ -519,8 +600,9 @@ class Completion:
                 plans.append((plan, idx))
         batch = new_batch(db)
         accepted = {
-            i: self._queue_accept(batch, facts, subs[i], p, spend=False) for i, facts, _, p in ready
+            i: self._queue_rows(batch, facts, subs[i], p, spend=False) for i, facts, _, p in ready
         }
+        self._queue_succeeds(batch, [(facts, subs[i]) for i, facts, _, _ in ready])
         queued = [(self.claiming.queue_claim(batch, plan), idx) for plan, idx in plans]
         # the group's spend in one upsert, last: its row lock is held the shortest
         self.accounting.queue_spend(batch, [row for _, rows in accepted.values() for row in rows])

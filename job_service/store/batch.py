@@ -12,7 +12,8 @@ so each operation has one body:
 Both executors keep the same guards:
 
 * :meth:`StatementBatch.fence` stops the batch unless the statement just before
-  it matched exactly one row (a fencing check: the lease is still held), and
+  it matched exactly one row, or the number it was given (a fencing check: the
+  lease, or every lease of a group's UPDATE, is still held), and
   :meth:`StatementBatch.run` raises :class:`FenceBroken`; nothing after the
   fence runs, and the caller's transaction rolls back. MySQL evaluates the
   fence on the server; the sequential executor checks the row count itself.
@@ -54,7 +55,8 @@ class Outcome:
 
 
 class FenceBroken(Exception):
-    """A fenced statement matched no row (or several); the batch stopped at its fence.
+    """A fenced statement matched another number of rows than its fence expects (one,
+    unless it was given another); the batch stopped at its fence.
 
     Nothing after the fence ran and nothing was committed; the transaction is
     still open and the caller's ``begin()`` block rolls it back.
@@ -63,18 +65,20 @@ class FenceBroken(Exception):
         label: what :meth:`StatementBatch.fence` was given (e.g. ``"succeed"``).
     """
 
-    def __init__(self, label: str) -> None:
-        super().__init__(f"fenced statement {label!r} did not match exactly one row")
+    def __init__(self, label: str, rows: int = 1) -> None:
+        super().__init__(f"fenced statement {label!r} did not match exactly {rows} row(s)")
         self.label = label
 
 
 @dataclass(frozen=True)
 class Queued:
-    """One queued entry: a statement, a fence (``fence`` = its label) or the COMMIT;
-    ``merge``: a single-row INSERT that may join others of its shape (:meth:`StatementBatch.add`)."""
+    """One queued entry: a statement, a fence (``fence`` = its label, ``fence_rows`` the
+    row count it expects) or the COMMIT; ``merge``: a single-row INSERT that may join
+    others of its shape (:meth:`StatementBatch.add`)."""
 
     sql: Sql | None = None
     fence: str | None = None
+    fence_rows: int = 1
     commit: bool = False
     merge: bool = False
 
@@ -118,13 +122,21 @@ class StatementBatch(ABC):
         self._statements += 1
         return self._statements - 1
 
-    def fence(self, label: str) -> None:
-        """Stop the batch unless the statement just queued matched exactly one row.
+    def fence(self, label: str, rows: int = 1) -> None:
+        """Stop the batch unless the statement just queued matched exactly ``rows`` rows.
 
         Args:
             label: names the fenced statement in :class:`FenceBroken`.
+            rows: the row count the statement must have matched (≥ 1): a
+                transition of several jobs in one UPDATE, each under its lease,
+                matches them all or the lease of one was lost.
+
+        Raises:
+            ValueError: ``rows`` < 1 (a programming error).
         """
-        self._queue.append(Queued(fence=label))
+        if rows < 1:
+            raise ValueError("a fence expects at least one row")
+        self._queue.append(Queued(fence=label, fence_rows=rows))
 
     def commit(self) -> None:
         """End the batch with the transaction's COMMIT (MySQL/MariaDB; see the module doc)."""
@@ -163,8 +175,8 @@ class SequentialBatch(StatementBatch):
         last = -1
         for entry in queue:
             if entry.fence is not None:
-                if last != 1:
-                    raise FenceBroken(entry.fence)
+                if last != entry.fence_rows:
+                    raise FenceBroken(entry.fence, entry.fence_rows)
                 continue
             if entry.sql is None:  # COMMIT: the caller's block commits
                 continue

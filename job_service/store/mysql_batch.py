@@ -28,7 +28,8 @@ Two things keep a batch as safe as the statements sent one by one:
 * :meth:`StatementBatch.fence` — a guard after a conditional UPDATE whose
   outcome the caller must know before anything later runs (a fencing check:
   the lease still held). The server evaluates it; when the UPDATE matched a
-  number of rows other than one, the fence fails with error 1242, the server
+  number of rows other than one (or the count the fence was given: a group's
+  UPDATE of several leased jobs), the fence fails with error 1242, the server
   runs nothing after it (the COMMIT included) and :meth:`run` raises
   :class:`FenceBroken`; the caller's transaction then rolls back.
 * An error anywhere stops the server at that statement, as it would stop a
@@ -73,11 +74,12 @@ from airuntime_common.db import clear_committed, mark_committed
 from job_service.store.batch import FenceBroken, Outcome, Queued, StatementBatch
 from job_service.store.engine import GALERA
 
-#: The fence: a no-op when the previous statement matched exactly one row, else
-#: a scalar subquery of two rows, which the server refuses with error 1242 (a
-#: plain statement cannot SIGNAL on MySQL). It is evaluated by the server, after
-#: the previous statement and before the next, so nothing after it runs.
-FENCE_SQL = "SET @airt_fence = IF(ROW_COUNT() = 1, 1, (SELECT 1 UNION ALL SELECT 2))"
+#: The fence: a no-op when the previous statement matched exactly the expected
+#: number of rows (``{rows}``), else a scalar subquery of two rows, which the
+#: server refuses with error 1242 (a plain statement cannot SIGNAL on MySQL). It
+#: is evaluated by the server, after the previous statement and before the next,
+#: so nothing after it runs.
+FENCE_SQL = "SET @airt_fence = IF(ROW_COUNT() = {rows:d}, 1, (SELECT 1 UNION ALL SELECT 2))"
 #: ER_SUBQUERY_NO_1_ROW: what a failed fence raises.
 FENCE_ERROR = 1242
 
@@ -313,6 +315,7 @@ class _Item:
     params: Mapping[str, Any]
     text: str = ""
     fence: str | None = None
+    fence_rows: int = 1
     # merged INSERTs: every row's values, ``params`` first (empty: not merged)
     rows: list[Mapping[str, Any]] = field(default_factory=list)
 
@@ -363,7 +366,8 @@ class MultiStatementBatch(StatementBatch):
         for n, entry in enumerate(queue):
             compiled = shapes[n]
             if entry.fence is not None:
-                items.append(_Item(None, {}, FENCE_SQL, fence=entry.fence))
+                text = FENCE_SQL.format(rows=entry.fence_rows)
+                items.append(_Item(None, {}, text, fence=entry.fence, fence_rows=entry.fence_rows))
             elif entry.sql is None or compiled is None:
                 if not galera:
                     items.append(_Item(None, {}, "COMMIT"))
@@ -410,7 +414,7 @@ class MultiStatementBatch(StatementBatch):
             at = len(results)  # the server stopped at the statement that failed
             failed = items[at] if at < len(items) else None
             if failed is not None and failed.fence is not None and exc.args[:1] == (FENCE_ERROR,):
-                raise FenceBroken(failed.fence) from None
+                raise FenceBroken(failed.fence, failed.fence_rows) from None
             disconnect = dialect.is_disconnect(exc, raw, cursor)
             if disconnect:
                 # as SQLAlchemy does for its own statements: the pool forgets

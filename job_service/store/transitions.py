@@ -135,7 +135,8 @@ def holder_guard_bound(clock: DbClock) -> ColumnElement[bool]:
     The guard of a holder-only transition applied to several jobs at once by the
     transaction that has just locked them (claim with start): their ``attemptNo``
     is the one that transaction granted, so the instance and the live lease are
-    the whole fencing token there (SPEC §3).
+    the whole fencing token there (SPEC §3). For jobs leased before the
+    transaction, :func:`transition_many_sql` adds the attempt (``attempt_no``).
     """
 
     def build() -> ColumnElement[bool]:
@@ -214,6 +215,7 @@ def events_from_rows(
     params: dict[str, Any],
     if_matched: bool = False,
     then: tuple[str, str] | None = None,
+    provider: bool = True,
 ) -> Sql:
     """The event of every row a claim (or lock) just moved, read from the rows themselves
     (their new ``attemptNo``, the provider the attempt was given; ``at`` is the column
@@ -229,6 +231,10 @@ def events_from_rows(
     :func:`transition_many_sql`); every row now in ``status`` gets both events, the
     first step's of all rows before the second step's, as two statements would
     have appended them.
+
+    ``provider``: each event carries its row's ``model_provider`` (a claim's: the
+    provider the attempt was given); False for a transition whose single-row
+    event (:func:`event_row`) carries none, e.g. a result group's succeeds.
     """
     steps = [(from_status, to_status, at)]
     if then is not None:
@@ -246,7 +252,7 @@ def events_from_rows(
                 bindparam("e_actor", type_=String()),
                 jobs.c.attempt_no,
                 jobs.c[column],
-                jobs.c.model_provider,
+                *([jobs.c.model_provider] if provider else []),
             ).where(
                 jobs.c.job_id.in_(bindparam("ids", expanding=True)),
                 jobs.c.status == final,
@@ -256,9 +262,19 @@ def events_from_rows(
                 part = part.where(text("changes() = 1" if clock.is_sqlite else "ROW_COUNT() = 1"))
             parts.append(part)
         source = parts[0] if len(parts) == 1 else union_all(*parts)
-        return insert(events).from_select([*EVENT_COLUMNS, "model_provider"], source)
+        columns = [*EVENT_COLUMNS, "model_provider"] if provider else list(EVENT_COLUMNS)
+        return insert(events).from_select(columns, source)
 
-    key = ("events_from_rows", clock.dialect, from_status, to_status, at, if_matched, then)
+    key = (
+        "events_from_rows",
+        clock.dialect,
+        from_status,
+        to_status,
+        at,
+        if_matched,
+        then,
+        provider,
+    )
     return Sql(key, build, {**params, "e_actor": str(params["e_actor"])[:MAX_ACTOR]})
 
 
@@ -465,6 +481,8 @@ def transition_many_sql(
     values: dict[str, Any],
     where: ColumnElement[bool] | None = None,
     holder: str | None = None,
+    attempt_no: int | None = None,
+    from_state: str | None = None,
     then: Op | None = None,
 ) -> Sql:
     """One transition of several jobs as a single guarded UPDATE (no event: the caller
@@ -472,8 +490,12 @@ def transition_many_sql(
 
     Args:
         holder: for a holder-only transition, the instance that must hold each
-            job's lease (:func:`holder_guard_bound`); only for jobs the same
+            job's lease (:func:`holder_guard_bound`). Alone, only for jobs the same
             transaction has just locked to it.
+        attempt_no: with ``holder``, the attempt each job's lease must be of: the
+            whole fencing token (SPEC §3), as :func:`lease_guard` checks it for one
+            job; for jobs leased before this transaction (a result group's).
+        from_state: narrows the from-states to the one the caller read.
         then: a second transition the same UPDATE makes, from ``op``'s to-state
             (a claim with start: LOCK then START). The guard is ``op``'s; a
             holder-only ``then`` needs no lease check, as ``op`` gives the lease
@@ -481,12 +503,18 @@ def transition_many_sql(
             columns).
 
     Raises:
-        ValueError: a holder-only transition without ``holder``, or a ``then``
+        ValueError: a holder-only transition without ``holder``, an ``attempt_no``
+            without it, a ``from_state`` ``op`` does not leave, or a ``then``
             that does not leave ``op``'s to-state (programming errors).
     """
     t = TRANSITIONS[op]
     if t.holder_only and holder is None:
         raise ValueError(f"{op} needs a lease")
+    if attempt_no is not None and holder is None:
+        raise ValueError("attempt_no needs holder")
+    states = tuple(sorted(t.from_states if from_state is None else t.from_states & {from_state}))
+    if not states:
+        raise ValueError(f"{op} does not leave {from_state}")
     to_state = t.to_state
     if then is not None:
         follow = TRANSITIONS[then]
@@ -503,18 +531,32 @@ def transition_many_sql(
     def build(bound: bool) -> Any:
         conds: list[ColumnElement[bool]] = [
             jobs.c.job_id.in_(bindparam("m_job_ids", expanding=True) if bound else job_ids),
-            jobs.c.status.in_(sorted(t.from_states)),
+            jobs.c.status.in_(states),
         ]
         if where is not None:
             conds.append(where)
         if holder_where is not None:
             conds.append(holder_where)
+        if attempt_no is not None:
+            conds.append(jobs.c.attempt_no == bindparam("m_attempt_no", type_=Integer()))
         return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
 
-    holder_params = {} if holder is None else {"m_instance_id": holder}
+    holder_params: dict[str, Any] = {} if holder is None else {"m_instance_id": holder}
+    if attempt_no is not None:
+        holder_params["m_attempt_no"] = attempt_no
     if shape is None or where_id is None:
         return Sql(None, lambda: build(False), holder_params)
-    key = ("apply_many", clock.dialect, op, then, where_id, holder is not None, shape)
+    key = (
+        "apply_many",
+        clock.dialect,
+        op,
+        then,
+        states,
+        where_id,
+        holder is not None,
+        attempt_no is not None,
+        shape,
+    )
     return Sql(
         key, lambda: build(True), {"m_job_ids": list(job_ids), **holder_params, **_set_params(sets)}
     )

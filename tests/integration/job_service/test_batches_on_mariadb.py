@@ -227,6 +227,44 @@ async def test_a_fence_passes_on_exactly_one_row(engine: AsyncEngine) -> None:
     assert await _worker_ids(engine) == ["w-a", "w-b"]
 
 
+@pytest.mark.parametrize(
+    ("matched", "expected"), [(["w-a", "w-b"], 2), (["w-a"], 2), (["w-a", "w-b"], 1)]
+)
+async def test_a_fence_of_several_rows_passes_on_exactly_that_many(
+    engine: AsyncEngine, matched: list[str], expected: int
+) -> None:
+    """A group's UPDATE of several leased jobs is fenced on all of them at once."""
+    async with engine.begin() as conn:
+        await conn.execute(insert(workers), [_worker("w-a"), _worker("w-b")])
+
+    async def run() -> None:
+        async with engine.begin() as conn:
+            batch = new_batch(conn)
+            batch.add(
+                Sql(
+                    None,
+                    lambda: update(workers).where(workers.c.instance_id.in_(matched)),
+                    {"in_flight": 1},
+                )
+            )
+            batch.fence("group", rows=expected)
+            batch.add(Sql(WORKER_KEY, _insert_worker, _worker("w-c")))
+            batch.commit()
+            await batch.run()
+
+    if len(matched) == expected:
+        await run()
+        assert await _worker_ids(engine) == ["w-a", "w-b", "w-c"]
+    else:
+        with pytest.raises(FenceBroken) as caught:
+            await run()
+        assert caught.value.label == "group"
+        assert await _worker_ids(engine) == ["w-a", "w-b"]
+        async with engine.connect() as conn:
+            flights = (await conn.execute(select(workers.c.in_flight))).scalars().all()
+        assert list(flights) == [0, 0]  # the UPDATE before the fence rolled back too
+
+
 async def test_an_error_mid_batch_is_sqlalchemys_and_runs_nothing_after(
     engine: AsyncEngine,
 ) -> None:

@@ -308,3 +308,96 @@ async def test_a_group_whose_results_are_refused_leaves_its_picks_pending(
     for job in waiting:
         got = await domain.get(job.job_id)
         assert (got.status, got.locked_by, got.attempt_no) == ("pending", None, 0)
+
+
+async def test_a_groups_succeeds_write_what_each_would_alone(domain: JobDomain) -> None:
+    """A group's succeeds go as one UPDATE per run of holder, attempt, state and values;
+    each job still gets its own columns and the very event a result alone appends."""
+    _one_at_a_time(domain)
+    holders = ["w1", "w1", "w1", "w2", "w2"]
+    versions = ["v1", "v1", "v2", "v1", "v1"]
+    running = []
+    for holder in holders:
+        await new_job(domain)
+        running += (await domain.claim_started(holder, CAPS, 1, 0))[0]
+    groups0, results0 = _groups_seen()
+    answers = await _settled(
+        *(
+            domain.submit_result(
+                Lease(job.job_id, holder, 1),
+                prompt_version=f"learning_state_analysis.{version}",
+                output_schema_version="v1",
+                output=ANALYSIS_OUTPUT,
+                calls=[_call()],
+            )
+            for job, holder, version in zip(running, holders, versions, strict=True)
+        )
+    )
+    assert all(getattr(a, "status", None) == "succeeded" for a in answers), answers
+    groups1, results1 = _groups_seen()
+    assert (groups1 - groups0, results1 - results0) == (1, 4)  # the first went alone
+    ends = []
+    for job, holder, version in zip(running, holders, versions, strict=True):
+        got = await domain.get(job.job_id)
+        assert got.status == "succeeded" and got.lock_until is None
+        assert got.prompt_version == f"learning_state_analysis.{version}"
+        assert got.finished_at == got.updated_at
+        events, invocations = await domain.history(job.job_id)
+        assert [e.to_status for e in events] == ["pending", "locked", "running", "succeeded"]
+        end = events[-1]
+        assert end.at == got.updated_at
+        assert (end.actor, end.attempt_no) == (f"runtime:{holder}", 1)
+        assert len(invocations) == 1
+        ends.append((end.from_status, end.to_status, end.error_code, end.model_provider))
+    # the lone result's event and the group's are alike
+    assert ends == [("running", "succeeded", None, None)] * len(running)
+
+
+async def test_a_lease_that_lapses_inside_a_group_breaks_its_fence_and_each_runs_alone(
+    domain: JobDomain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The group's read finds every lease live; one lapses before the UPDATE of its run.
+    That UPDATE matches fewer rows than the run has, its fence breaks, nothing of the
+    group is kept, and each result is answered alone: the lapsed one refused."""
+    from sqlalchemy import update
+
+    from job_service.store.tables import jobs as jobs_table
+
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(4)]
+    await domain.claim_started("w1", CAPS, 4, 0)
+    lapsing = jobs[2].job_id
+    async with domain.sessions() as s, s.begin():
+        await s.execute(
+            update(jobs_table)
+            .where(jobs_table.c.job_id == lapsing)
+            .values(lock_until=domain.clock.plus(0.5))
+        )
+    completion = domain.completion
+    prepare = completion._prepare
+    waited: list[str] = []
+
+    async def slow_prepare(db: Any, facts: Any, sub: Any) -> Any:
+        if facts.job_id == lapsing and not waited:
+            waited.append(facts.job_id)
+            await asyncio.sleep(1.0)  # the lease lapses while the group is open
+        return await prepare(db, facts, sub)
+
+    monkeypatch.setattr(completion, "_prepare", slow_prepare)
+    answers = await _settled(
+        *(_submit(domain, Lease(j.job_id, "w1", 1), calls=[_call()]) for j in jobs)
+    )
+    assert waited == [lapsing]
+    assert isinstance(answers[2], AppError) and answers[2].code == ErrorCode.LOCK_NOT_HELD
+    assert [getattr(a, "status", None) for i, a in enumerate(answers) if i != 2] == [
+        "succeeded"
+    ] * 3
+    got = await domain.get(lapsing)
+    assert got.status == "running"  # left to the reaper, nothing of the group kept
+    events, invocations = await domain.history(lapsing)
+    assert [e.to_status for e in events] == ["pending", "locked", "running"]
+    assert invocations == []
+    for job in (jobs[1], jobs[3]):
+        events, invocations = await domain.history(job.job_id)
+        assert [e.to_status for e in events] == ["pending", "locked", "running", "succeeded"]
+        assert len(invocations) == 1  # written once, by its own transaction
