@@ -4,7 +4,9 @@ A result is one transaction: one locking read answers the replay, the lease
 and the run time; then the output is validated (schema, ownership: reads
 only); then everything left is decided and goes in one batch (business rows,
 model calls, the result row, the succeed UPDATE behind a fence, its event, and
-with ``claim_next`` the next job's pick). An invalid output ends the attempt
+with ``claim_next`` the next job's pick). Results that queue go together
+(:meth:`Completion._submit_group`): one read, one batch, their succeeds one UPDATE per
+run of like results behind one fence. An invalid output ends the attempt
 as a fail would (:func:`job_service.lifecycle.end_attempt`), committed, and
 only then is ``INVALID_SCHEMA`` raised to the caller.
 """
