@@ -239,12 +239,14 @@ def full_path_env(slots: int) -> dict[str, str]:
     held (``WORKER_PLATFORM_KEYS``, the seed's deployment: the runtime has
     ``DEEPSEEK_API_KEY``; ``BENCH_WORKER_PLATFORM_KEYS=0`` resolves it per attempt) and
     the job_service calls over one ``RuntimeSession`` stream (``BENCH_WORKER_RPC_SESSION=0``
-    sends one unary call each). The throughput runs and the floor's capture share it, so
+    sends one unary call each); ``BENCH_WORKER_PREFETCH`` = n holds n jobs ahead of the
+    slots (``WORKER_PREFETCH``, default 0). The throughput runs and the floor's capture share it, so
     the floor replays the statements a throughput job runs."""
     return {
         "WORKER_CONCURRENCY": str(slots),
         "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
         "WORKER_RPC_SESSION": os.environ.get("BENCH_WORKER_RPC_SESSION", "1"),
+        "WORKER_PREFETCH": os.environ.get("BENCH_WORKER_PREFETCH", "0"),
     }
 
 

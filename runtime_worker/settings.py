@@ -64,6 +64,11 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
             idle worker always claims at once.
         CLAIM_WITH_RESULT: a result also claims the job for the slot it frees, in
             its own call and transaction (SubmitResult ``claim_next``).
+        WORKER_PREFETCH: jobs claimed ahead of the slots (0..50; default 0): they wait,
+            leased and started (their time budget counting from the claim), for a slot
+            to free, and a slot frees when its model work ends, its result reporting
+            meanwhile. For short jobs: one slot then keeps a result in flight while the
+            next job runs; with long model calls a held job waits about one call.
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
@@ -93,6 +98,7 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
     CLAIM_WITH_RESULT: bool = True
+    WORKER_PREFETCH: int = Field(default=0, ge=0, le=50)
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
     MODEL_MAX_RESPONSE_BYTES: int = Field(

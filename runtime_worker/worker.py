@@ -12,6 +12,12 @@ snapshot read is the start). Each claimed job runs in its own task::
     ResolveCredential (sent at the same time, awaited after) ┴→ model call(s)
     → SubmitResult            (or FailJob with the classified code)
 
+At most ``WORKER_CONCURRENCY`` jobs do their model work at once. With
+``WORKER_PREFETCH`` the loop claims that many more and holds them (leased and
+started) in line for a slot; a slot is then handed on when a job's model work
+ends, so the next job runs while the last one's ending is reported. A held job
+that is stopped (lease lost, cancel, shutdown) leaves the line at once.
+
 The model work runs in an inner task the lease keeper can cancel: a lost lease
 stops it and nothing more is reported; a cancel request stops it and the
 worker answers ``FailJob(CANCELLED)``; a shutdown past the grace period stops
@@ -24,6 +30,7 @@ by RecordInvocation. The key is kept in local variables only and never logged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -152,8 +159,13 @@ class JobRun:
     credential_id: str | None = None
     model_provider: str = "deepseek"
     model_name: str = ""
+    #: set when a slot is handed to this run while it waits, or when it is stopped
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    #: a slot was handed to it (WORKER_PREFETCH: it waited held ahead)
+    slot_granted: bool = False
 
     def _stop_work(self) -> None:
+        self.wake.set()  # a run held ahead stops waiting for a slot
         if self.work is not None and not self.work.done():
             self.work.cancel()
 
@@ -218,6 +230,12 @@ class Worker:
         self._status_address = status_address
         self._on_draining = on_draining
         self._slot_freed = asyncio.Event()
+        #: slots no run's model work holds now; runs held ahead wait in line for one
+        self._idle_slots = settings.WORKER_CONCURRENCY
+        self._slot_line: collections.deque[JobRun] = collections.deque()
+        #: most runs at once: the slots, the jobs held ahead (WORKER_PREFETCH) waiting for
+        #: one, and the runs whose work ended reporting their ending
+        self.capacity = settings.WORKER_CONCURRENCY + settings.WORKER_PREFETCH
         self._drain_event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -254,7 +272,7 @@ class Worker:
         deadline = loop.time() + window
         target = self.claim_batch_target()
         while not self.draining and self.runs:
-            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
+            free = self.capacity - len(self.runs)
             remaining = deadline - loop.time()
             if free >= target or remaining <= 0:
                 return
@@ -264,7 +282,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         poll_s = self.settings.POLL_INTERVAL_MS / 1000.0
         while not self.draining:
-            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
+            free = self.capacity - len(self.runs)
             if free <= 0:
                 self._slot_freed.clear()
                 await self._wait_or_drain(self._slot_freed, None)
@@ -272,7 +290,7 @@ class Worker:
             await self._gather_slots()
             if self.draining:
                 break
-            free = self.settings.WORKER_CONCURRENCY - len(self.runs)
+            free = self.capacity - len(self.runs)
             began = time.monotonic()
             began_wall = time.time()
             failed = False
@@ -331,24 +349,12 @@ class Worker:
     async def _attempt(self, run: JobRun) -> None:
         token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
         try:
-            if run.age_seconds() > self.settings.HEARTBEAT_INTERVAL_SECONDS:
-                # held a while before starting: make sure the lease is still ours
-                try:
-                    check = await self.keeper.check(run.job_id, run.attempt_no)
-                except AppError:
-                    check = None
-                if check is not None and not check.held:
-                    run.lease_lost()
-                elif check is not None and check.cancel_requested:
-                    run.cancel_requested()
-            run.work = asyncio.create_task(self._work(run))
-            if run.reason is not None:
-                run.work.cancel()
+            slot = await self._take_slot(run)  # a job held ahead waits here for a slot
             try:
-                await asyncio.wait({run.work})
-            except asyncio.CancelledError:
-                run.work.cancel()
-                raise
+                await self._run_work(run)  # stopped while it waited: ends at once
+            finally:
+                if slot:
+                    self._release_slot()  # a held job runs while this one reports
             self._observe_invocations(run)
             await self._finish(run)
             if run.invocations:  # not logged with the attempt's ending: log them alone
@@ -358,6 +364,63 @@ class Worker:
             self.runs.pop((run.job_id, run.attempt_no), None)
             self._slot_freed.set()
             log_context.reset(token)
+
+    async def _take_slot(self, run: JobRun) -> bool:
+        """Wait for a slot for ``run``'s model work (``WORKER_CONCURRENCY`` of them).
+
+        Returns:
+            True with the slot taken (give it back with :meth:`_release_slot`); False
+            when ``run`` was stopped (lease lost, cancel, shutdown) before one was free.
+        """
+        if self._idle_slots > 0 and not self._slot_line:
+            self._idle_slots -= 1
+            return True
+        if run.reason is not None:
+            return False
+        self._slot_line.append(run)
+        try:
+            await run.wake.wait()
+        except BaseException:
+            if run.slot_granted:
+                self._release_slot()
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._slot_line.remove(run)
+        return run.slot_granted
+
+    def _release_slot(self) -> None:
+        """Hand the slot to the first run in line still waiting, else keep it idle."""
+        while self._slot_line:
+            waiter = self._slot_line.popleft()
+            if waiter.reason is None and not waiter.wake.is_set():
+                waiter.slot_granted = True
+                waiter.wake.set()
+                return
+        self._idle_slots += 1
+
+    async def _run_work(self, run: JobRun) -> None:
+        """Start ``run``'s model work (after a lease check if it waited long) and wait
+        for it to end; its outcome is ``run.work``'s. A run already stopped ends at once
+        (its work cancelled before it starts)."""
+        if run.reason is None and run.age_seconds() > self.settings.HEARTBEAT_INTERVAL_SECONDS:
+            # held a while before starting: make sure the lease is still ours
+            try:
+                check = await self.keeper.check(run.job_id, run.attempt_no)
+            except AppError:
+                check = None
+            if check is not None and not check.held:
+                run.lease_lost()
+            elif check is not None and check.cancel_requested:
+                run.cancel_requested()
+        run.work = asyncio.create_task(self._work(run))
+        if run.reason is not None:
+            run.work.cancel()
+        try:
+            await asyncio.wait({run.work})
+        except asyncio.CancelledError:
+            run.work.cancel()
+            raise
 
     async def _work(self, run: JobRun) -> tuple[str, dict[str, Any]]:
         job = run.job
@@ -524,7 +587,7 @@ class Worker:
         """
         if not self.settings.CLAIM_WITH_RESULT or self.draining:
             return None
-        if len(self.runs) < self.settings.WORKER_CONCURRENCY:
+        if len(self.runs) < self.capacity:
             return None
         return rr.ClaimNext(
             capabilities=cast(Any, [JOB_TYPE.to_proto(c) for c in self.capabilities]),

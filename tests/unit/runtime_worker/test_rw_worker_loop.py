@@ -341,6 +341,142 @@ async def test_a_draining_worker_claims_nothing_with_its_results(
     assert [j.job_id for j in b.queue] == ["job-e"]  # left for other workers
 
 
+class OneAtATime:
+    """A model whose calls wait for ``gate``; counts the calls running at once."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+
+    async def __call__(self, _r: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.gate.wait()
+            return quiz_response()
+        finally:
+            self.running -= 1
+
+
+async def test_prefetch_holds_jobs_ahead_of_the_slots_and_runs_one_per_slot(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """WORKER_PREFETCH: one slot and two held ahead: the claim asks for three, one model
+    call runs at a time, the fourth job is left for others; then all three succeed."""
+    b = backend[0]
+    for i in range(4):
+        b.add_job(make_job(f"job-{i}"))
+    model = OneAtATime()
+    app = await start_app(
+        backend,
+        apps,
+        ScriptedProvider(model),
+        WORKER_CONCURRENCY=1,
+        WORKER_PREFETCH=2,
+        CLAIM_WITH_RESULT=False,
+    )
+    await b.wait_for(lambda: len(app.worker.runs) == 3 and model.calls == 1)
+    await asyncio.sleep(0.15)
+    assert next(r.limit for n, r in b.calls if n == "ClaimJobs") == 3
+    assert model.calls == 1 and len(b.queue) == 1
+    model.gate.set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 4)
+    assert model.most == 1  # never two model calls at once on one slot
+    assert sorted(r.job_id for r in b.results) == [f"job-{i}" for i in range(4)]
+    assert b.fails == []
+
+
+async def test_with_prefetch_a_slot_frees_when_its_work_ends_and_its_result_reports_meanwhile(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """A held job starts as soon as the running one's model work ends, while that one's
+    SubmitResult is still out; each result claims the next (``claim_next``)."""
+    b = backend[0]
+    for i in range(3):
+        b.add_job(make_job(f"job-{i}"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    provider = ScriptedProvider()
+    app = await start_app(backend, apps, provider, WORKER_CONCURRENCY=1, WORKER_PREFETCH=1)
+    # job-0's result is held; job-1 (held ahead) runs its model call meanwhile
+    await b.wait_for(lambda: len(provider.requests) == 2)
+    assert b.results == []
+    assert b.names().count("SubmitResult") >= 1
+    b.hold.pop("SubmitResult").set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 3)
+    assert sorted(r.job_id for r in b.results) == ["job-0", "job-1", "job-2"]
+    assert b.results[0].claim_next.limit == 1
+    assert b.fails == []
+
+
+async def test_without_prefetch_a_slot_frees_only_when_its_result_is_answered(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """The default (WORKER_PREFETCH=0): a slot's next model call waits for its result."""
+    b = backend[0]
+    for i in range(2):
+        b.add_job(make_job(f"job-{i}"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    provider = ScriptedProvider()
+    app = await start_app(backend, apps, provider, WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    await asyncio.sleep(0.2)
+    assert len(provider.requests) == 1
+    b.hold.pop("SubmitResult").set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 2)
+
+
+async def test_a_drain_reports_the_jobs_held_ahead_without_running_them(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """Past the grace, the running job and the one held ahead both end with
+    FailJob(WORKER_SHUTDOWN); the held one never calls the model."""
+    b = backend[0]
+    b.add_job(make_job("job-run"))
+    b.add_job(make_job("job-held"))
+    provider = ScriptedProvider(block_forever)
+    app = await start_app(
+        backend, apps, provider, WORKER_CONCURRENCY=1, WORKER_PREFETCH=1, CLAIM_WITH_RESULT=False
+    )
+    await b.wait_for(lambda: len(app.worker.runs) == 2 and len(provider.requests) == 1)
+    await asyncio.wait_for(app.stop(0.2), 10)
+    assert sorted((f.job_id, f.error_code) for f in b.fails) == [
+        ("job-held", ErrorCode.WORKER_SHUTDOWN),
+        ("job-run", ErrorCode.WORKER_SHUTDOWN),
+    ]
+    assert len(provider.requests) == 1
+    assert b.results == []
+
+
+async def test_a_job_held_ahead_whose_lease_is_lost_reports_nothing(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """A held job's lease lapses while it waits: it never runs and reports nothing;
+    the running job is unaffected."""
+    b = backend[0]
+    b.add_job(make_job("job-run"))
+    b.add_job(make_job("job-held"))
+    model = OneAtATime()
+    app = await start_app(
+        backend,
+        apps,
+        ScriptedProvider(model),
+        WORKER_CONCURRENCY=1,
+        WORKER_PREFETCH=1,
+        CLAIM_WITH_RESULT=False,
+    )
+    await b.wait_for(lambda: len(app.worker.runs) == 2 and model.calls == 1)
+    b.leases[("job-held", 1)].held = False
+    await b.wait_for(lambda: app.worker.counters["lease_lost"] == 1)
+    model.gate.set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+    await b.wait_for(lambda: not app.worker.runs)
+    assert [r.job_id for r in b.results] == ["job-run"]
+    assert b.fails == [] and model.calls == 1
+
+
 async def test_cancel_mid_call_fails_cancelled(backend: Backend, apps: list[WorkerApp]) -> None:
     b = backend[0]
     b.add_job(make_job("job-c"))
