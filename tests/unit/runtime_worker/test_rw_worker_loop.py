@@ -361,24 +361,35 @@ class OneAtATime:
             self.running -= 1
 
 
-async def test_prefetch_holds_jobs_ahead_of_the_slots_and_runs_one_per_slot(
-    backend: Backend, apps: list[WorkerApp]
-) -> None:
-    """WORKER_PREFETCH: one slot and two held ahead: the claim asks for three, one model
-    call runs at a time, the fourth job is left for others; then all three succeed."""
+async def one_slot_holding(
+    backend: Backend, apps: list[WorkerApp], job_ids: list[str], prefetch: int
+) -> tuple[FakeBackend, WorkerApp, OneAtATime]:
+    """A one-slot worker holding ``prefetch`` jobs ahead (claimed by its loop alone), its
+    first model call waiting on the returned model's gate; returned once it holds them."""
     b = backend[0]
-    for i in range(4):
-        b.add_job(make_job(f"job-{i}"))
+    for job_id in job_ids:
+        b.add_job(make_job(job_id))
     model = OneAtATime()
     app = await start_app(
         backend,
         apps,
         ScriptedProvider(model),
         WORKER_CONCURRENCY=1,
-        WORKER_PREFETCH=2,
+        WORKER_PREFETCH=prefetch,
         CLAIM_WITH_RESULT=False,
     )
-    await b.wait_for(lambda: len(app.worker.runs) == 3 and model.calls == 1)
+    await b.wait_for(lambda: len(app.worker.runs) == prefetch + 1 and model.calls == 1)
+    return b, app, model
+
+
+async def test_prefetch_holds_jobs_ahead_of_the_slots_and_runs_one_per_slot(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """WORKER_PREFETCH: one slot and two held ahead: the claim asks for three, one model
+    call runs at a time, the fourth job is left for others; then all three succeed."""
+    b, app, model = await one_slot_holding(
+        backend, apps, [f"job-{i}" for i in range(4)], prefetch=2
+    )
     await asyncio.sleep(0.15)
     assert next(r.limit for n, r in b.calls if n == "ClaimJobs") == 3
     assert model.calls == 1 and len(b.queue) == 1
@@ -433,20 +444,13 @@ async def test_a_drain_reports_the_jobs_held_ahead_without_running_them(
 ) -> None:
     """Past the grace, the running job and the one held ahead both end with
     FailJob(WORKER_SHUTDOWN); the held one never calls the model."""
-    b = backend[0]
-    b.add_job(make_job("job-run"))
-    b.add_job(make_job("job-held"))
-    provider = ScriptedProvider(block_forever)
-    app = await start_app(
-        backend, apps, provider, WORKER_CONCURRENCY=1, WORKER_PREFETCH=1, CLAIM_WITH_RESULT=False
-    )
-    await b.wait_for(lambda: len(app.worker.runs) == 2 and len(provider.requests) == 1)
+    b, app, model = await one_slot_holding(backend, apps, ["job-run", "job-held"], prefetch=1)
     await asyncio.wait_for(app.stop(0.2), 10)
     assert sorted((f.job_id, f.error_code) for f in b.fails) == [
         ("job-held", ErrorCode.WORKER_SHUTDOWN),
         ("job-run", ErrorCode.WORKER_SHUTDOWN),
     ]
-    assert len(provider.requests) == 1
+    assert model.calls == 1
     assert b.results == []
 
 
@@ -455,19 +459,7 @@ async def test_a_job_held_ahead_whose_lease_is_lost_reports_nothing(
 ) -> None:
     """A held job's lease lapses while it waits: it never runs and reports nothing;
     the running job is unaffected."""
-    b = backend[0]
-    b.add_job(make_job("job-run"))
-    b.add_job(make_job("job-held"))
-    model = OneAtATime()
-    app = await start_app(
-        backend,
-        apps,
-        ScriptedProvider(model),
-        WORKER_CONCURRENCY=1,
-        WORKER_PREFETCH=1,
-        CLAIM_WITH_RESULT=False,
-    )
-    await b.wait_for(lambda: len(app.worker.runs) == 2 and model.calls == 1)
+    b, app, model = await one_slot_holding(backend, apps, ["job-run", "job-held"], prefetch=1)
     b.leases[("job-held", 1)].held = False
     await b.wait_for(lambda: app.worker.counters["lease_lost"] == 1)
     model.gate.set()
