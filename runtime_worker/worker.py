@@ -30,7 +30,6 @@ by RecordInvocation. The key is kept in local variables only and never logged.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -55,6 +54,7 @@ from runtime_worker.lease_keeper import LeaseKeeper
 from runtime_worker.prompts import render_prompt
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
+from runtime_worker.slots import SlotLine
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
 from runtime_worker.spans import NO_TRACE, SPAN_FAIL, SPAN_RESULT, AttemptSpans, AttemptTrace
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -159,13 +159,11 @@ class JobRun:
     credential_id: str | None = None
     model_provider: str = "deepseek"
     model_name: str = ""
-    #: set when a slot is handed to this run while it waits, or when it is stopped
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    #: a slot was handed to it (WORKER_PREFETCH: it waited held ahead)
-    slot_granted: bool = False
+    #: while it waits held ahead for a slot (WORKER_PREFETCH): that wait
+    slot_wait: asyncio.Future[bool] | None = None
 
     def _stop_work(self) -> None:
-        self.wake.set()  # a run held ahead stops waiting for a slot
+        SlotLine.stop(self)  # a run held ahead stops waiting for a slot
         if self.work is not None and not self.work.done():
             self.work.cancel()
 
@@ -230,9 +228,8 @@ class Worker:
         self._status_address = status_address
         self._on_draining = on_draining
         self._slot_freed = asyncio.Event()
-        #: slots no run's model work holds now; runs held ahead wait in line for one
-        self._idle_slots = settings.WORKER_CONCURRENCY
-        self._slot_line: collections.deque[JobRun] = collections.deque()
+        #: the slots for model work; runs held ahead wait in line for one
+        self._slots = SlotLine(settings.WORKER_CONCURRENCY)
         #: most runs at once: the slots, the jobs held ahead (WORKER_PREFETCH) waiting for
         #: one, and the runs whose work ended reporting their ending
         self.capacity = settings.WORKER_CONCURRENCY + settings.WORKER_PREFETCH
@@ -349,12 +346,12 @@ class Worker:
     async def _attempt(self, run: JobRun) -> None:
         token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
         try:
-            slot = await self._take_slot(run)  # a job held ahead waits here for a slot
+            slot = await self._slots.take(run)  # a job held ahead waits here for a slot
             try:
                 await self._run_work(run)  # stopped while it waited: ends at once
             finally:
                 if slot:
-                    self._release_slot()  # a held job runs while this one reports
+                    self._slots.release()  # a held job runs while this one reports
             self._observe_invocations(run)
             await self._finish(run)
             if run.invocations:  # not logged with the attempt's ending: log them alone
@@ -364,40 +361,6 @@ class Worker:
             self.runs.pop((run.job_id, run.attempt_no), None)
             self._slot_freed.set()
             log_context.reset(token)
-
-    async def _take_slot(self, run: JobRun) -> bool:
-        """Wait for a slot for ``run``'s model work (``WORKER_CONCURRENCY`` of them).
-
-        Returns:
-            True with the slot taken (give it back with :meth:`_release_slot`); False
-            when ``run`` was stopped (lease lost, cancel, shutdown) before one was free.
-        """
-        if self._idle_slots > 0 and not self._slot_line:
-            self._idle_slots -= 1
-            return True
-        if run.reason is not None:
-            return False
-        self._slot_line.append(run)
-        try:
-            await run.wake.wait()
-        except BaseException:
-            if run.slot_granted:
-                self._release_slot()
-            raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._slot_line.remove(run)
-        return run.slot_granted
-
-    def _release_slot(self) -> None:
-        """Hand the slot to the first run in line still waiting, else keep it idle."""
-        while self._slot_line:
-            waiter = self._slot_line.popleft()
-            if waiter.reason is None and not waiter.wake.is_set():
-                waiter.slot_granted = True
-                waiter.wake.set()
-                return
-        self._idle_slots += 1
 
     async def _run_work(self, run: JobRun) -> None:
         """Start ``run``'s model work (after a lease check if it waited long) and wait
