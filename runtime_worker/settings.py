@@ -67,8 +67,9 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
         WORKER_PREFETCH: jobs claimed ahead of the slots (0..50; default 0): they wait,
             leased and started (their time budget counting from the claim), for a slot
             to free, and a slot frees when its model work ends, its result reporting
-            meanwhile. For short jobs: one slot then keeps a result in flight while the
-            next job runs; with long model calls a held job waits about one call.
+            meanwhile. For short jobs: one slot then keeps results in flight while the
+            next jobs run; a held job waits for the model calls ahead of it in line
+            (about n / WORKER_CONCURRENCY of them), so with long calls leave it at 0.
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
