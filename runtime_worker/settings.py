@@ -70,6 +70,11 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
             meanwhile. For short jobs: one slot then keeps results in flight while the
             next jobs run; a held job waits for the model calls ahead of it in line
             (about n / WORKER_CONCURRENCY of them), so with long calls leave it at 0.
+        WORKER_PREFETCH_MAX_WAIT_MS: the longest a job held ahead should wait for a slot
+            (ms; 0 = no bound): once the worker has seen model work end, it holds at
+            most ``WORKER_PREFETCH_MAX_WAIT_MS × WORKER_CONCURRENCY / mean work time``
+            jobs ahead (never more than ``WORKER_PREFETCH``), so a worker set up for
+            short jobs stops holding jobs ahead when its model calls turn long.
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
@@ -100,6 +105,7 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
     CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
     CLAIM_WITH_RESULT: bool = True
     WORKER_PREFETCH: int = Field(default=0, ge=0, le=50)
+    WORKER_PREFETCH_MAX_WAIT_MS: int = Field(default=1000, ge=0, le=600_000)
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
     MODEL_MAX_RESPONSE_BYTES: int = Field(

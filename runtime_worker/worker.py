@@ -16,7 +16,9 @@ At most ``WORKER_CONCURRENCY`` jobs do their model work at once. With
 ``WORKER_PREFETCH`` the loop claims that many more and holds them (leased and
 started) in line for a slot; a slot is then handed on when a job's model work
 ends, so the next job runs while the last one's ending is reported. A held job
-that is stopped (lease lost, cancel, shutdown) leaves the line at once.
+that is stopped (lease lost, cancel, shutdown) leaves the line at once. How many
+it holds is bounded by time too (``WORKER_PREFETCH_MAX_WAIT_MS``, from the mean
+time a slot's model work takes): long model calls hold none ahead.
 
 The model work runs in an inner task the lease keeper can cancel: a lost lease
 stops it and nothing more is reported; a cancel request stops it and the
@@ -74,6 +76,8 @@ RUNNING_STATUS = JOB_STATUS.to_proto("running")
 MAX_CLAIM_BATCH = 50
 #: After the grace period, how long stopped jobs get to report (s).
 SHUTDOWN_REPORT_SECONDS = 5.0
+#: weight of the newest model work time in the mean that bounds the jobs held ahead
+WORK_WEIGHT = 0.2
 
 LEASE_LOST = "lease_lost"
 CANCEL_REQUESTED = "cancel_requested"
@@ -230,9 +234,8 @@ class Worker:
         self._slot_freed = asyncio.Event()
         #: the slots for model work; runs held ahead wait in line for one
         self._slots = SlotLine(settings.WORKER_CONCURRENCY)
-        #: most runs at once: the slots, the jobs held ahead (WORKER_PREFETCH) waiting for
-        #: one, and the runs whose work ended reporting their ending
-        self.capacity = settings.WORKER_CONCURRENCY + settings.WORKER_PREFETCH
+        #: mean seconds a slot's model work takes (moving average; None: none ended yet)
+        self.work_seconds: float | None = None
         self._drain_event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -253,6 +256,28 @@ class Worker:
         finally:
             for w in waiters:
                 w.cancel()
+
+    @property
+    def capacity(self) -> int:
+        """Most runs at once: the slots, the jobs held ahead waiting for one
+        (:meth:`held_ahead`), and the runs whose work ended reporting their ending."""
+        return self.settings.WORKER_CONCURRENCY + self.held_ahead()
+
+    def held_ahead(self) -> int:
+        """How many jobs to hold ahead of the slots now: ``WORKER_PREFETCH``, and once
+        model work has been seen to end, at most as many as the slots reach within
+        ``WORKER_PREFETCH_MAX_WAIT_MS`` (wait bound × slots / mean work seconds)."""
+        most = self.settings.WORKER_PREFETCH
+        bound_s = self.settings.WORKER_PREFETCH_MAX_WAIT_MS / 1000.0
+        if most == 0 or bound_s <= 0 or not self.work_seconds:
+            return most
+        return min(most, int(bound_s * self.settings.WORKER_CONCURRENCY / self.work_seconds))
+
+    def _observe_work(self, seconds: float) -> None:
+        """One slot's model work took ``seconds``: the moving average :meth:`held_ahead`
+        reads (weight 0.2 to the newest; the first sets it)."""
+        mean = self.work_seconds
+        self.work_seconds = seconds if mean is None else mean + WORK_WEIGHT * (seconds - mean)
 
     def claim_batch_target(self) -> int:
         """Free slots worth one claim while jobs are in flight: a quarter of the
@@ -347,11 +372,14 @@ class Worker:
         token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
         try:
             slot = await self._slots.take(run)  # a job held ahead waits here for a slot
+            began = time.monotonic()
             try:
                 await self._run_work(run)  # stopped while it waited: ends at once
             finally:
                 if slot:
                     self._slots.release()  # a held job runs while this one reports
+                    if run.reason is None:  # work that ran its course (not stopped)
+                        self._observe_work(time.monotonic() - began)
             self._observe_invocations(run)
             await self._finish(run)
             if run.invocations:  # not logged with the attempt's ending: log them alone

@@ -439,6 +439,55 @@ async def test_without_prefetch_a_slot_frees_only_when_its_result_is_answered(
     await b.wait_for(lambda: app.worker.counters["succeeded"] == 2)
 
 
+async def drain_one_slot(
+    backend: Backend, apps: list[WorkerApp], provider: ScriptedProvider, jobs: int, **settings: Any
+) -> tuple[FakeBackend, WorkerApp]:
+    """A one-slot worker holding three jobs ahead (``settings`` on top) runs ``jobs`` jobs
+    to success; returned once they all have."""
+    b = backend[0]
+    for i in range(jobs):
+        b.add_job(make_job(f"job-{i}"))
+    app = await start_app(
+        backend, apps, provider, WORKER_CONCURRENCY=1, WORKER_PREFETCH=3, **settings
+    )
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == jobs, within=20)
+    return b, app
+
+
+async def test_long_model_work_stops_a_worker_holding_jobs_ahead(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """WORKER_PREFETCH_MAX_WAIT_MS: the first claim holds the whole prefetch ahead; once
+    model work is seen to take 0.25 s, a 100 ms bound holds none ahead (every later
+    claim asks for the one slot at most), and every job still succeeds."""
+
+    async def slow(_r: ModelRequest) -> ModelResponse:
+        await asyncio.sleep(0.25)
+        return quiz_response()
+
+    b, app = await drain_one_slot(
+        backend,
+        apps,
+        ScriptedProvider(slow),
+        6,
+        WORKER_PREFETCH_MAX_WAIT_MS=100,
+        CLAIM_WITH_RESULT=False,
+    )
+    limits = [r.limit for n, r in b.calls if n == "ClaimJobs"]
+    assert limits[0] == 4
+    assert all(limit <= 1 for limit in limits[1:]), limits
+    assert app.worker.held_ahead() == 0
+
+
+async def test_short_model_work_keeps_the_whole_prefetch(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """Model work far inside the (default) bound leaves WORKER_PREFETCH as it is."""
+    _, app = await drain_one_slot(backend, apps, ScriptedProvider(), 4)
+    assert app.worker.work_seconds is not None and app.worker.work_seconds < 0.1
+    assert app.worker.held_ahead() == 3
+
+
 async def test_a_drain_reports_the_jobs_held_ahead_without_running_them(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
