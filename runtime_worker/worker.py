@@ -313,6 +313,8 @@ class Worker:
             if self.draining:
                 break
             free = self.capacity - len(self.runs)
+            if free <= 0:  # the line of held jobs shrank meanwhile (held_ahead)
+                continue
             began = time.monotonic()
             began_wall = time.time()
             failed = False
