@@ -333,6 +333,11 @@ def migration_lock(
       removes a lease that ran out (its holder died) and takes the lock.
       Lease times are ``NOW(6)`` of the nodes, whose clocks are kept in sync.
 
+    What ran under the lock is committed before the lock is released (rolled back if
+    the body raised), the caller's own transaction included: the next holder must see
+    the version row the migration wrote, or it runs the migration again (its version
+    UPDATE then matches 0 rows).
+
     Args:
         connection: a sync SQLAlchemy ``Connection`` (inside ``run_sync``).
         name: the lock's name (at most 64 characters).
@@ -356,7 +361,8 @@ def migration_lock(
         lock = GaleraLock(pymysql_connector(connection), name, lease_s=GALERA_LOCK_LEASE_SECONDS)
         lock.acquire(timeout_s)
         try:
-            yield
+            with _settled(connection):
+                yield
         finally:
             lock.release()
         return
@@ -368,11 +374,24 @@ def migration_lock(
     if got != 1:
         raise TimeoutError(f"another process held the migration lock {name!r} for {timeout_s} s")
     try:
-        yield
+        with _settled(connection):
+            yield
     finally:
         connection.execute(text("SELECT RELEASE_LOCK(:name)"), {"name": name})
-        if not outer:
-            connection.commit()
+        connection.commit()
+
+
+@contextlib.contextmanager
+def _settled(connection: Any) -> Iterator[None]:
+    """End ``connection``'s transaction when the block ends: commit, or roll back if it raised."""
+    try:
+        yield
+    except BaseException:
+        if connection.in_transaction():
+            connection.rollback()
+        raise
+    if connection.in_transaction():
+        connection.commit()
 
 
 MYSQL_ASYNC_DRIVERS = ("mysql+aiomysql", "mysql+asyncmy")

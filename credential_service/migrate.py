@@ -35,7 +35,10 @@ async def upgrade(url: str) -> None:
     """
     engine = make_engine(url, pool_size=1)
     try:
-        async with engine.begin() as conn:
+        # not ``engine.begin()``: the migration lock commits the work before it lets the
+        # next replica in (airuntime_common.db.migration_lock)
+        async with engine.connect() as conn:
             await conn.run_sync(_upgrade_sync)
+            await conn.commit()
     finally:
         await engine.dispose()

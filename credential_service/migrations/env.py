@@ -39,8 +39,9 @@ def _configure_and_run(connection: Connection) -> None:
 async def _run_async(url: str) -> None:
     engine = make_engine(url)
     try:
-        async with engine.begin() as conn:
+        async with engine.connect() as conn:
             await conn.run_sync(_configure_and_run)
+            await conn.commit()
     finally:
         await engine.dispose()
 

@@ -79,3 +79,38 @@ def test_a_held_lock_times_out_with_a_clear_error_then_frees(mysql_url: str) -> 
     finally:
         holder.close()
         engine.dispose()
+
+
+@pytest.mark.parametrize("outer_transaction", [False, True])
+def test_the_next_holder_sees_what_ran_under_the_lock(
+    mysql_url: str, outer_transaction: bool
+) -> None:
+    # the lock is worth something only if the work done under it is committed before
+    # another session can take it: a replica that got the lock while the first one's
+    # version row was still uncommitted re-ran a migration (the version row's UPDATE then
+    # matched 0 rows). A caller inside a transaction of its own is the case that broke.
+    engine = create_engine(_sync_url(mysql_url))
+    other = _admin_connect()
+    db = make_url(mysql_url).database
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("CREATE TABLE airt_lock_probe (n INT)"))
+            conn.commit()
+            if outer_transaction:
+                conn.begin()
+            with migration_lock(conn, "airt-test-handover", timeout_s=1):
+                conn.execute(text("INSERT INTO airt_lock_probe VALUES (1)"))
+            with other.cursor() as cur:
+                cur.execute("SELECT GET_LOCK('airt-test-handover', 1)")
+                assert cur.fetchone()[0] == 1
+                cur.execute(f"SELECT COUNT(*) FROM `{db}`.airt_lock_probe")
+                seen = cur.fetchone()[0]
+                cur.execute("SELECT RELEASE_LOCK('airt-test-handover')")
+            assert seen == 1
+            assert not conn.in_transaction() or not outer_transaction
+    finally:
+        other.close()
+        with engine.connect() as conn:
+            conn.execute(text("DROP TABLE IF EXISTS airt_lock_probe"))
+            conn.commit()
+        engine.dispose()
