@@ -350,8 +350,8 @@ def migration_lock(
     if connection.dialect.name not in ("mysql", "mariadb"):
         yield
         return
-    # the lock is the session's, not the transaction's: a caller's transaction is left
-    # as it was; one begun here only for the lock query is ended at once
+    # the lock is the session's, not the transaction's: a caller's transaction stays open
+    # into the body (_settled ends it); one begun here only for the lock query ends at once
     outer = connection.in_transaction()
     galera = wsrep_on(connection)
     if galera:

@@ -5,6 +5,9 @@
 it; a job stopped while it waits (lease lost, cancel requested, shutdown) leaves
 the line at once instead of waiting for a slot it would not use. Unlike an
 ``asyncio.Semaphore``, a wait ends either way without cancelling a task.
+
+How many jobs to hold ahead is bounded by time as well (:class:`PrefetchBound`):
+long model calls hold none ahead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import asyncio
 import collections
 import contextlib
 from typing import Protocol
+
+#: weight of the newest model work time in the mean that bounds the jobs held ahead
+WORK_WEIGHT = 0.2
 
 
 class Waiter(Protocol):
@@ -77,4 +83,35 @@ class SlotLine:
             job.slot_wait.set_result(False)
 
 
-__all__ = ["SlotLine", "Waiter"]
+class PrefetchBound:
+    """How many jobs to hold ahead of ``slots`` slots: ``most`` (``WORKER_PREFETCH``),
+    and once model work has been seen to end, at most as many as the slots reach within
+    ``max_wait_s`` (``WORKER_PREFETCH_MAX_WAIT_MS`` in seconds; 0 = no bound).
+
+    Args:
+        slots: the slots for model work (``WORKER_CONCURRENCY``, ≥ 1).
+        most: the most jobs held ahead (``WORKER_PREFETCH``, ≥ 0).
+        max_wait_s: the longest a held job should wait for a slot (s).
+    """
+
+    def __init__(self, slots: int, most: int, max_wait_s: float) -> None:
+        self.slots = slots
+        self.most = most
+        self.max_wait_s = max_wait_s
+        #: mean seconds a slot's model work takes (moving average; None: none ended yet)
+        self.work_seconds: float | None = None
+
+    def held_ahead(self) -> int:
+        """Jobs to hold ahead now: ``most``, at most ``max_wait_s × slots / work_seconds``."""
+        if self.most == 0 or self.max_wait_s <= 0 or not self.work_seconds:
+            return self.most
+        return min(self.most, int(self.max_wait_s * self.slots / self.work_seconds))
+
+    def observe(self, seconds: float) -> None:
+        """One slot's model work took ``seconds``: the moving average :meth:`held_ahead`
+        reads (weight :data:`WORK_WEIGHT` to the newest; the first sets it)."""
+        mean = self.work_seconds
+        self.work_seconds = seconds if mean is None else mean + WORK_WEIGHT * (seconds - mean)
+
+
+__all__ = ["PrefetchBound", "SlotLine", "Waiter"]

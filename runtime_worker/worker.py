@@ -15,10 +15,8 @@ snapshot read is the start). Each claimed job runs in its own task::
 At most ``WORKER_CONCURRENCY`` jobs do their model work at once. With
 ``WORKER_PREFETCH`` the loop claims that many more and holds them (leased and
 started) in line for a slot; a slot is then handed on when a job's model work
-ends, so the next job runs while the last one's ending is reported. A held job
-that is stopped (lease lost, cancel, shutdown) leaves the line at once. How many
-it holds is bounded by time too (``WORKER_PREFETCH_MAX_WAIT_MS``, from the mean
-time a slot's model work takes): long model calls hold none ahead.
+ends, so the next job runs while the last one's ending is reported (the line and
+its time bound: :mod:`runtime_worker.slots`).
 
 The model work runs in an inner task the lease keeper can cancel: a lost lease
 stops it and nothing more is reported; a cancel request stops it and the
@@ -56,7 +54,7 @@ from runtime_worker.lease_keeper import LeaseKeeper
 from runtime_worker.prompts import render_prompt
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
-from runtime_worker.slots import SlotLine
+from runtime_worker.slots import PrefetchBound, SlotLine
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
 from runtime_worker.spans import NO_TRACE, SPAN_FAIL, SPAN_RESULT, AttemptSpans, AttemptTrace
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -76,8 +74,6 @@ RUNNING_STATUS = JOB_STATUS.to_proto("running")
 MAX_CLAIM_BATCH = 50
 #: After the grace period, how long stopped jobs get to report (s).
 SHUTDOWN_REPORT_SECONDS = 5.0
-#: weight of the newest model work time in the mean that bounds the jobs held ahead
-WORK_WEIGHT = 0.2
 
 LEASE_LOST = "lease_lost"
 CANCEL_REQUESTED = "cancel_requested"
@@ -234,8 +230,12 @@ class Worker:
         self._slot_freed = asyncio.Event()
         #: the slots for model work; runs held ahead wait in line for one
         self._slots = SlotLine(settings.WORKER_CONCURRENCY)
-        #: mean seconds a slot's model work takes (moving average; None: none ended yet)
-        self.work_seconds: float | None = None
+        #: how many jobs to hold ahead of the slots (WORKER_PREFETCH, bounded by time)
+        self.prefetch = PrefetchBound(
+            settings.WORKER_CONCURRENCY,
+            settings.WORKER_PREFETCH,
+            settings.WORKER_PREFETCH_MAX_WAIT_MS / 1000.0,
+        )
         self._drain_event = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -264,20 +264,13 @@ class Worker:
         return self.settings.WORKER_CONCURRENCY + self.held_ahead()
 
     def held_ahead(self) -> int:
-        """How many jobs to hold ahead of the slots now: ``WORKER_PREFETCH``, and once
-        model work has been seen to end, at most as many as the slots reach within
-        ``WORKER_PREFETCH_MAX_WAIT_MS`` (wait bound × slots / mean work seconds)."""
-        most = self.settings.WORKER_PREFETCH
-        bound_s = self.settings.WORKER_PREFETCH_MAX_WAIT_MS / 1000.0
-        if most == 0 or bound_s <= 0 or not self.work_seconds:
-            return most
-        return min(most, int(bound_s * self.settings.WORKER_CONCURRENCY / self.work_seconds))
+        """How many jobs to hold ahead of the slots now (:class:`PrefetchBound`)."""
+        return self.prefetch.held_ahead()
 
-    def _observe_work(self, seconds: float) -> None:
-        """One slot's model work took ``seconds``: the moving average :meth:`held_ahead`
-        reads (weight 0.2 to the newest; the first sets it)."""
-        mean = self.work_seconds
-        self.work_seconds = seconds if mean is None else mean + WORK_WEIGHT * (seconds - mean)
+    @property
+    def work_seconds(self) -> float | None:
+        """Mean seconds a slot's model work takes (None: none ended yet)."""
+        return self.prefetch.work_seconds
 
     def claim_batch_target(self) -> int:
         """Free slots worth one claim while jobs are in flight: a quarter of the
@@ -381,7 +374,7 @@ class Worker:
                 if slot:
                     self._slots.release()  # a held job runs while this one reports
                     if run.reason is None:  # work that ran its course (not stopped)
-                        self._observe_work(time.monotonic() - began)
+                        self.prefetch.observe(time.monotonic() - began)
             self._observe_invocations(run)
             await self._finish(run)
             if run.invocations:  # not logged with the attempt's ending: log them alone
