@@ -81,12 +81,6 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: How long a hole in the event sequence (a transaction still to commit) is
     #: looked for again before it counts as rolled back (SPEC §9.1).
     WATCH_GAP_SECONDS: float = Field(default=5, ge=0, le=600)
-    #: Most results one transaction takes when results queue (group commit,
-    #: :mod:`job_service.services.grouping`); 1 commits each result alone.
-    RESULT_GROUP_MAX_SIZE: int = Field(default=32, ge=1, le=200)
-    #: Most result transactions (groups or lone results) a process runs at once;
-    #: results arriving while all are busy wait for the next group.
-    RESULT_GROUP_IN_FLIGHT: int = Field(default=2, ge=1, le=64)
 
     @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
     @classmethod
