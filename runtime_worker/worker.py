@@ -43,12 +43,13 @@ from airuntime_common import jobtypes
 from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.logs import bind, log_context
-from airuntime_common.model_providers import ProviderConfig
+from airuntime_common.model_providers import DEFAULT_DEEPSEEK_BASE_URL, ProviderConfig
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
 from airuntime_common.timeutil import utcnow
 from airuntime_common.tracing import Tracing
 from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
+from runtime_worker.egress import guard
 from runtime_worker.generation import ABORTED, Invocation, generate
 from runtime_worker.lease_keeper import LeaseKeeper
 from runtime_worker.prompts import render_prompt
@@ -62,7 +63,6 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 log = logging.getLogger(__name__)
 
-DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
 #: The platform key's ``ApiKeyMode`` number.
 PLATFORM_KEY_MODE = API_KEY_MODE.to_proto("platform_key")
@@ -467,14 +467,14 @@ class Worker:
         run.model_provider = cred.model_provider or job.model_provider or self.provider.name
         run.model_name = cred.model_name or job.model_name or "deepseek-chat"
         output = await generate(
-            run.trace.provider(
-                self.provider, model_provider=run.model_provider, model_name=run.model_name
+            run.trace.provider(  # a user's own base URL: checked before every call
+                guard(self, cred), model_provider=run.model_provider, model_name=run.model_name
             ),
             job_type=run.job_type,
             prompt=prompt,
             model=run.model_name,
             api_key=cred.api_key,
-            base_url=cred.base_url or DEFAULT_BASE_URL,
+            base_url=cred.base_url or DEFAULT_DEEPSEEK_BASE_URL,
             job_deadline=job_deadline,
             max_call_seconds=self.settings.MODEL_CALL_MAX_SECONDS,
             invocations=run.invocations,
