@@ -301,7 +301,9 @@ def address_refusal(ip: IPAddress, policy: EgressPolicy) -> str | None:
 
     In order: an IPv4-mapped address is its IPv4 address; multicast is refused,
     always; inside ``EGRESS_ALLOW_CIDRS`` is allowed; a NAT64 or 6to4 address is
-    judged by the IPv4 address it carries; the registries' global exceptions are
+    judged by the IPv4 address it carries, as globally routable or not (the allowed
+    networks do not extend to it: the connection goes to a translator or relay); the
+    registries' global exceptions are
     allowed; any block of :data:`SPECIAL`, and anything Python's ``ipaddress`` finds
     not global, private, reserved, loopback, link-local or unspecified, is refused.
 
@@ -320,8 +322,10 @@ def address_refusal(ip: IPAddress, policy: EgressPolicy) -> str | None:
         return None
     carried = embedded_ipv4(ip)
     if carried is not None:
+        # judged on its own: the connection goes to a translator or relay, not into
+        # the operator's network (list the prefix itself in EGRESS_ALLOW_CIDRS for that)
         form, inner = carried
-        why = address_refusal(inner, policy)
+        why = address_refusal(inner, EgressPolicy())
         return f"{form} form of {inner}: {why}" if why is not None else None
     if any(ip.version == net.version and ip in net for net, _ in GLOBAL_EXCEPTIONS):
         return None

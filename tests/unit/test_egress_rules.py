@@ -199,6 +199,11 @@ def test_the_operator_s_networks_multicast_never() -> None:
     assert address_refusal(ipaddress.ip_address("::ffff:10.20.3.4"), policy) is None  # mapped
     assert address_refusal(ipaddress.ip_address("fd00:ec2::254"), policy) is None
     assert address_refusal(ipaddress.ip_address("10.21.0.1"), policy) is not None
+    # the forms a translator or relay carries are not the operator's network
+    assert address_refusal(ipaddress.ip_address("64:ff9b::a14:304"), policy) is not None
+    assert address_refusal(ipaddress.ip_address("2002:a14:304::"), policy) is not None
+    nat64 = EgressPolicy(allow=(ipaddress.ip_network("64:ff9b::/96"),))  # unless listed
+    assert address_refusal(ipaddress.ip_address("64:ff9b::a14:304"), nat64) is None
     everything = EgressPolicy(
         allow=(ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
     )
