@@ -11,13 +11,10 @@ import ipaddress
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import aiohappyeyeballs
-import pytest
 
 from airuntime_common.db import make_engine, make_sessionmaker
 from airuntime_common.egress import EgressPolicy, parse_cidrs
@@ -94,7 +91,7 @@ async def sinkhole(hosts: Sequence[str] = ("127.0.0.1", "::1")) -> AsyncIterator
 # --------------------------------------------------------------------- connect spy
 
 
-def _this_host(host: str) -> bool:
+def this_host(host: str) -> bool:
     """Loopback or unspecified (which reaches this host's listeners), mapped or not."""
     ip = ipaddress.ip_address(host.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -111,22 +108,6 @@ class ConnectSpy:
     metadata address, a private range) even when it fails."""
 
     attempts: list[tuple[str, int]] = field(default_factory=list)
-
-
-@pytest.fixture
-def connects(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectSpy]:
-    spy = ConnectSpy()
-    real = aiohappyeyeballs.start_connection
-
-    async def spying(addr_infos: Sequence[Any], **kw: Any) -> socket.socket:
-        targets = [(str(ai[4][0]), int(ai[4][1])) for ai in addr_infos]
-        spy.attempts.extend(targets)
-        if not all(_this_host(host) for host, _ in targets):
-            raise OSError(f"test: no connection to {targets}")
-        return await real(addr_infos, **kw)
-
-    monkeypatch.setattr(aiohappyeyeballs, "start_connection", spying)
-    yield spy
 
 
 # -------------------------------------------------------------------------- resolver

@@ -28,15 +28,12 @@ from .support import (
     USER_KEY,
     ConnectSpy,
     Names,
-    connects,
     policy,
     quiz_prompt,
     request,
     sinkhole,
     worker_provider,
 )
-
-__all__ = ["connects"]  # the fixture, used by name
 
 NAME = "api.user.test"
 

@@ -30,7 +30,6 @@ from .support import (
     ConnectSpy,
     Names,
     Payload,
-    connects,
     credential_store,
     policy,
     request,
@@ -38,8 +37,6 @@ from .support import (
     sqlite_url,
     worker_provider,
 )
-
-__all__ = ["connects"]  # the fixture, used by name
 
 
 def test_the_list_is_long_and_varied() -> None:
