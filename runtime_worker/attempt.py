@@ -30,13 +30,15 @@ from typing import Any, cast
 from airuntime_common import jobtypes
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE
 from airuntime_common.errors import AppError, ErrorCode
-from airuntime_common.model_providers import ProviderConfig
+from airuntime_common.model_providers import DEFAULT_DEEPSEEK_BASE_URL, ProviderConfig
 from airuntime_common.outputs import CURRENT_OUTPUT_SCHEMA_VERSION
 from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
+from runtime_worker.egress import guard
 from runtime_worker.generation import ABORTED, Invocation, generate
 from runtime_worker.prompts import render_prompt
 from runtime_worker.providers.base import ModelError, ModelProvider
+from runtime_worker.settings import WorkerSettings
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
 from runtime_worker.spans import NO_TRACE, SPAN_FAIL, SPAN_RESULT, AttemptTrace
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -44,7 +46,6 @@ from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
 log = logging.getLogger("runtime_worker.worker")
 
-DEFAULT_BASE_URL = "https://api.deepseek.com"
 DEFAULT_TIMEOUT_SECONDS = 120
 #: The platform key's ``ApiKeyMode`` number.
 PLATFORM_KEY_MODE = API_KEY_MODE.to_proto("platform_key")
@@ -110,6 +111,8 @@ class ModelKey:
     model_provider: str
     model_name: str
     base_url: str
+    #: ``base_url`` is the user's own (reference §10.5): every call passes the egress guard
+    user_base_url: bool = False
 
 
 @dataclass
@@ -174,7 +177,7 @@ class Attempts:
         client: the job/credential service client.
         provider: the model provider.
         platform: provider name → (its config, the platform key this worker holds).
-        call_max_seconds: overall cap of one model call (``MODEL_CALL_MAX_SECONDS``).
+        settings: the worker's settings (``MODEL_CALL_MAX_SECONDS``, the egress rules).
         counters: the worker's outcome counters (GetStatus, metrics).
     """
 
@@ -183,13 +186,13 @@ class Attempts:
         client: RuntimeClient,
         provider: ModelProvider,
         platform: dict[str, tuple[ProviderConfig, str]],
-        call_max_seconds: float,
+        settings: WorkerSettings,
         counters: Counter[str],
     ) -> None:
         self.client = client
         self.provider = provider
         self.platform = platform
-        self.call_max_seconds = call_max_seconds
+        self.settings = settings
         self.counters = counters
 
     async def work(self, run: JobRun) -> tuple[str, dict[str, Any]]:
@@ -235,16 +238,18 @@ class Attempts:
             model_name=key.model_name or job.model_name or DEFAULT_MODEL_NAME,
         )
         output = await generate(
-            run.trace.provider(
-                self.provider, model_provider=key.model_provider, model_name=key.model_name
+            run.trace.provider(  # a user's own base URL: checked before every call
+                guard(self.provider, self.settings, key),
+                model_provider=key.model_provider,
+                model_name=key.model_name,
             ),
             job_type=run.job_type,
             prompt=prompt,
             model=key.model_name,
             api_key=key.api_key,
-            base_url=key.base_url or DEFAULT_BASE_URL,
+            base_url=key.base_url or DEFAULT_DEEPSEEK_BASE_URL,
             job_deadline=job_deadline,
-            max_call_seconds=self.call_max_seconds,
+            max_call_seconds=self.settings.MODEL_CALL_MAX_SECONDS,
             invocations=run.invocations,
             max_items=_count_of(run.job_type, params),
         )
@@ -280,6 +285,7 @@ class Attempts:
             answer.model_provider,
             answer.model_name,
             answer.base_url,
+            answer.user_base_url,
         )
 
     def held_key(self, job: Any) -> ModelKey | None:

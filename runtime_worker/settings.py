@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pydantic import Field, SecretStr
 
 from airuntime_common import jobtypes
+from airuntime_common.egress import EgressSettings
 from airuntime_common.model_providers import (
     DEFAULT_API_KEY_ENV,
     STANDIN_PLATFORM_KEY,
@@ -33,8 +34,10 @@ class InvalidSettings(MissingSetting):
     """A setting has a value the worker refuses to start with (exits with the message)."""
 
 
-class WorkerSettings(ModelProvidersSettings, CommonSettings):
-    """Every variable the worker reads.
+class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
+    """Every variable the worker reads (``USER_BASE_URLS``, ``USER_BASE_URL_PORTS`` and
+    ``EGRESS_ALLOW_CIDRS`` are :class:`~airuntime_common.egress.EgressSettings`'s, as
+    credential_service's).
 
     Attributes:
         POLL_INTERVAL_MS: sleep between claims when nothing was found (ms).

@@ -81,9 +81,7 @@ class Worker:
             for name, key in settings.platform_keys().items()
             if (config := settings.providers().get(name)) is not None
         }
-        self.attempts = Attempts(
-            client, provider, platform, settings.MODEL_CALL_MAX_SECONDS, self.counters
-        )
+        self.attempts = Attempts(client, provider, platform, settings, self.counters)
         self.spans = AttemptSpans(tracing)
         self.keeper = LeaseKeeper(client, settings.HEARTBEAT_INTERVAL_SECONDS)
         #: every attempt in flight, working or reporting, by (jobId, attemptNo)

@@ -149,7 +149,8 @@ class RuntimeTransport(Protocol):
         ...
 
     async def resolve(self, job_id: str, attempt_no: int) -> dict[str, Any]:
-        """``{"apiKeyMode","credentialId","apiKey","modelProvider","modelName","baseUrl"}``."""
+        """``{"apiKeyMode","credentialId","apiKey","modelProvider","modelName","baseUrl",
+        "userBaseUrl"}``."""
         ...
 
     async def result(
