@@ -17,7 +17,6 @@ from airuntime_common import jobtypes
 from airuntime_common.egress import EgressSettings
 from airuntime_common.model_providers import (
     DEFAULT_API_KEY_ENV,
-    STANDIN_PLATFORM_KEY,
     ModelProvidersSettings,
     platform_keys_from,
 )
@@ -55,8 +54,6 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
             attempts on that key without a ResolveCredential round trip (the claim
             names the provider; the lease is the worker's own claim); without it, the
             attempt resolves its key. User keys always resolve.
-        ALLOW_PLATFORM_KEY_STANDIN: dev/demo/test only, as credential_service's: a
-            provider without a key uses the stand-in's.
         WORKER_CAPABILITIES: comma list of job types this worker takes; unset: every
             registered job type (:mod:`airuntime_common.jobtypes`).
         LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
@@ -79,7 +76,6 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
     RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
     DEEPSEEK_API_KEY: SecretStr | None = None
-    ALLOW_PLATFORM_KEY_STANDIN: bool = False
     WORKER_CAPABILITIES: str | None = None
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
@@ -94,16 +90,13 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
     def platform_keys(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The platform keys this worker holds, by provider name: each provider whose
         ``apiKeyEnv`` is set in its environment (``DEEPSEEK_API_KEY`` is this settings'
-        value), else the stand-in key where that is allowed."""
+        value). A provider whose key only credential_service holds (or its stand-in key,
+        ``ALLOW_PLATFORM_KEY_STANDIN``) is resolved per attempt."""
         source = dict(os.environ if env is None else env)
         source.pop(DEFAULT_API_KEY_ENV, None)
         if self.DEEPSEEK_API_KEY is not None:
             source[DEFAULT_API_KEY_ENV] = self.DEEPSEEK_API_KEY.get_secret_value()
-        keys = platform_keys_from(self.providers(), source)
-        if self.ALLOW_PLATFORM_KEY_STANDIN:
-            for provider in self.providers():
-                keys.setdefault(provider.name, STANDIN_PLATFORM_KEY)
-        return keys
+        return platform_keys_from(self.providers(), source)
 
     @property
     def capabilities(self) -> list[str]:
