@@ -54,6 +54,9 @@ class ErrorCode(StrEnum):
     #: A job ending, final: the user's base URL was refused at call time (reference
     #: §10.5), no connection opened; the credential is not marked invalid.
     EGRESS_BLOCKED = "EGRESS_BLOCKED"
+    #: No provider has room for the job now (its limits, a pause after a 429; reference
+    #: §10.2): a lock of it is refused, with ``details.retryAfterSeconds``.
+    NO_PROVIDER_CAPACITY = "NO_PROVIDER_CAPACITY"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
@@ -98,6 +101,7 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.AI_NOT_AUTHORIZED: (403, grpc.StatusCode.PERMISSION_DENIED),
     ErrorCode.NOT_FOUND: (404, grpc.StatusCode.NOT_FOUND),
     ErrorCode.QUOTA_EXCEEDED: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.NO_PROVIDER_CAPACITY: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     ErrorCode.PLATFORM_BUDGET_EXCEEDED: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     ErrorCode.PLATFORM_CIRCUIT_OPEN: (503, grpc.StatusCode.UNAVAILABLE),
     ErrorCode.PAYLOAD_TOO_LARGE: (413, grpc.StatusCode.INVALID_ARGUMENT),

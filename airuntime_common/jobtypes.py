@@ -42,6 +42,14 @@ class SnapshotBudget:
     blocks: int
 
 
+#: The most characters of a prompt's snapshot JSON: the worker drops from its end past
+#: it (``runtime_worker.prompts``).
+MAX_SNAPSHOT_CHARS: Final = 48_000
+#: The most characters of a whole prompt (the snapshot and the template's own text; the
+#: worker refuses to send a longer one). A token is at least one character, so this
+#: bounds a prompt's tokens too.
+MAX_PROMPT_CHARS: Final = 56_000
+
 #: The three analysis types: a bounded sample of the material.
 ANALYSIS_SNAPSHOT: Final = SnapshotBudget(chars=8_000, blocks=40)
 #: Quiz and flashcard generation: as much of the material as a prompt holds.
@@ -89,6 +97,15 @@ class JobTypeSpec:
     def __post_init__(self) -> None:
         if not self.prompt:
             object.__setattr__(self, "prompt", self.name)
+
+    @property
+    def token_estimate(self) -> int:
+        """The tokens one attempt of this type may take (reference §10.2): its input
+        budget (:data:`MAX_PROMPT_CHARS`, the prompt's bound the worker enforces) plus
+        its output budget (``max_tokens``). Reserved against a provider's
+        ``tokensPerMinute`` when the lease is granted, settled with the tokens the
+        attempt's model calls used when it ends."""
+        return MAX_PROMPT_CHARS + self.max_tokens
 
 
 #: The five job types of SPEC §2.1, in proto order.

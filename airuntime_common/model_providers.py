@@ -19,6 +19,9 @@ validated once for every service that needs them.
 * ``models``: ``{jobModelName: providerModelName}``: the name the provider is sent for
   a job's ``modelName``. Empty (the default) means the provider takes the job's
   model name as it is; otherwise it serves exactly the job models listed.
+* ``limits``: ``{"requestsPerMinute", "tokensPerMinute", "maxConcurrent"}``, each
+  optional and > 0: what the platform-key attempts of every worker together may
+  take of the provider (:class:`ProviderLimits`, reference §10.2).
 
 Unset or empty, ``MODEL_PROVIDERS`` is one ``deepseek`` entry made of
 ``DEEPSEEK_BASE_URL`` and ``DEEPSEEK_API_KEY`` (:func:`default_providers`).
@@ -50,6 +53,25 @@ EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")]
 ModelName = Annotated[str, Field(pattern=r"^[!-~]{1,64}$")]
 
 
+class ProviderLimits(BaseModel):
+    """A provider's rate limits (reference §10.2), each optional and > 0: over every
+    60-second window, the platform-key attempts leased to it (``requestsPerMinute``)
+    and their token estimates (``tokensPerMinute``); the attempts holding a lease at
+    once (``maxConcurrent``). Shared by every worker and job_service replica."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    requestsPerMinute: int | None = Field(default=None, gt=0, le=10_000_000)
+    tokensPerMinute: int | None = Field(default=None, gt=0, le=10_000_000_000)
+    maxConcurrent: int | None = Field(default=None, gt=0, le=1_000_000)
+
+    @property
+    def any(self) -> bool:
+        """Whether any limit is set."""
+        limits = (self.requestsPerMinute, self.tokensPerMinute, self.maxConcurrent)
+        return any(v is not None for v in limits)
+
+
 class ProviderConfig(BaseModel):
     """One entry of ``MODEL_PROVIDERS`` (see the module docstring)."""
 
@@ -59,6 +81,7 @@ class ProviderConfig(BaseModel):
     baseUrl: HttpBaseUrl
     apiKeyEnv: EnvName | None = None
     models: dict[ModelName, ModelName] = Field(default_factory=dict)
+    limits: ProviderLimits = Field(default_factory=ProviderLimits)
 
     def model_for(self, job_model: str) -> str | None:
         """The name this provider is sent for a job's ``modelName``.

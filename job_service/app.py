@@ -19,6 +19,7 @@ from airuntime_common.grpc_server import GrpcServer
 from airuntime_common.settings import require
 from job_service.learning.port import LearningModulePort
 from job_service.maintenance import breaker as breaker_mod
+from job_service.maintenance.parking import ParkingLot
 from job_service.maintenance.reaper import Reaper
 from job_service.migrate import upgrade_head_async
 from job_service.rpc import JobServiceServicer
@@ -47,6 +48,7 @@ class JobServiceApp:
     stop_event: asyncio.Event = field(default_factory=asyncio.Event)
     reaper_task: asyncio.Task[None] | None = None
     gauges_task: asyncio.Task[None] | None = None
+    parking_task: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -65,6 +67,8 @@ class JobServiceApp:
         await self.server.stop(grace)
         if self.reaper_task is not None:
             await self.reaper_task
+        if self.parking_task is not None:
+            await self.parking_task
         if self.gauges_task is not None:
             await self.gauges_task
         close = getattr(self.domain.credentials, "close", None)
@@ -130,6 +134,8 @@ async def serve(
     reaper = Reaper(domain.core)
     app = JobServiceApp(settings, engine, sessions, domain, server, reaper)
     app.reaper_task = asyncio.create_task(reaper.run(app.stop_event), name="reaper")
+    parking = ParkingLot(domain.core)
+    app.parking_task = asyncio.create_task(parking.run(app.stop_event), name="parking")
     app.gauges_task = asyncio.create_task(_refresh_gauges(app), name="metrics-gauges")
     log.info(
         "job_service serving",

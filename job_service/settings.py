@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -101,7 +101,19 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: looked for again before it counts as rolled back (SPEC §9.1).
     WATCH_GAP_SECONDS: float = Field(default=5, ge=0, le=600)
 
-    @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
+    #: ``fair`` (default): within one priority, jobs are taken in fair order across
+    #: users, each user in proportion to their weight; ``fifo``: oldest first, as
+    #: reference §2.6 orders them (reference §10.1).
+    SCHEDULING_POLICY: Literal["fair", "fifo"] = "fair"
+    #: The token's ``plan`` → the user's weight in the fair order (JSON object, each
+    #: weight > 0); a plan not listed, a token with no plan and an admin's job weigh 1.
+    PLAN_SCHEDULING_WEIGHTS: dict[str, Annotated[float, Field(gt=0, le=1_000_000)]] = Field(
+        default_factory=dict
+    )
+
+    @field_validator(
+        "PLAN_DAILY_JOB_QUOTAS", "PLAN_SCHEDULING_WEIGHTS", "MODEL_PRICES", mode="before"
+    )
     @classmethod
     def _json_text(cls, value: Any) -> Any:
         if isinstance(value, str):

@@ -30,6 +30,7 @@ from airuntime_common.errors import ErrorCode
 from job_service import metrics
 from job_service.lifecycle import EXPIRED, PENDING, TERMINAL, Op, end_attempt
 from job_service.services.core import Core
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import FenceBroken, new_batch, run_one
 from job_service.store.engine import DbExec
@@ -139,6 +140,9 @@ class Reaper:
         batch = new_batch(db)
         expire.queue_fenced(batch, "expire")  # the job moved meanwhile: leave it
         then.queue_fenced(batch, "end")  # same transaction, row locked: cannot be refused
+        if any(p.limits.any for p in self.core.providers):  # its grant ends, its estimate kept
+            for statement in sched.settle_grants(clock, [(job_id, row.attempt_no, None)]):
+                batch.add(statement)
         if row.user_id.startswith(st.PSEUDONYM_PREFIX) and ending.ending.to_state in TERMINAL:
             # its user was erased while it was leased: it goes now (reference §9.2)
             for statement in st.forget_erased_jobs([(job_id, row.user_id)]):

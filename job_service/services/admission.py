@@ -11,7 +11,7 @@ and its generation plan in a second batch.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import cached_property
@@ -30,6 +30,7 @@ from job_service.services.core import Core, new_id
 from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
 from job_service.services.pseudonyms import pseudonym, pseudonym_key
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
 from job_service.store.engine import DbExec
@@ -68,6 +69,42 @@ class NewJob:
     model_provider: str = "deepseek"
     model_name: str = DEFAULT_MODEL_NAME
     trace_parent: str | None = None
+    #: its place in its priority's fair order (:class:`Place`)
+    vstart: float = 0.0
+
+
+@dataclass
+class Place:
+    """Where a new job goes in its priority's fair order (reference §10.1): asked for by
+    a create (its priority and its user's weight), answered by the admission's read
+    (:meth:`Admission.admit` sets ``vstart``)."""
+
+    priority: int
+    weight: float = 1.0
+    vstart: float = 0.0
+
+
+def fair_vstart(
+    policy: str, weight: float, user_last: Any, fresh_min: Any, taken: Sequence[Any]
+) -> float:
+    """A new job's virtual start (reference §10.1, start-time fair queuing per priority).
+
+    ``V``, the priority's virtual time, is the smallest virtual start of the claimable
+    jobs never retried (``fresh_min``), or with none the largest taken (``taken``, one
+    per taken state), else 0. Under ``fifo`` every job starts at ``V``, so ties fall to
+    ``createdAt``: reference §2.6's order. Under ``fair`` a user with a job waiting
+    there starts one ``1 / weight`` after their newest (``user_last``); a user with
+    none starts at ``V``, level with the head of the line.
+
+    Args:
+        policy: ``SCHEDULING_POLICY`` (``fair`` or ``fifo``).
+        weight: the user's weight (> 0).
+    """
+    seen = [float(t) for t in taken if t is not None]
+    v = float(fresh_min) if fresh_min is not None else max(seen, default=0.0)
+    if policy == "fair" and user_last is not None:
+        return float(user_last) + 1.0 / weight
+    return v
 
 
 class AdmissionRowMissing(Exception):
@@ -113,6 +150,8 @@ class Admission:
         credential_id = await self.core.credentials.check(req.user_id, req.api_key_mode)
         await self.ensure_admission_row(req.user_id)
 
+        place = Place(self.priority(req.priority), self.weight(req.plan, req.actor))
+
         async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
             existing = await self.admit(
                 session,
@@ -120,6 +159,7 @@ class Admission:
                 scope=req,
                 quota=self.quota(req),
                 platform=req.api_key_mode == "platform_key",
+                place=place,
             )
             if existing is not None:
                 return existing, True
@@ -136,7 +176,7 @@ class Admission:
                 snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
                 req.priority, req.max_retry_count, req.timeout_seconds, None,
                 model_provider=self.initial_provider(req.api_key_mode, DEFAULT_MODEL_NAME),
-                trace_parent=req.trace_parent,
+                trace_parent=req.trace_parent, vstart=place.vstart,
             )  # fmt: skip
             job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
             return job, False
@@ -219,10 +259,12 @@ class Admission:
         await self.ensure_admission_row(old.user_id)
         quota = self.plan_quota(req.plan) if req.user_id is not None else 0
 
+        place = Place(old.priority, self.weight(req.plan, req.actor))
+
         async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
             platform = old.api_key_mode == "platform_key"
             found = await self.admit(
-                session, old.user_id, scope=scope, quota=quota, platform=platform
+                session, old.user_id, scope=scope, quota=quota, platform=platform, place=place
             )
             if found is not None:
                 return found, True
@@ -245,7 +287,7 @@ class Admission:
                 snapshot_id, old.params, old.api_key_mode, credential_id, req.idempotency_key,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
                 self.initial_provider(old.api_key_mode, old.model_name, old.model_provider),
-                old.model_name, req.trace_parent,
+                old.model_name, req.trace_parent, place.vstart,
             )  # fmt: skip
             return await self.insert_job(session, new, actor=req.actor), False
 
@@ -313,6 +355,7 @@ class Admission:
         scope: CreateJobInput | None,
         quota: int,
         platform: bool,
+        place: Place | None = None,
     ) -> JobRecord | None:
         """The admission checks of a new job, in the caller's transaction (SPEC §6).
 
@@ -321,9 +364,11 @@ class Admission:
         idempotency scope (a racing repeat that lost the pre-check gets the
         original, not a quota refusal), the AI switch, the day's job count
         (``quota`` > 0), the day's platform spend and the breaker's state
-        (``platform``). They are then judged in that order; a breaker that is not
-        closed goes through :func:`breaker.admit_new_job` (its locking read and
-        transitions).
+        (``platform``), and with ``place`` what the job's place in the fair order is
+        made of (:data:`~job_service.store.statements.fair_start`, read after the
+        user's lock: their newest waiting job cannot change meanwhile; ``place.vstart``
+        is set). They are then judged in that order; a breaker that is not closed
+        goes through :func:`breaker.admit_new_job` (its locking read and transitions).
 
         Returns:
             The original job of ``scope``, else None (admitted).
@@ -349,7 +394,14 @@ class Admission:
         if platform:
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
             state = batch.add(breaker.rows_sql(providers=names))
+        start = None
+        if place is not None:
+            start = batch.add(sched.fair_start.sql(clock, {**user, "f_priority": place.priority}))
         out = await batch.run()
+        if place is not None and start is not None:
+            user_last, fresh_min, *taken = out[start].rows[0]
+            policy = self.core.settings.SCHEDULING_POLICY
+            place.vstart = fair_vstart(policy, place.weight, user_last, fresh_min, taken)
         if not clock.is_sqlite and out[lock].rowcount == 0:
             raise AdmissionRowMissing(user_id)
         if found is not None and out[found].rows:
@@ -396,6 +448,17 @@ class Admission:
         if all(r.state != "closed" for r in ordered):
             now = await self.core.clock.read(db)
             breaker.judge_failover_create(ordered, now, self.core.settings.BREAKER_COOLDOWN_SECONDS)
+
+    def priority(self, priority: int | None) -> int:
+        """A new job's priority: the one asked for (admin), else ``DEFAULT_PRIORITY``."""
+        return self.core.settings.DEFAULT_PRIORITY if priority is None else priority
+
+    def weight(self, plan: str | None, actor: str) -> float:
+        """A new job's user's weight in the fair order (reference §10.1): their plan's in
+        ``PLAN_SCHEDULING_WEIGHTS``, else 1; a job an admin creates weighs 1."""
+        if actor.startswith("admin") or not plan:
+            return 1.0
+        return self.core.settings.PLAN_SCHEDULING_WEIGHTS.get(plan, 1.0)
 
     def quota(self, req: CreateJobInput) -> int:
         """The daily job quota of ``req``'s user: their plan's, else the default (0 = none)."""
@@ -448,7 +511,8 @@ class Admission:
             "model_provider": new.model_provider,
             "model_name": new.model_name,
             "status": PENDING,
-            "priority": s.DEFAULT_PRIORITY if new.priority is None else new.priority,
+            "priority": self.priority(new.priority),
+            "vstart": new.vstart,
             "attempt_no": 0,
             "retry_count": 0,
             "max_retry_count": _or(new.max_retry_count, s.MAX_RETRY_COUNT),

@@ -11,17 +11,22 @@ the read of the claimed rows and of the snapshots not cached.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
 from job_service.lifecycle import LOCKED, PENDING, RUNNING, TERMINAL, Op
-from job_service.maintenance import breaker
+from job_service.maintenance import limits
+from job_service.maintenance.limits import Room
 from job_service.maintenance.scheduler import RECHECK_SECONDS
 from job_service.services.core import Core, observe_pickup, runtime_actor
+from job_service.services.granting import Grant, Granting, Pauses, Pick
 from job_service.services.ports import SnapshotView
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import StatementBatch, new_batch, run_one
 from job_service.store.engine import DbExec
@@ -34,8 +39,9 @@ from job_service.store.transitions import (
     transition_sql,
 )
 
-#: The key mode whose attempts are given a provider at lease grant (SPEC §9.4).
-PLATFORM_KEY = "platform_key"
+#: Most picks of one claim when picked jobs had nowhere to run (each round parks them
+#: and reads the jobs behind them).
+PICK_ROUNDS = 4
 MAX_POLL_LIMIT = 50
 DEFAULT_POLL_LIMIT = 10
 MAX_WAIT_MS = 20_000
@@ -85,13 +91,14 @@ class Claiming:
 
     def __init__(self, core: Core) -> None:
         self.core = core
+        self.granting = Granting(core)
 
     async def poll(
         self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
     ) -> list[JobRecord]:
         """Pending jobs the caller can run, not locked (SPEC §2.6), long-polling up to ``wait_ms``."""
         n = check_poll_args(capabilities, limit, wait_ms)
-        sql = st.poll_pending.sql(self.core.clock, {"caps": list(capabilities), "n": n})
+        sql = sched.poll_pending.sql(self.core.clock, {"caps": list(capabilities), "n": n})
 
         async def once() -> list[JobRecord]:
             found = await self.core.store.read(lambda conn: run_one(conn, sql))
@@ -136,9 +143,11 @@ class Claiming:
     async def claim_in(
         self, db: DbExec, instance_id: str, caps: list[str], n: int, *, start: bool
     ) -> Claimed:
-        """A claim's statements inside the caller's transaction (module doc): the pick,
-        each platform-key job's provider for this attempt (:meth:`providers_of`), then
-        one batch with the moves, their events and the reads of the rows and snapshots.
+        """A claim's statements inside the caller's transaction (module doc): the pick
+        (with the pauses running now, in its round trip), each picked job's lease grant
+        (:class:`~job_service.services.granting.Granting`: its provider, or parked when
+        none has room; the pick then goes on behind it), then one batch with the
+        moves, their events, the grants and the reads of the rows and snapshots.
 
         Args:
             caps: the capabilities, sorted and without repeats.
@@ -148,16 +157,14 @@ class Claiming:
         The COMMIT is left to the caller: a claim run again would lock other jobs,
         so its COMMIT goes alone.
         """
-        clock = self.core.clock
-        pick = st.claim_pick.sql(clock, {"caps": caps, "n": n})
-        picked = (await run_one(db, pick)).rows
-        if not picked:
+        picks, grant = await self._pick_and_grant(db, caps, n)
+        if not picks:
             return Claimed()
-        ids = [str(row[0]) for row in picked]
-        snapshot_ids = {str(row[0]): str(row[1]) for row in picked if row[1]} if start else {}
-        providers = await self.providers_of(db, picked)
+        ids = [p.job_id for p in picks]
+        snapshot_ids = {p.job_id: p.snapshot_id for p in picks if p.snapshot_id} if start else {}
+        await limits.note_grants(db, self.core.clock, grant.reserved)
         batch = new_batch(db)
-        read = self._queue_moves(batch, ids, instance_id, start=start, providers=providers)
+        read = self._queue_moves(batch, ids, instance_id, start=start, providers=grant.providers)
         snaps = self.core.learning.snapshots_read(sorted(set(snapshot_ids.values())))
         snaps_at = batch.add(snaps.sql) if snaps.sql is not None else None
         out = await batch.run()
@@ -174,37 +181,46 @@ class Claiming:
         }
         return Claimed(claimed, by_job)
 
-    async def providers_of(self, db: DbExec, picked: Sequence[Sequence[Any]]) -> dict[str, str]:
-        """The provider each picked platform-key job's new attempt is given, where it
-        differs from the job's ``modelProvider`` (SPEC §9.4: chosen when the lease is
-        granted): the first of its candidates whose breaker admits it
-        (:func:`breaker.choose_providers`); with one candidate, that one.
-
-        Args:
-            picked: :data:`statements.claim_pick` rows (jobId, snapshotId, apiKeyMode,
-                modelName, modelProvider).
-
-        Returns:
-            ``{jobId: provider}`` of the jobs whose provider changes.
-        """
-        by_model: dict[str, list[tuple[str, str]]] = {}
-        for row in picked:
-            if row[2] == PLATFORM_KEY:
-                by_model.setdefault(str(row[3]), []).append((str(row[0]), str(row[4])))
-        moves: dict[str, str] = {}
-        for model, found in by_model.items():
-            candidates = self.core.platform_candidates(model)
-            if not candidates:
-                continue  # credential_service answers the resolve (SPEC §5: no fallback)
-            chosen = [candidates[0]] * len(found)
-            if len(candidates) > 1:
-                chosen = await breaker.choose_providers(
-                    db, self.core.clock, self.core.settings, candidates, len(found)
-                )
-            for (job_id, current), provider in zip(found, chosen, strict=True):
-                if provider != current:
-                    moves[job_id] = provider
-        return moves
+    async def _pick_and_grant(
+        self, db: DbExec, caps: list[str], n: int
+    ) -> tuple[list[Pick], Grant]:
+        """Up to ``n`` picked jobs that may run now and their grant: a picked job with
+        nowhere to run is parked (out of the claim's range) and the pick goes on
+        behind it, at most :data:`PICK_ROUNDS` times."""
+        clock = self.core.clock
+        taken: list[Pick] = []
+        grant = Grant()
+        parked: dict[str, datetime] = {}
+        rooms: dict[str, Room] = {}
+        for _ in range(PICK_ROUNDS):
+            batch = new_batch(db)
+            for until, ids in _by_time(parked).items():  # parked in the last round
+                batch.add(sched.park.sql(clock, {"ids": ids, "p_until": until}))
+            parked = {}
+            # the jobs taken so far are still pending (this transaction's locks): the pick
+            # reads them again, ahead of the rest, and they are left out below
+            pick_at = batch.add(sched.claim_pick.sql(clock, {"caps": caps, "n": n}))
+            providers_at = batch.add(sched.paused_providers.sql(clock, {}))
+            credentials_at = batch.add(sched.paused_credentials.sql(clock, {}))
+            out = await batch.run()
+            seen = {p.job_id for p in taken}
+            picks = [p for p in map(Pick.of, out[pick_at].rows) if p.job_id not in seen]
+            if not picks:
+                break
+            pauses = Pauses.of(out[providers_at].rows, out[credentials_at].rows)
+            decided = await self.granting.decide(db, picks, pauses, rooms)
+            parked = decided.parked
+            taken += [p for p in picks if p.job_id not in parked]
+            grant.providers.update(decided.providers)
+            grant.reserved += decided.reserved
+            if not parked or len(taken) >= n:
+                break
+        if parked:
+            batch = new_batch(db)
+            for until, ids in _by_time(parked).items():
+                batch.add(sched.park.sql(clock, {"ids": ids, "p_until": until}))
+            await batch.run()
+        return taken, grant
 
     def _queue_moves(
         self,
@@ -254,7 +270,7 @@ class Claiming:
             )
         )
         return batch.add(
-            st.claimed_rows.sql(clock, {"ids": ids, "instance_id": instance_id}, status)
+            sched.claimed_rows.sql(clock, {"ids": ids, "instance_id": instance_id}, status)
         )
 
     def _lock_values(self, instance_id: str) -> dict[str, Any]:
@@ -272,20 +288,39 @@ class Claiming:
     async def lock(self, job_id: str, instance_id: str) -> JobRecord:
         """pending → locked for the caller (SPEC §2.3 lock).
 
+        The job's provider is granted as a claim's are (:class:`Granting`).
+
         Raises:
             AppError: JOB_NOT_FOUND; INVALID_JOB_STATE (terminal/cancelled);
-                JOB_ALREADY_LOCKED (leased, or a pending job whose old lease has not lapsed).
+                JOB_ALREADY_LOCKED (leased, or a pending job whose old lease has not
+                lapsed); NO_PROVIDER_CAPACITY (no provider has room for it now, with
+                ``retryAfterSeconds``).
         """
         clock = self.core.clock
         moved = {"ids": [job_id], "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
 
         async def body(db: DbExec) -> JobRecord:
             values = self._lock_values(instance_id)
-            if len(self.core.providers) > 1:  # a choice of provider (SPEC §9.4)
-                pending = (await run_one(db, st.lock_pick.sql(clock, {"g_job_id": job_id}))).rows
-                provider = (await self.providers_of(db, pending)).get(job_id)
-                if provider is not None:
-                    values["model_provider"] = provider
+            batch = new_batch(db)
+            pick_at = batch.add(sched.lock_pick.sql(clock, {"g_job_id": job_id}))
+            providers_at = batch.add(sched.paused_providers.sql(clock, {}))
+            credentials_at = batch.add(sched.paused_credentials.sql(clock, {}))
+            out = await batch.run()
+            picks = [Pick.of(row) for row in out[pick_at].rows]
+            pauses = Pauses.of(out[providers_at].rows, out[credentials_at].rows)
+            grant = await self.granting.decide(db, picks, pauses)
+            if job_id in grant.parked:  # nowhere to run it now (reference §10.2)
+                now = await clock.read(db)
+                wait = max(1, math.ceil((grant.parked[job_id] - now).total_seconds()))
+                raise AppError(
+                    ErrorCode.NO_PROVIDER_CAPACITY,
+                    "no provider has room for this job now",
+                    {"jobId": job_id, "retryAfterSeconds": wait},
+                )
+            provider = grant.providers.get(job_id)
+            if provider is not None:
+                values["model_provider"] = provider
+            await limits.note_grants(db, clock, grant.reserved)
             sql = transition_sql(
                 clock,
                 Op.LOCK,
@@ -357,3 +392,11 @@ class Claiming:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return []
+
+
+def _by_time(parked: dict[str, datetime]) -> dict[datetime, list[str]]:
+    """Parked job ids grouped by the time they are parked until."""
+    out: dict[datetime, list[str]] = {}
+    for job_id, until in parked.items():
+        out.setdefault(until, []).append(job_id)
+    return out

@@ -36,13 +36,16 @@ from typing import Any
 from airuntime_common.errors import AppError, ErrorCode
 from job_service.lifecycle import SUCCEEDED, TERMINAL, AttemptEnding, Lease, Op, end_attempt
 from job_service.maintenance import breaker
+from job_service.maintenance.limits import pause_seconds
 from job_service.services.accounting import Accounting, spend_row
 from job_service.services.core import Core, lease_refusal, new_id, runtime_actor
 from job_service.services.inputs import ModelCallInput
 from job_service.services.ports import PreparedResult
 from job_service.store import endings as sql
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
+from job_service.store.cache import Sql
 from job_service.store.engine import DbExec
 from job_service.store.records import ENDING_FACTS, EndingFacts, JobRecord, job_of
 from job_service.store.transitions import ending_values
@@ -324,6 +327,8 @@ class Completer:
         if ended:
             batch.add(sql.ending_events(clock, [self._event(d) for d in ended]))
         self.accounting.queue_spend(batch, [row for d in ended for row in d.calls])
+        for statement in self._provider_state(ended):
+            batch.add(statement)
         fails = [d for d in ended if isinstance(d.report, FailReport)]
         reads = [
             batch.add(st.get_job.sql(clock, {"g_job_id": d.report.lease.job_id}, False))
@@ -342,6 +347,34 @@ class Completer:
         out = await batch.run()
         for d, at in zip(fails, reads, strict=True):
             d.job = job_of(out[at].rows[0])
+
+    def _provider_state(self, ended: Sequence[Done]) -> list[Sql]:
+        """What the ended attempts change of the provider limits (reference §10.2): each
+        attempt's grant settled with the tokens its calls used (while any provider has
+        limits), and a 429 (``MODEL_RATE_LIMIT``) pausing its provider (platform key)
+        or its user key for every worker, from now for its ``Retry-After``."""
+        clock = self.core.clock
+        out: list[Sql] = []
+        if any(p.limits.any for p in self.core.providers):
+            settled = [
+                (d.report.lease.job_id, d.report.lease.attempt_no, _tokens(d.report.calls))
+                for d in ended
+                if d.facts is not None and d.facts.api_key_mode == PLATFORM_KEY
+            ]
+            out += sched.settle_grants(clock, settled)
+        for d in ended:
+            facts, ending, report = d.facts, d.ending, d.report
+            if facts is None or ending is None or ending.code != ErrorCode.MODEL_RATE_LIMIT:
+                continue
+            wait = pause_seconds(report.retry_after if isinstance(report, FailReport) else None)
+            if facts.api_key_mode == PLATFORM_KEY:
+                out.append(sched.pause_provider(clock, facts.model_provider, wait))
+                continue
+            followed = key_followed(facts.api_key_mode, report.calls).get("credential_id")
+            credential = str(followed or facts.credential_id or "")
+            if credential:
+                out += sched.pause_credential(clock, credential, wait)
+        return out
 
     def _queue_rows(self, batch: Any, done: Done) -> None:
         """Queue an ended attempt's rows: an accepted result's business rows and result
@@ -418,6 +451,11 @@ def key_followed(api_key_mode: str, calls: Sequence[ModelCallInput]) -> dict[str
                 out["model_provider"] = call.model_provider
             return out
     return {}
+
+
+def _tokens(calls: Sequence[ModelCallInput]) -> int:
+    """The tokens an attempt's model calls used (prompt and completion)."""
+    return sum(c.prompt_tokens + c.completion_tokens for c in calls)
 
 
 def _holder(lease: Lease) -> sql.Holder:

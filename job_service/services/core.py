@@ -16,6 +16,7 @@ from job_service.maintenance.scheduler import RECHECK_SECONDS, JobSignal, Pendin
 from job_service.maintenance.workers import WorkerRegistry
 from job_service.services.ports import CredentialChecker, LearningPort, SnapshotView
 from job_service.settings import JobServiceSettings
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import run_one
 from job_service.store.clock import DbClock
@@ -141,7 +142,7 @@ class Core:
     async def _any_claimable(self) -> bool:
         """Whether some pending job is available now (the :class:`PendingProbe` query)."""
         found = await self.store.read(
-            lambda conn: run_one(conn, st.any_claimable.sql(self.clock, {}))
+            lambda conn: run_one(conn, sched.any_claimable.sql(self.clock, {}))
         )
         return bool(found.rows)
 

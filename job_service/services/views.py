@@ -16,6 +16,7 @@ from job_service.maintenance import breaker
 from job_service.maintenance.changes import Change
 from job_service.maintenance.workers import WorkerView
 from job_service.services.core import Core
+from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import new_batch
 from job_service.store.records import EventRecord, InvocationRecord, JobRecord
@@ -176,7 +177,7 @@ class Views:
             )
             batch = new_batch(session)
             spent = batch.add(st.platform_spent_today.sql(clock, {}))
-            heads = [batch.add(st.next_in_line.sql(clock, {"n_type": t})) for t in types]
+            heads = [batch.add(sched.next_in_line.sql(clock, {"n_type": t})) for t in types]
             out = await batch.run()
             workers = await self.core.registry.list_workers(
                 session, settings.worker_alive_seconds()

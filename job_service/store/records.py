@@ -56,6 +56,10 @@ class JobRecord:
     version: int = 0
     #: the create's W3C traceparent (SPEC §9.5), or None.
     trace_parent: str | None = None
+    #: its place in its priority's fair order (reference §10.1; internal)
+    vstart: float = 0.0
+    #: parked out of the claim's range until then (reference §2.4, §10.2; internal)
+    parked_until: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> JobRecord:

@@ -53,7 +53,6 @@ from job_service.store.transitions import (
     VERSION_PLUS_ONE,
     lease_guard_bound,
     leases_guard,
-    lock_guard,
 )
 
 #: Accepted results (``ai_results``).
@@ -335,89 +334,6 @@ def upsert_authorization(clock: DbClock) -> Any:
         )
     mstmt = mysql_insert(authorizations).values(**values)
     return mstmt.on_duplicate_key_update(granted=mstmt.inserted.granted, changed_at=clock.now())
-
-
-# ------------------------------------------------------------- scheduling
-
-
-@Statement
-def poll_pending(clock: DbClock) -> Any:
-    """Pending jobs available now of the bound ``caps`` (list), in priority order, at
-    most ``n`` (SPEC §2.6): every column."""
-    return (
-        select(jobs)
-        .where(
-            jobs.c.status == JobStatus.PENDING,
-            jobs.c.job_type.in_(bindparam("caps", expanding=True)),
-            jobs.c.available_at <= clock.now(),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-        .limit(bindparam("n", type_=Integer()))
-    )
-
-
-@Statement
-def claim_pick(clock: DbClock) -> Any:
-    """A claim's candidates: ``(jobId, snapshotId, apiKeyMode, modelName, modelProvider)``
-    of pending jobs available now of the bound ``caps`` (list), at most ``n``, in
-    priority order, ``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB (concurrent claimers
-    get disjoint batches, SPEC §2.6)."""
-    q = (
-        select(
-            jobs.c.job_id,
-            jobs.c.snapshot_id,
-            jobs.c.api_key_mode,
-            jobs.c.model_name,
-            jobs.c.model_provider,
-        )
-        .where(
-            jobs.c.status == JobStatus.PENDING,
-            jobs.c.job_type.in_(bindparam("caps", expanding=True)),
-            jobs.c.available_at <= clock.now(),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-        .limit(bindparam("n", type_=Integer()))
-    )
-    return _for_update(clock, q, skip_locked=True)
-
-
-@Statement
-def lock_pick(clock: DbClock) -> Any:
-    """LockJob's candidate (bound: ``g_job_id``) when the lock's guard would pass, as
-    :func:`claim_pick` reads it, ``FOR UPDATE`` on MySQL/MariaDB."""
-    q = select(
-        jobs.c.job_id,
-        jobs.c.snapshot_id,
-        jobs.c.api_key_mode,
-        jobs.c.model_name,
-        jobs.c.model_provider,
-    ).where(jobs.c.job_id == bindparam("g_job_id", type_=String()), lock_guard(clock))
-    return _for_update(clock, q)
-
-
-@Statement
-def claimed_rows(clock: DbClock, status: str) -> Any:
-    """The rows a claim just moved (bound: ``ids`` list, ``instance_id``), now in
-    ``status`` and held by the caller, in pick order: every column."""
-    return (
-        select(jobs)
-        .where(
-            jobs.c.job_id.in_(bindparam("ids", expanding=True)),
-            jobs.c.status == status,
-            jobs.c.locked_by == bindparam("instance_id", type_=String()),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-    )
-
-
-@Statement
-def any_claimable(clock: DbClock) -> Any:
-    """Whether some pending job is available now: its ``seq``, at most one row."""
-    return (
-        select(jobs.c.seq)
-        .where(jobs.c.status == JobStatus.PENDING, jobs.c.available_at <= clock.now())
-        .limit(1)
-    )
 
 
 # ----------------------------------------------------------------- leases
@@ -714,22 +630,6 @@ def queue_depth() -> Select[Any]:
         select(jobs.c.status, jobs.c.job_type, func.count())
         .where(jobs.c.status.in_(sorted(LIVE)))
         .group_by(jobs.c.status, jobs.c.job_type)
-    )
-
-
-@Statement
-def next_in_line(clock: DbClock) -> Any:
-    """``(availableAt, now)`` of the pending, available job of type ``n_type`` a claim
-    would pick next (the poll index's first row), at most one row."""
-    return (
-        select(jobs.c.available_at, clock.now())
-        .where(
-            jobs.c.status == JobStatus.PENDING,
-            jobs.c.job_type == bindparam("n_type", type_=String()),
-            jobs.c.available_at <= clock.now(),
-        )
-        .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
-        .limit(1)
     )
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     CheckConstraint,
     Date,
     DateTime,
+    Double,
     Index,
     Integer,
     Numeric,
@@ -91,6 +92,13 @@ class Job(Base):
     updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     #: +1 on every UPDATE of the row (the ETag of SPEC §9.1).
     version: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+    #: the job's virtual start in its priority's fair order (reference §10.1): claims
+    #: take ``priority, vstart, createdAt, seq``
+    vstart: Mapped[float] = mapped_column(Double, nullable=False, server_default=text("0"))
+    #: a pending job not claimable before this time (its retry's backoff, or no provider
+    #: with room for it): out of the claim's index range until the scheduler takes it
+    #: back at that time (reference §2.4, §10.2); NULL: claimable
+    parked_until: Mapped[datetime | None] = mapped_column(Micro)
     #: The create request's W3C ``traceparent`` (SPEC §9.5), or NULL.
     trace_parent: Mapped[str | None] = mapped_column(String(55))
 
@@ -106,7 +114,8 @@ class Job(Base):
             "idempotency_key",
             name="uq_jobs_idempotency",
         ),
-        Index("ix_jobs_poll", "status", "priority", "created_at", "seq"),
+        Index("ix_jobs_poll", "status", "parked_until", "priority", "vstart", "created_at", "seq"),
+        Index("ix_jobs_user_waiting", "user_id", "status", "priority", "vstart"),
         Index("ix_jobs_reaper", "status", "lock_until"),
         Index("ix_jobs_user", "user_id", "created_at"),
         Index("ix_jobs_status_seq", "status", "seq"),
@@ -214,6 +223,48 @@ class CircuitBreakerRow(Base):
     half_open_at: Mapped[datetime | None] = mapped_column(Micro)
     probes_in_flight: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     updated_at: Mapped[datetime | None] = mapped_column(Micro)
+    #: a provider's 429 pauses it for every worker until then (reference §10.2)
+    paused_until: Mapped[datetime | None] = mapped_column(Micro)
+    #: written by every lease grant to this provider while it has limits: grants of one
+    #: provider are decided one transaction at a time, on every replica and node
+    grants: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
+
+
+class ProviderGrant(Base):
+    """``ai_provider_grants``: one row per platform-key attempt leased to a provider that
+    has limits (reference §10.2): when it was granted, the tokens reserved for it (its
+    job type's estimate) and, once the attempt has ended, the tokens it used.
+
+    The provider's usage of the last 60 seconds is read from here by
+    ``ix_provider_grants_window`` (provider, granted_at); rows older than a minute
+    whose attempt has ended are deleted by the scheduler.
+    """
+
+    __tablename__ = "ai_provider_grants"
+    __table_args__ = (
+        Index("ix_provider_grants_window", "provider", "granted_at"),
+        Index("ix_provider_grants_job", "job_id", "attempt_no"),
+    )
+
+    seq: Mapped[int] = mapped_column(Seq, primary_key=True, autoincrement=True)
+    provider: Mapped[str] = mapped_column(String(32), nullable=False)
+    job_id: Mapped[str] = mapped_column(Id, nullable=False)
+    attempt_no: Mapped[int] = mapped_column(Integer, nullable=False)
+    granted_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    tokens_reserved: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    tokens_used: Mapped[int | None] = mapped_column(BigInteger)
+    ended_at: Mapped[datetime | None] = mapped_column(Micro)
+
+
+class CredentialPause(Base):
+    """``ai_credential_pauses``: a user key its provider answered 429 is not leased until
+    ``paused_until`` (reference §10.2); the row of a pause that has run out is left
+    (the next 429 overwrites it)."""
+
+    __tablename__ = "ai_credential_pauses"
+
+    credential_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    paused_until: Mapped[datetime] = mapped_column(Micro, nullable=False)
 
 
 jobs = cast(Table, Job.__table__)
@@ -222,6 +273,8 @@ invocations = cast(Table, InvocationLog.__table__)
 workers = cast(Table, RuntimeWorker.__table__)
 authorizations = cast(Table, AiAuthorization.__table__)
 breaker = cast(Table, CircuitBreakerRow.__table__)
+grants = cast(Table, ProviderGrant.__table__)
+credential_pauses = cast(Table, CredentialPause.__table__)
 
 
 class UserAdmissionLock(Base):

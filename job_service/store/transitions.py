@@ -579,7 +579,7 @@ def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[s
     """The columns an attempt's ending sets (SPEC §2.3; :mod:`job_service.lifecycle.endings`):
     the code and message, the lease cleared, and per ending ``finishedAt``
     (fail), ``cancelledAt`` + ``finishedAt`` (cancel) or the retry's
-    ``retryCount + 1`` and ``availableAt = now + delay`` (retry)."""
+    ``retryCount + 1`` and ``availableAt = now + delay``, parked until then (retry)."""
     common: dict[str, Any] = {
         "lock_until": None,
         "error_code": ending.code,
@@ -588,11 +588,15 @@ def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[s
     if ending.ending is Ending.CANCEL:
         return {**common, "cancelled_at": clock.now(), "finished_at": clock.now()}
     if ending.ending is Ending.RETRY:
+        at = clock.plus(ending.delay_seconds, varying=True)
         return {
             **common,
             "locked_by": None,
             "retry_count": RETRY_COUNT_PLUS_ONE,
-            "available_at": clock.plus(ending.delay_seconds, varying=True),
+            "available_at": at,
+            # out of the claim's range until then (reference §2.4): the scheduler takes
+            # it back at that time, in its place
+            "parked_until": at if ending.delay_seconds > 0 else None,
         }
     return {**common, "finished_at": clock.now()}
 

@@ -34,7 +34,7 @@ from runtime_worker.snapshot import SnapshotPayload
 
 PROMPT_DIR = Path(__file__).parent
 DEFAULT_PROMPT_VERSION = "v1"
-MAX_SNAPSHOT_CHARS = 48_000
+MAX_SNAPSHOT_CHARS = jobtypes.MAX_SNAPSHOT_CHARS
 
 
 #: Order in which snapshot lists are shortened (from their end).
@@ -184,6 +184,12 @@ def render_prompt(
     }
     system = _block(template, "system", ctx)
     user = _block(template, "user", ctx)
+    if len(system) + len(user) > jobtypes.MAX_PROMPT_CHARS:  # the budget job_service reserves
+        raise AppError(
+            ErrorCode.INVALID_SNAPSHOT,
+            "the prompt does not fit the model context",
+            {"chars": len(system) + len(user), "limit": jobtypes.MAX_PROMPT_CHARS},
+        )
     return RenderedPrompt(
         prompt_version=f"{job_type}.{version}",
         messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],

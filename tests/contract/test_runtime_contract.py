@@ -72,6 +72,16 @@ async def db_now(stack: RuntimeStack) -> datetime:
     return now if now.tzinfo else now.replace(tzinfo=UTC)
 
 
+async def _end_pauses(stack: RuntimeStack) -> None:
+    """Every provider's pause after a 429 runs out now."""
+    from sqlalchemy import update
+
+    from job_service.store.tables import breaker
+
+    async with stack.jobs.domain.sessions() as session, session.begin():
+        await session.execute(update(breaker).values(paused_until=None))
+
+
 async def held(stack: RuntimeStack, t: RuntimeTransport, **create: Any) -> str:
     """A new job locked by ``t`` as attempt 1."""
     job_id = str((await stack.create(**create))["jobId"])
@@ -611,6 +621,10 @@ async def test_retryable_fail_goes_back_to_pending_with_backoff(
     assert answer["retryCount"] == 3
     delay = (when((await stack.get(job_id))["availableAt"]) - await db_now(stack)).total_seconds()
     assert 895 <= delay <= 905, delay
+    # the 429 also paused the provider for every lease (reference §10.2, at most 300 s):
+    # a lock is refused with how long to wait
+    await refused(w1, "NO_PROVIDER_CAPACITY", w1.lock(job_id))
+    await _end_pauses(stack)
     # retries used up: failed with the last code, retryCount stays at maxRetryCount
     assert (await w1.lock(job_id))["attemptNo"] == 4
     answer = await w1.fail(job_id, 4, "TEMPORARY_PROVIDER_ERROR", "503")

@@ -63,6 +63,7 @@ SPEC_STATUS: dict[str, tuple[int, grpc.StatusCode]] = {
     "PERMISSION_DENIED": (403, grpc.StatusCode.PERMISSION_DENIED),
     "NOT_FOUND": (404, grpc.StatusCode.NOT_FOUND),
     "PAYLOAD_TOO_LARGE": (413, grpc.StatusCode.INVALID_ARGUMENT),
+    "NO_PROVIDER_CAPACITY": (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
 }
 
 _ENUMS = {

@@ -16,7 +16,7 @@ from job_service.maintenance.reaper import Reaper
 from job_service.services.core import new_id
 from job_service.services.domain import JobDomain
 from job_service.services.inputs import CreateJobInput
-from job_service.store import statements
+from job_service.store import scheduling
 from job_service.store.tables import admission_locks, events, jobs
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
 
@@ -132,7 +132,7 @@ async def test_explain_uses_index_without_filesort(domain: JobDomain, for_claim:
         # finished jobs dominate a real table
         await s.execute(text("UPDATE ai_runtime_jobs SET status='succeeded' WHERE seq % 10 <> 0"))
         await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
-    q = statements.poll_pending.get(domain.clock).params(
+    q = scheduling.poll_pending.get(domain.clock).params(
         caps=["learning_state_analysis", "quiz_generation"], n=50
     )
     if for_claim:

@@ -22,7 +22,7 @@ from sqlalchemy.dialects.mysql import aiomysql
 
 from job_service.lifecycle import LOCKED, RUNNING
 from job_service.store import mysql_batch as batch
-from job_service.store import statements
+from job_service.store import scheduling, statements
 from job_service.store.clock import DbClock
 from job_service.store.statements import results
 from job_service.store.tables import invocations, jobs
@@ -34,7 +34,7 @@ CLOCK = DbClock("mysql")
 
 def _claim_read_stmt(status: str) -> Any:
     """A claim's read of the rows it moved."""
-    return statements.claimed_rows.get(CLOCK, status)
+    return scheduling.claimed_rows.get(CLOCK, status)
 
 
 def _claim_events_stmt(status: str) -> Any:

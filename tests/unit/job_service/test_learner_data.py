@@ -386,7 +386,6 @@ async def test_deleting_a_material_takes_what_was_built_from_it(svc: Svc) -> Non
     late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
     assert await code_of(submit(svc, leased, late, "w2")) == "INVALID_JOB_STATE"
     after = await status(leased_job.job_id)
-    from airuntime_common.enums import JOB_STATUS
 
     assert JOB_STATUS.to_str(after.status) == "cancelled"
     assert JOB_STATUS.to_str((await status(pending.job_id)).status) == "cancelled"
@@ -526,11 +525,15 @@ async def test_erasing_a_user_leaves_no_row_of_theirs(db_url: str) -> None:
         assert await costs(one) == before
         late = {"items": [{"front": "late", "back": "b", "sourceBlockIds": [m.blocks[0].block_id]}]}
         # the leased job stays, with nothing of the user on it, until its attempt ends:
-        # its result writes nothing (409, the job ends cancelled)
+        # its result writes nothing (409, the job ends cancelled), and then it goes with
+        # its events (case N7)
+        kept_job = await one.call("GetJob", rr.GetJobRequest(job_id=leased.job_id))
+        assert kept_job.job.user_id == name and not kept_job.job.params
         assert await code_of(submit(one, leased, late, "w3")) == "INVALID_JOB_STATE"
-        ended = await one.call("GetJob", rr.GetJobRequest(job_id=leased.job_id))
-        assert ended.job.status == JOB_STATUS.to_proto("cancelled")
-        assert ended.job.user_id == name and not ended.job.params
+        assert await code_of(one.call("GetJob", rr.GetJobRequest(job_id=leased.job_id))) == (
+            "JOB_NOT_FOUND"
+        )
+        assert leased.job_id not in await dump(one)
         assert "late" not in await dump(one)
         assert ERASED not in await dump(one)
         # the same id sees an empty account, and its day's quota is still used (3 of 5)
