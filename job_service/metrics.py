@@ -9,7 +9,7 @@ Counters and histograms are updated where the event happens; the gauges
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -110,3 +110,44 @@ def set_breakers(views: Sequence[_BreakerLike]) -> None:
             BREAKER_STATE.labels(view.provider, name).set(1 if name == view.state else 0)
     if views:
         BREAKER_FAILURES.set(views[0].consecutive_failures)
+
+
+PROVIDER_REQUESTS = Gauge(
+    "airt_provider_requests_last_minute",
+    "Platform-key attempts leased to the provider in the last 60 s (reference §10.2)",
+    ["provider"],
+)
+PROVIDER_TOKENS = Gauge(
+    "airt_provider_tokens_last_minute",
+    "Tokens of those attempts: used where settled, else their estimate",
+    ["provider"],
+)
+PROVIDER_IN_FLIGHT = Gauge(
+    "airt_provider_in_flight", "Platform-key attempts holding a lease on the provider", ["provider"]
+)
+PROVIDER_PAUSED = Gauge(
+    "airt_provider_paused", "1 while the provider is paused after a 429", ["provider"]
+)
+PROVIDER_LIMIT = Gauge(
+    "airt_provider_limit",
+    "The provider's limits (requests_per_minute, tokens_per_minute, max_concurrent); "
+    "absent where it has none",
+    ["provider", "limit"],
+)
+
+
+def set_providers(views: Sequence[Any]) -> None:
+    """Publish each provider's usage, pause and limits (each a
+    :class:`~job_service.services.views.ProviderStateView`)."""
+    for view in views:
+        PROVIDER_REQUESTS.labels(view.name).set(view.requests_last_minute)
+        PROVIDER_TOKENS.labels(view.name).set(view.tokens_last_minute)
+        PROVIDER_IN_FLIGHT.labels(view.name).set(view.in_flight)
+        PROVIDER_PAUSED.labels(view.name).set(1 if view.paused_until is not None else 0)
+        for name, value in (
+            ("requests_per_minute", view.limits.requestsPerMinute),
+            ("tokens_per_minute", view.limits.tokensPerMinute),
+            ("max_concurrent", view.limits.maxConcurrent),
+        ):
+            if value is not None:
+                PROVIDER_LIMIT.labels(view.name, name).set(value)

@@ -29,10 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from airuntime_common.model_providers import ProviderConfig, ProviderLimits
 from airuntime_common.states import LEASED
+from job_service.store import scheduling as sched
+from job_service.store.cache import Sql
 from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
 from job_service.store.tables import breaker, credential_pauses, grants, jobs
@@ -136,7 +138,7 @@ async def read_rooms(
 
     The breaker rows of those with limits are locked (``FOR UPDATE``, in name order)
     before their usage is read, so grants to one provider are decided one
-    transaction at a time; :func:`note_grants` then writes them.
+    transaction at a time; :func:`grant_statements` then writes them.
     """
     names = sorted({p.name for p in providers})
     limited = sorted({p.name for p in providers if p.limits.any})
@@ -184,32 +186,29 @@ async def read_rooms(
     return rooms
 
 
-def grant_rows(granted: Sequence[tuple[str, int, str, int]]) -> list[dict[str, Any]]:
-    """The ``ai_provider_grants`` rows of attempts granted now: ``(jobId, attemptNo,
-    provider, tokens reserved)`` each (``granted_at``: the insert's database time)."""
-    return [
-        {"job_id": job_id, "attempt_no": attempt_no, "provider": provider, "tokens_reserved": t}
-        for job_id, attempt_no, provider, t in granted
+def grant_statements(
+    clock: DbClock, granted: Sequence[tuple[str, int, str, int]], limited: set[str]
+) -> list[Sql]:
+    """The writes of this transaction's grants, for its batch: a grant row for every
+    platform-key attempt leased (``(jobId, attemptNo, provider, tokens reserved)``:
+    its provider's usage), then each limited provider's ``grants`` counter (the write
+    that makes concurrent grants to one provider conflict)."""
+    out = [
+        sched.insert_grant.sql(
+            clock,
+            {"job_id": job_id, "attempt_no": attempt, "provider": provider, "tokens_reserved": t},
+        )
+        for job_id, attempt, provider, t in granted
     ]
-
-
-async def note_grants(
-    db: DbExec, clock: DbClock, granted: Sequence[tuple[str, int, str, int]]
-) -> None:
-    """Write this transaction's grants: their rows, and each provider's ``grants``
-    counter (the write that makes concurrent grants to one provider conflict)."""
-    if not granted:
-        return
-    await db.execute(grants.insert().values(granted_at=clock.now()), grant_rows(granted))
     counts: dict[str, int] = {}
     for _, _, provider, _ in granted:
-        counts[provider] = counts.get(provider, 0) + 1
+        if provider in limited:
+            counts[provider] = counts.get(provider, 0) + 1
     for provider in sorted(counts):
-        await db.execute(
-            update(breaker)
-            .where(breaker.c.provider == provider)
-            .values(grants=breaker.c.grants + counts[provider])
+        out.append(
+            sched.count_grants.sql(clock, {"g_provider": provider, "g_count": counts[provider]})
         )
+    return out
 
 
 async def paused_credentials(

@@ -140,7 +140,7 @@ class Reaper:
         batch = new_batch(db)
         expire.queue_fenced(batch, "expire")  # the job moved meanwhile: leave it
         then.queue_fenced(batch, "end")  # same transaction, row locked: cannot be refused
-        if any(p.limits.any for p in self.core.providers):  # its grant ends, its estimate kept
+        if row.api_key_mode == "platform_key":  # its grant ends, its estimate kept
             for statement in sched.settle_grants(clock, [(job_id, row.attempt_no, None)]):
                 batch.add(statement)
         if row.user_id.startswith(st.PSEUDONYM_PREFIX) and ending.ending.to_state in TERMINAL:

@@ -80,6 +80,35 @@ class AdminRpcs:
         return rr.ResetCircuitBreakerResponse(breaker=_breaker(await self.domain.breaker_views()))
 
     @rpc
+    async def ListProviders(
+        self, request: rr.ListProvidersRequest, context: Ctx
+    ) -> rr.ListProvidersResponse:
+        out = rr.ListProvidersResponse()
+        for view in await self.domain.provider_states():
+            one = out.providers.add(
+                name=view.name,
+                requests_last_minute=view.requests_last_minute,
+                tokens_last_minute=view.tokens_last_minute,
+                in_flight=view.in_flight,
+            )
+            limits = view.limits
+            if limits.requestsPerMinute is not None:
+                one.requests_per_minute = limits.requestsPerMinute
+            if limits.tokensPerMinute is not None:
+                one.tokens_per_minute = limits.tokensPerMinute
+            if limits.maxConcurrent is not None:
+                one.max_concurrent = limits.maxConcurrent
+            paused = to_timestamp(view.paused_until)
+            if paused is not None:
+                one.paused_until.CopyFrom(paused)
+            b = view.breaker
+            one.breaker.name = b.provider
+            one.breaker.state = _enum(BREAKER_STATE.to_proto(b.state))
+            one.breaker.consecutive_failures = b.consecutive_failures
+            _times(one.breaker, b)
+        return out
+
+    @rpc
     async def GetJobThroughput(
         self, request: rr.GetJobThroughputRequest, context: Ctx
     ) -> rr.GetJobThroughputResponse:

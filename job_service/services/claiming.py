@@ -162,8 +162,9 @@ class Claiming:
             return Claimed()
         ids = [p.job_id for p in picks]
         snapshot_ids = {p.job_id: p.snapshot_id for p in picks if p.snapshot_id} if start else {}
-        await limits.note_grants(db, self.core.clock, grant.reserved)
         batch = new_batch(db)
+        for statement in limits.grant_statements(self.core.clock, grant.reserved, grant.limited):
+            batch.add(statement, merge=True)
         read = self._queue_moves(batch, ids, instance_id, start=start, providers=grant.providers)
         snaps = self.core.learning.snapshots_read(sorted(set(snapshot_ids.values())))
         snaps_at = batch.add(snaps.sql) if snaps.sql is not None else None
@@ -213,6 +214,7 @@ class Claiming:
             taken += [p for p in picks if p.job_id not in parked]
             grant.providers.update(decided.providers)
             grant.reserved += decided.reserved
+            grant.limited |= decided.limited
             if not parked or len(taken) >= n:
                 break
         if parked:
@@ -320,7 +322,10 @@ class Claiming:
             provider = grant.providers.get(job_id)
             if provider is not None:
                 values["model_provider"] = provider
-            await limits.note_grants(db, clock, grant.reserved)
+            batch = new_batch(db)
+            for statement in limits.grant_statements(clock, grant.reserved, grant.limited):
+                batch.add(statement)
+            await batch.run()
             sql = transition_sql(
                 clock,
                 Op.LOCK,

@@ -349,19 +349,17 @@ class Completer:
             d.job = job_of(out[at].rows[0])
 
     def _provider_state(self, ended: Sequence[Done]) -> list[Sql]:
-        """What the ended attempts change of the provider limits (reference §10.2): each
-        attempt's grant settled with the tokens its calls used (while any provider has
-        limits), and a 429 (``MODEL_RATE_LIMIT``) pausing its provider (platform key)
+        """What the ended attempts change of the providers' state (reference §10.2): each
+        platform-key attempt's grant settled with the tokens its calls used, and a 429 (``MODEL_RATE_LIMIT``) pausing its provider (platform key)
         or its user key for every worker, from now for its ``Retry-After``."""
         clock = self.core.clock
         out: list[Sql] = []
-        if any(p.limits.any for p in self.core.providers):
-            settled = [
-                (d.report.lease.job_id, d.report.lease.attempt_no, _tokens(d.report.calls))
-                for d in ended
-                if d.facts is not None and d.facts.api_key_mode == PLATFORM_KEY
-            ]
-            out += sched.settle_grants(clock, settled)
+        settled = [
+            (d.report.lease.job_id, d.report.lease.attempt_no, _tokens(d.report.calls))
+            for d in ended
+            if d.facts is not None and d.facts.api_key_mode == PLATFORM_KEY
+        ]
+        out += sched.settle_grants(clock, settled)
         for d in ended:
             facts, ending, report = d.facts, d.ending, d.report
             if facts is None or ending is None or ending.code != ErrorCode.MODEL_RATE_LIMIT:

@@ -53,7 +53,7 @@ from job_service.services.inputs import (
 from job_service.services.leases import Leases
 from job_service.services.ports import CredentialChecker, LearningPort, SnapshotView
 from job_service.services.removal import EndedJobs, Removal
-from job_service.services.views import Views
+from job_service.services.views import ProviderStateView, Views
 from job_service.settings import JobServiceSettings
 from job_service.store.clock import DbClock
 from job_service.store.records import EventRecord, InvocationRecord, JobRecord
@@ -404,6 +404,10 @@ class JobDomain:
     async def breaker_views(self) -> list[BreakerView]:
         """:meth:`Views.breaker_views`."""
         return await self.views.breaker_views()
+
+    async def provider_states(self) -> list[ProviderStateView]:
+        """:meth:`Views.provider_states`."""
+        return await self.views.provider_states()
 
     async def breaker_reset(self, provider: str | None = None) -> BreakerView:
         """:meth:`Views.breaker_reset`."""

@@ -70,14 +70,17 @@ class Grant:
 
     Attributes:
         providers: ``{jobId: provider}`` of the jobs whose provider the lease changes.
-        reserved: ``(jobId, attemptNo, provider, tokens)`` of each attempt counted
-            against a provider's limits (its new ``attemptNo``).
+        reserved: ``(jobId, attemptNo, provider, tokens)`` of each platform-key attempt
+            granted (its new ``attemptNo``, its job type's token estimate): its
+            provider's usage, counted against its limits.
         parked: ``{jobId: until}`` of the jobs with nowhere to run now.
+        limited: the providers among ``reserved`` that have limits.
     """
 
     providers: dict[str, str] = field(default_factory=dict)
     reserved: list[tuple[str, int, str, int]] = field(default_factory=list)
     parked: dict[str, datetime] = field(default_factory=dict)
+    limited: set[str] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ class Granting:
                     db, self.core.clock, self.core.settings, names, len(found)
                 )
             for pick, provider in zip(found, chosen, strict=True):
+                estimate = jobtypes.get(pick.job_type).token_estimate
+                grant.reserved.append((pick.job_id, pick.attempt_no + 1, provider, estimate))
                 if provider != pick.model_provider:
                     grant.providers[pick.job_id] = provider
 
@@ -183,9 +188,10 @@ class Granting:
                 db, self.core.clock, self.core.settings, open_, 1
             )
         room = rooms[chosen]
+        room.take(estimate)
+        grant.reserved.append((pick.job_id, pick.attempt_no + 1, chosen, estimate))
         if room.limits.any:
-            room.take(estimate)
-            grant.reserved.append((pick.job_id, pick.attempt_no + 1, chosen, estimate))
+            grant.limited.add(chosen)
         if chosen != pick.model_provider:
             grant.providers[pick.job_id] = chosen
 

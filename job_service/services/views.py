@@ -6,10 +6,12 @@ from __future__ import annotations
 import base64
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.model_providers import ProviderLimits
 from airuntime_common.states import LIVE
 from job_service import metrics
 from job_service.maintenance import breaker
@@ -207,6 +209,48 @@ class Views:
         metrics.set_breakers(views)
         return views
 
+    async def provider_states(self) -> list[ProviderStateView]:
+        """Every configured provider, in ``MODEL_PROVIDERS`` order, with its limits, its
+        usage of the last 60 seconds (the platform-key attempts leased to it and their
+        tokens: used where settled, else reserved), the attempts holding a lease on it
+        now, its pause after a 429 and its breaker (reference §10.2). Also published as
+        the ``airt_provider_*`` gauges."""
+        clock, settings = self.core.clock, self.core.settings
+        configs = list(self.core.providers)
+        names = [p.name for p in configs]
+        async with self.core.store.sessions() as session:
+            breakers = await breaker.read_all(
+                session, clock, settings.BREAKER_COOLDOWN_SECONDS, names
+            )
+            usage = {
+                str(r[0]): (int(r[1]), int(r[2]))
+                for r in (await session.execute(sched.provider_usage(clock, names))).all()
+            }
+            leased = {
+                str(r[0]): int(r[1])
+                for r in (await session.execute(sched.leased_by_provider(names))).all()
+            }
+            now = await clock.read(session)
+            paused = {
+                str(r[0]): r[1]
+                for r in (await session.execute(sched.provider_pauses(names))).all()
+                if r[1] is not None and r[1] > now
+            }
+        views = [
+            ProviderStateView(
+                name=config.name,
+                limits=config.limits,
+                requests_last_minute=usage.get(config.name, (0, 0))[0],
+                tokens_last_minute=usage.get(config.name, (0, 0))[1],
+                in_flight=leased.get(config.name, 0),
+                paused_until=paused.get(config.name),
+                breaker=view,
+            )
+            for config, view in zip(configs, breakers, strict=True)
+        ]
+        metrics.set_providers(views)
+        return views
+
     async def breaker_view(self) -> breaker.BreakerView:
         """The first provider's breaker (the fields of SPEC §3.1's breaker view)."""
         return (await self.breaker_views())[0]
@@ -229,6 +273,19 @@ class Views:
         await self.core.store.tx(lambda s: breaker.reset(s, self.core.clock, chosen))
         log.info("circuit breaker reset", extra={"fields": {"providers": chosen}})
         return await self.breaker_view()
+
+
+@dataclass(frozen=True)
+class ProviderStateView:
+    """One provider as ``GET /admin/ai/providers`` shows it (reference §10.2)."""
+
+    name: str
+    limits: ProviderLimits
+    requests_last_minute: int
+    tokens_last_minute: int
+    in_flight: int
+    paused_until: datetime | None
+    breaker: breaker.BreakerView
 
 
 def encode_list_token(created_at: datetime | None, seq: int) -> str:

@@ -79,10 +79,12 @@ class JobSet:
 
     Args:
         ids: the job ids, distinct.
+        column: the job id column the statement is over (a job row's, by default).
     """
 
-    def __init__(self, ids: Sequence[str]) -> None:
+    def __init__(self, ids: Sequence[str], column: Any = None) -> None:
         self.ids = tuple(ids)
+        self.column = jobs.c.job_id if column is None else column
         self.params: dict[str, Any] = {f"j{i}": job_id for i, job_id in enumerate(self.ids)}
         #: what the statement's shape depends on beyond the number of jobs; None once
         #: a value is an expression that cannot be cached (built per call)
@@ -93,8 +95,8 @@ class JobSet:
         return bindparam(f"j{i}", type_=String())
 
     def member(self) -> ColumnElement[bool]:
-        """``job_id IN (:j0, :j1, …)``."""
-        return jobs.c.job_id.in_([self.job(i) for i in range(len(self.ids))])
+        """``<column> IN (:j0, :j1, …)``."""
+        return self.column.in_([self.job(i) for i in range(len(self.ids))])
 
     def each(self, name: str, values: Sequence[Any], *, type_: Any, keep: Any = None) -> Any:
         """One value per job (in :attr:`ids` order) as one SQL expression.
@@ -116,14 +118,14 @@ class JobSet:
         kinds: list[Hashable] = []
         for i, value in enumerate(values):
             if value is KEEP:
-                whens.append((jobs.c.job_id == self.job(i), keep))
+                whens.append((self.column == self.job(i), keep))
                 kinds.append("keep")
             elif cache.is_sql(value):
-                whens.append((jobs.c.job_id == self.job(i), value))
+                whens.append((self.column == self.job(i), value))
                 kinds.append(self._sql_kind(value))
             else:
                 self.params[f"{name}{i}"] = value
-                whens.append((jobs.c.job_id == self.job(i), bindparam(f"{name}{i}", type_=type_)))
+                whens.append((self.column == self.job(i), bindparam(f"{name}{i}", type_=type_)))
                 kinds.append("=")
         self._note((name, tuple(kinds)))
         return case(*whens, else_=keep)

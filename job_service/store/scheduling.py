@@ -21,13 +21,15 @@ from sqlalchemy import (
     case,
     delete,
     func,
+    insert,
     select,
     update,
 )
 
-from airuntime_common.states import JobStatus
+from airuntime_common.states import LEASED, JobStatus
 from job_service.store.cache import Sql, Statement
 from job_service.store.clock import DbClock
+from job_service.store.endings import KEEP, JobSet
 from job_service.store.tables import breaker, credential_pauses, grants, jobs
 from job_service.store.transitions import lock_guard
 
@@ -227,26 +229,47 @@ def next_in_line(clock: DbClock) -> Any:
 
 
 def settle_grants(clock: DbClock, ended: Sequence[tuple[str, int, int | None]]) -> list[Sql]:
-    """End the grants of attempts that ended (reference §10.2): ``(jobId, attemptNo,
-    tokens used or None)`` each; an attempt with no grant row (a provider without
-    limits, a user key) changes nothing. Tokens None (the attempt's calls unknown: a
-    lapsed lease) leave the reserved estimate counting. Built per call."""
-    out: list[Sql] = []
-    for job_id, attempt_no, used in ended:
-        values: dict[str, Any] = {"ended_at": clock.now()}
-        if used is not None:
-            values["tokens_used"] = used
-        stmt = (
+    """End the grants of attempts that ended (reference §10.2), in one UPDATE:
+    ``(jobId, attemptNo, tokens used or None)`` each; an attempt with no grant row (a
+    user key) changes nothing. Tokens None (the attempt's calls unknown: a lapsed
+    lease) leave the reserved estimate counting."""
+    if not ended:
+        return []
+    js = JobSet([e[0] for e in ended], column=grants.c.job_id)
+    attempt = js.each("a", [e[1] for e in ended], type_=Integer())
+    used = js.each(
+        "u",
+        [KEEP if e[2] is None else e[2] for e in ended],
+        type_=grants.c.tokens_used.type,
+        keep=grants.c.tokens_used,
+    )
+
+    def build() -> Any:
+        return (
             update(grants)
-            .where(
-                grants.c.job_id == job_id,
-                grants.c.attempt_no == attempt_no,
-                grants.c.ended_at.is_(None),
-            )
-            .values(**values)
+            .where(js.member(), grants.c.attempt_no == attempt, grants.c.ended_at.is_(None))
+            .values(ended_at=clock.now(), tokens_used=used)
         )
-        out.append(_one_off(stmt))
-    return out
+
+    return [js.sql(("settle_grants", clock.dialect), build)]
+
+
+@Statement
+def insert_grant(clock: DbClock) -> Any:
+    """INSERT of a grant row (values: ``job_id``, ``attempt_no``, ``provider``,
+    ``tokens_reserved``), granted now: one per platform-key attempt leased."""
+    return insert(grants).values(granted_at=clock.now())
+
+
+@Statement
+def count_grants(clock: DbClock) -> Any:
+    """Add ``g_count`` to provider ``g_provider``'s ``grants`` counter: the write that
+    makes concurrent grants to a limited provider conflict (reference §10.2)."""
+    return (
+        update(breaker)
+        .where(breaker.c.provider == bindparam("g_provider", type_=String()))
+        .values(grants=breaker.c.grants + bindparam("g_count", type_=Integer()))
+    )
 
 
 def _one_off(stmt: Any) -> Sql:
@@ -289,12 +312,33 @@ def pause_credential(clock: DbClock, credential_id: str, seconds: float) -> list
     return [made, _one_off(stmt)]
 
 
-def provider_usage(clock: DbClock, providers: list[str]) -> Any:
+def provider_usage(clock: DbClock, providers: Sequence[str]) -> Any:
     """``(provider, requests, tokens)`` of the last 60 s of each of ``providers`` (the
     admin view and the gauges; reference §10.2)."""
     used = func.coalesce(grants.c.tokens_used, grants.c.tokens_reserved)
     return (
         select(grants.c.provider, func.count(), func.coalesce(func.sum(used), 0))
-        .where(grants.c.provider.in_(providers), grants.c.granted_at > clock.plus(-60))
+        .where(grants.c.provider.in_(list(providers)), grants.c.granted_at > clock.plus(-60))
         .group_by(grants.c.provider)
+    )
+
+
+def leased_by_provider(providers: Sequence[str]) -> Any:
+    """``(provider, count)`` of the platform-key attempts holding a lease on each of
+    ``providers`` now (its leased jobs: ``ix_jobs_reaper``'s leased range)."""
+    return (
+        select(jobs.c.model_provider, func.count())
+        .where(
+            jobs.c.status.in_(sorted(LEASED)),
+            jobs.c.api_key_mode == "platform_key",
+            jobs.c.model_provider.in_(list(providers)),
+        )
+        .group_by(jobs.c.model_provider)
+    )
+
+
+def provider_pauses(providers: Sequence[str]) -> Any:
+    """``(provider, pausedUntil)`` of each of ``providers``."""
+    return select(breaker.c.provider, breaker.c.paused_until).where(
+        breaker.c.provider.in_(list(providers))
     )

@@ -44,6 +44,7 @@ from job_service.store.tables import (
     authorizations,
     erased_usage,
     events,
+    grants,
     invocations,
     jobs,
     platform_spend,
@@ -239,6 +240,7 @@ def erase_jobs(
             .where(invocations.c.job_id.in_(ids))
             .values(job_id=pseudonym, credential_id=None)
         )
+        out.append(update(grants).where(grants.c.job_id.in_(ids)).values(job_id=pseudonym))
     if keep:
         out.append(
             update(jobs)
@@ -272,8 +274,9 @@ def erase_jobs(
 def forget_erased_jobs(ended: Sequence[tuple[str, str]]) -> list[Sql]:
     """The writes that remove jobs an erasure kept once their last attempt has ended
     (reference §9.2): ``ended`` is ``(jobId, pseudonym)`` of each (its ``userId``). Their
-    model calls keep tokens and cost under the pseudonym, as the erasure left the
-    others'; then their events and the jobs themselves go. Built per call."""
+    model calls (and their providers' grants) keep tokens and cost under the pseudonym,
+    as the erasure left the others'; then their events and the jobs themselves go.
+    Built per call."""
     by_pseudonym: dict[str, list[str]] = {}
     for job_id, name in ended:
         by_pseudonym.setdefault(name, []).append(job_id)
@@ -286,6 +289,7 @@ def forget_erased_jobs(ended: Sequence[tuple[str, str]]) -> list[Sql]:
                 .values(job_id=name, credential_id=None)
             )
         )
+        out.append(_one_off(update(grants).where(grants.c.job_id.in_(ids)).values(job_id=name)))
     ids = [job_id for job_id, _ in ended]
     out.append(_one_off(delete(events).where(events.c.job_id.in_(ids))))
     out.append(

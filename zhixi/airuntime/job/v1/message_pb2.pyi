@@ -336,6 +336,28 @@ class ProviderBreaker(_message.Message):
     half_open_at: _timestamp_pb2.Timestamp
     def __init__(self, name: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ..., consecutive_failures: _Optional[int] = ..., opened_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., half_open_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
+class ProviderState(_message.Message):
+    __slots__ = ("name", "requests_per_minute", "tokens_per_minute", "max_concurrent", "requests_last_minute", "tokens_last_minute", "in_flight", "paused_until", "breaker")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_LAST_MINUTE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BREAKER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    requests_per_minute: int
+    tokens_per_minute: int
+    max_concurrent: int
+    requests_last_minute: int
+    tokens_last_minute: int
+    in_flight: int
+    paused_until: _timestamp_pb2.Timestamp
+    breaker: ProviderBreaker
+    def __init__(self, name: _Optional[str] = ..., requests_per_minute: _Optional[int] = ..., tokens_per_minute: _Optional[int] = ..., max_concurrent: _Optional[int] = ..., requests_last_minute: _Optional[int] = ..., tokens_last_minute: _Optional[int] = ..., in_flight: _Optional[int] = ..., paused_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., breaker: _Optional[_Union[ProviderBreaker, _Mapping]] = ...) -> None: ...
+
 class JobStateCount(_message.Message):
     __slots__ = ("status", "count")
     STATUS_FIELD_NUMBER: _ClassVar[int]

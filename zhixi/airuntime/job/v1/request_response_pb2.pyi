@@ -438,6 +438,16 @@ class ResetCircuitBreakerResponse(_message.Message):
     breaker: _message_pb2_1.CircuitBreaker
     def __init__(self, breaker: _Optional[_Union[_message_pb2_1.CircuitBreaker, _Mapping]] = ...) -> None: ...
 
+class ListProvidersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListProvidersResponse(_message.Message):
+    __slots__ = ("providers",)
+    PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    providers: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.ProviderState]
+    def __init__(self, providers: _Optional[_Iterable[_Union[_message_pb2_1.ProviderState, _Mapping]]] = ...) -> None: ...
+
 class GetJobThroughputRequest(_message.Message):
     __slots__ = ("hours",)
     HOURS_FIELD_NUMBER: _ClassVar[int]

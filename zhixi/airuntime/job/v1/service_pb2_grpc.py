@@ -146,6 +146,11 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.FromString,
                 _registered_method=True)
+        self.ListProviders = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/ListProviders',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersResponse.FromString,
+                _registered_method=True)
         self.GetJobThroughput = channel.unary_unary(
                 '/zhixi.airuntime.job.v1.JobService/GetJobThroughput',
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.SerializeToString,
@@ -366,6 +371,12 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ResetCircuitBreaker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListProviders(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -593,6 +604,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ResetCircuitBreaker,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.SerializeToString,
+            ),
+            'ListProviders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProviders,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersResponse.SerializeToString,
             ),
             'GetJobThroughput': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJobThroughput,
@@ -1276,6 +1292,33 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/ResetCircuitBreaker',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ResetCircuitBreakerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListProviders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/ListProviders',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.ListProvidersResponse.FromString,
             options,
             channel_credentials,
             insecure,
