@@ -146,9 +146,14 @@ def valid_sub(sub: Any) -> TypeGuard[str]:
 def decode_token(token: str, settings: GatewaySettings) -> Principal:
     """Verify a user/admin JWT (SPEC §3.1, §9.3).
 
+    ``exp``, ``nbf`` and ``iat`` are judged with ``JWT_LEEWAY_SECONDS`` of clock skew
+    (reference §9.3): a token is taken until ``exp`` + leeway, and from ``nbf`` and
+    ``iat`` − leeway (an issuer whose clock runs a few seconds ahead).
+
     Raises:
         AppError: 401 ``UNAUTHENTICATED`` for the service token, a bad signature,
-            another algorithm (``none`` included), expiry, a wrong issuer, a missing
+            another algorithm (``none`` included), expiry or an ``nbf`` or ``iat``
+            in the future (each beyond the leeway), a wrong issuer, a missing
             or invalid ``role``, an ``exp`` (or ``nbf``/``iat``, when present) that
             is not a JSON number (PyJWT would take the text ``"9999999999"``), or a
             ``sub`` that is empty, over 128 characters or holds a control character.
@@ -162,9 +167,12 @@ def decode_token(token: str, settings: GatewaySettings) -> Principal:
             algorithms=["HS256"],
             options={"require": ["exp", "sub", "role"]},
             issuer=settings.JWT_ISSUER or None,
+            leeway=settings.JWT_LEEWAY_SECONDS,
         )
     except jwt.ExpiredSignatureError:
         raise _unauthenticated("token expired") from None
+    except jwt.ImmatureSignatureError:
+        raise _unauthenticated("token not valid yet (nbf or iat in the future)") from None
     except jwt.InvalidTokenError:
         raise _unauthenticated("invalid token") from None
     for name in ("exp", "nbf", "iat"):
