@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import math
 import unicodedata
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeGuard
 
@@ -188,34 +189,83 @@ def decode_token(token: str, settings: GatewaySettings) -> Principal:
     return Principal(user_id=sub, role=str(role), plan=plan if isinstance(plan, str) else None)
 
 
-async def user_principal(
-    request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    """Dependency: the caller of a ``/v1`` route (user or admin token)."""
-    if creds is None:
-        raise _unauthenticated("missing bearer token")
-    return decode_token(creds.credentials, get_settings(request))
+async def authenticate_user(request: Request) -> Principal:
+    """The caller of a ``/v1`` route (user or admin token), decoded once per request.
+
+    Raises:
+        AppError: 401 ``UNAUTHENTICATED`` without a bearer token or as
+            :func:`decode_token`.
+    """
+    state = request.state
+    principal: Principal | None = getattr(state, "principal", None)
+    if principal is None:
+        creds = await _bearer(request)
+        if creds is None:
+            raise _unauthenticated("missing bearer token")
+        principal = decode_token(creds.credentials, get_settings(request))
+        state.principal = principal
+    return principal
 
 
-async def admin_principal(principal: Annotated[Principal, Depends(user_principal)]) -> Principal:
-    """Dependency: the caller of an ``/admin`` route; a user token → 403."""
+async def authenticate_admin(request: Request) -> Principal:
+    """The caller of an ``/admin`` route.
+
+    Raises:
+        AppError: 401 as :func:`authenticate_user` (checked first), then 403
+            ``PERMISSION_DENIED`` for a user token.
+    """
+    principal = await authenticate_user(request)
     if principal.role != "admin":
         raise AppError(ErrorCode.PERMISSION_DENIED, "admin role required")
     return principal
 
 
-async def service_token(
-    request: Request, key: Annotated[str | None, Depends(_internal_key)]
-) -> None:
-    """Dependency: the shim's ``x-internal-api-key`` (constant-time compare).
+async def authenticate_runtime(request: Request) -> None:
+    """The shim's ``x-internal-api-key`` (constant-time compare).
 
     Raises:
         AppError: 401 ``UNAUTHENTICATED`` when it is missing or not the service token.
     """
+    key = await _internal_key(request)
     settings = get_settings(request)
     if not key or not hmac.compare_digest(key.encode(), settings.RUNTIME_SERVICE_TOKEN.encode()):
         raise _unauthenticated("missing or wrong x-internal-api-key")
+
+
+# The dependencies name their security scheme (so the OpenAPI document declares it)
+# and defer to the checks above, which the route gate (api_gateway.gate) has already
+# run by the time FastAPI solves them.
+
+
+async def user_principal(
+    request: Request,
+    _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Dependency: the caller of a ``/v1`` route (user or admin token)."""
+    return await authenticate_user(request)
+
+
+async def admin_principal(
+    request: Request, _principal: Annotated[Principal, Depends(user_principal)]
+) -> Principal:
+    """Dependency: the caller of an ``/admin`` route; a user token → 403."""
+    return await authenticate_admin(request)
+
+
+async def service_token(
+    request: Request, _key: Annotated[str | None, Depends(_internal_key)]
+) -> None:
+    """Dependency: the shim's ``x-internal-api-key`` (see :func:`authenticate_runtime`)."""
+    await authenticate_runtime(request)
+
+
+#: The access check each access dependency stands for: a route that depends on one
+#: has it run before anything of the request is read (reference §3.1; api_gateway.gate).
+ACCESS_CHECKS: dict[Callable[..., Any], Callable[[Request], Awaitable[object]]] = {
+    user_principal: authenticate_user,
+    admin_principal: authenticate_admin,
+    service_token: authenticate_runtime,
+}
 
 
 ServiceToken = Annotated[None, Depends(service_token)]

@@ -16,6 +16,7 @@ from airuntime_common.timeutil import to_timestamp, utcnow
 from api_gateway import convert, waiting
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
+from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
 from api_gateway.jobs import check_idempotency_key, create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
@@ -109,7 +110,7 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
 
-router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
+router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS, route_class=GatedRoute)
 
 JobId = Annotated[str, Path(min_length=1)]
 PageSize = Annotated[int, Query(ge=1, le=100)]
