@@ -5,7 +5,8 @@ checks it equals the live ``/openapi.json``) against the live gateway (real
 job_service and credential_service behind it, see ``conftest.py``; the
 document is built offline because schemathesis' lazy fixture loader does not
 work with pytest 9) and generates requests for
-every ``/v1``, ``/admin`` and ``/internal/runtime`` operation, valid and invalid,
+every ``/v1``, ``/admin`` and ``/internal/runtime`` operation (the two event
+streams included, read up to their first event), valid and invalid,
 sent with valid credentials for the route's area. Every answer must
 
 * never be a 5xx,
@@ -67,6 +68,7 @@ def _config() -> schemathesis.Config:
     return schemathesis.Config.from_dict(
         {
             "seed": 20261130,
+            "max-stream-events": 1,
             # Credentials are the test's own (valid) headers; auth refusals are
             # tests/unit/api_gateway/test_auth.py's job.
             "generation": {
@@ -93,14 +95,15 @@ DOCUMENT = _document()
 #: Ids that exist in the live stack, filled in by :func:`_existing_ids`.
 EXISTING: dict[str, list[str]] = {}
 
-#: The event streams (SPEC §9.1) do not end while their job lives (the per-user one
-#: never does), so a fuzzed call would never get its whole answer; their refusals
-#: and answers are tested in tests/integration/test_waiting_gateway.py.
+#: The event streams (reference §9.1) do not end while their job lives (the per-user
+#: one never does): schemathesis reads a ``text/event-stream`` answer up to
+#: ``max-stream-events`` events or the request timeout (:data:`STREAM_TIMEOUT`), then
+#: judges what it read; their refusals are ``application/json`` like every other.
 STREAMS = r"/events$"
-schema = (
-    schemathesis.openapi.from_dict(DOCUMENT, config=_config())
-    .include(path_regex=r"^/(v1|admin|internal)/")
-    .exclude(path_regex=STREAMS)
+#: Seconds a fuzzed call of an event stream is read for when no event comes.
+STREAM_TIMEOUT = 2.0
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=_config()).include(
+    path_regex=r"^/(v1|admin|internal)/"
 )
 #: Longest ``waitSeconds`` a fuzzed GET may hold for (a valid value is capped so
 #: a run stays short; an invalid one is kept, it makes the case negative).
@@ -198,10 +201,11 @@ def test_fuzzed_document_is_the_served_one(stack: Stack) -> None:
         (method.upper(), path)
         for path, ops in served["paths"].items()
         for method in ops
-        if path.startswith(("/v1/", "/admin/", "/internal/")) and not re.search(STREAMS, path)
+        if path.startswith(("/v1/", "/admin/", "/internal/"))
     }
     assert fuzzed == api_routes
     assert len(api_routes) >= 35
+    assert {("GET", "/v1/ai/jobs/{jobId}/events"), ("GET", "/v1/ai/events")} <= fuzzed
 
 
 def _operations() -> list[Any]:
@@ -220,4 +224,5 @@ def test_gateway_conforms_to_its_openapi(case: schemathesis.Case, stack: Stack) 
     if INSTANCE_HEADER in headers:  # a declared parameter: keep what was generated
         credentials.pop(INSTANCE_HEADER, None)
     headers.update(credentials)
-    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=30)
+    timeout = STREAM_TIMEOUT if re.search(STREAMS, case.path) else 30
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=timeout)

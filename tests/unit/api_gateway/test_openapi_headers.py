@@ -202,3 +202,25 @@ def test_the_document_declares_waiting_for_a_job() -> None:
         assert "text/event-stream" in op["responses"]["200"]["content"], path
         assert ("204" in op["responses"]) is end, path
         assert "Retry-After" in op["responses"]["429"]["headers"], path
+
+
+def test_every_error_answer_is_declared_as_the_json_error_body() -> None:
+    """Every 4xx and 5xx of every operation is ``application/json`` with ``ErrorBody``,
+    as the gateway sends them, whatever the operation's success media type: the two
+    event streams declare ``text/event-stream`` for their 200 only (reference §4, §9.1)."""
+    document = _document()
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    checked = 0
+    for method, path, op in _operations(document, "/"):
+        for status, answer in op["responses"].items():
+            if status[0] in "45":
+                assert answer.get("content") == {"application/json": {"schema": error_body}}, (
+                    method,
+                    path,
+                    status,
+                )
+                checked += 1
+    assert checked > 400
+    for path in ("/v1/ai/jobs/{jobId}/events", "/v1/ai/events"):
+        ok = document["paths"][path]["get"]["responses"]["200"]
+        assert set(ok["content"]) == {"text/event-stream"}, path
