@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from airuntime_common import tracing
-from api_gateway import errors
+from api_gateway import errors, openapi
 from api_gateway.backends import Backends
 from api_gateway.cors import GatewayCORS
 from api_gateway.gate import check_routes
@@ -115,6 +115,7 @@ def _assemble(app: FastAPI, settings: GatewaySettings, telemetry: Any) -> None:
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     errors.install(app)
+    openapi.install(app)
     app.include_router(health.router)
     app.include_router(public.router)
     app.include_router(admin.router)

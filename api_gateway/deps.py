@@ -28,11 +28,10 @@ import jwt
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from airuntime_common.errors import AppError, ErrorCode, invalid_argument
+from airuntime_common.errors import AppError, ErrorCode
 from api_gateway.backends import Backends, Caller
 from api_gateway.headers import (
     BEARER_SCHEME,
-    INSTANCE_ID_MAX,
     SERVICE_TOKEN_SCHEME,
     OptionalRuntimeInstanceIdHeader,
     RuntimeInstanceIdHeader,
@@ -271,54 +270,31 @@ ACCESS_CHECKS: dict[Callable[..., Any], Callable[[Request], Awaitable[object]]] 
 ServiceToken = Annotated[None, Depends(service_token)]
 
 
-def checked_instance_id(value: str) -> str:
-    """An ``X-Runtime-Instance-Id`` value, checked: it travels on as gRPC metadata,
-    which takes printable ASCII only.
-
-    Raises:
-        AppError: 400 ``INVALID_ARGUMENT`` (``details.field`` names the header) when it
-            is blank, over 128 characters, or not printable ASCII.
-    """
-    instance_id = value.strip()
-    if not instance_id:
-        raise invalid_argument(
-            "X-Runtime-Instance-Id must not be empty", field="X-Runtime-Instance-Id"
-        )
-    if len(instance_id) > INSTANCE_ID_MAX:
-        raise invalid_argument("X-Runtime-Instance-Id is too long", field="X-Runtime-Instance-Id")
-    if not (instance_id.isascii() and instance_id.isprintable()):
-        raise invalid_argument(
-            "X-Runtime-Instance-Id must be printable ASCII", field="X-Runtime-Instance-Id"
-        )
-    return instance_id
-
-
 async def runtime_caller(
     request: Request, _token: ServiceToken, instance: RuntimeInstanceIdHeader
 ) -> Caller:
     """Dependency: a runtime instance on the shim; returns a :class:`Caller` bound to it.
 
-    The token is checked first: a call without it is 401 whatever its headers.
+    The token is checked first: a call without it is 401 whatever its headers. The
+    instance id is held to its declaration (1..128 printable ASCII characters, no
+    surrounding spaces: it travels on as gRPC metadata) by FastAPI: else 400.
 
     Raises:
-        AppError: 401 without the service token; 400 without ``X-Runtime-Instance-Id``
-            or with one that is not 1..128 printable ASCII characters.
+        AppError: 401 without the service token.
     """
-    return Caller(get_backends(request), request_id(request), checked_instance_id(instance))
+    return Caller(get_backends(request), request_id(request), instance)
 
 
 async def runtime_health_caller(
     request: Request, _token: ServiceToken, instance: OptionalRuntimeInstanceIdHeader = None
 ) -> Caller:
     """Dependency: the shim's health route: token only; an instance id is optional,
-    and checked as everywhere when sent.
+    and held to its declaration as everywhere when sent.
 
     Raises:
-        AppError: 401 without the service token; 400 for an instance id sent blank,
-            over 128 characters or not printable ASCII.
+        AppError: 401 without the service token.
     """
-    instance_id = None if instance is None else checked_instance_id(instance)
-    return Caller(get_backends(request), request_id(request), instance_id)
+    return Caller(get_backends(request), request_id(request), instance)
 
 
 async def caller(request: Request) -> Caller:

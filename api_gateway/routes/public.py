@@ -18,7 +18,7 @@ from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
 from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
-from api_gateway.jobs import check_idempotency_key, create_job
+from api_gateway.jobs import create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
@@ -514,9 +514,8 @@ async def retry_ai_job(
         actor=principal.actor,
         user_id=principal.user_id,
     )
-    key = check_idempotency_key(idempotency_key)
-    if key is not None:
-        req.idempotency_key = key
+    if idempotency_key is not None:
+        req.idempotency_key = idempotency_key
     if principal.plan:
         req.plan = principal.plan
     resp = await call(call.job.RerunJob, req)

@@ -64,7 +64,7 @@ CHECKS = {
 }
 
 
-def _config() -> schemathesis.Config:
+def _config(checks: dict[str, bool] = CHECKS, *, security: bool = False) -> schemathesis.Config:
     return schemathesis.Config.from_dict(
         {
             "seed": 20261130,
@@ -74,9 +74,9 @@ def _config() -> schemathesis.Config:
             "generation": {
                 "max-examples": MAX_EXAMPLES,
                 "database": "none",
-                "with-security-parameters": False,
+                "with-security-parameters": security,
             },
-            "checks": {name: {"enabled": on} for name, on in CHECKS.items()},
+            "checks": {name: {"enabled": on} for name, on in checks.items()},
             "phases": {"coverage": {"enabled": LONG}},
         }
     )
@@ -222,6 +222,113 @@ def test_gateway_conforms_to_its_openapi(case: schemathesis.Case, stack: Stack) 
     headers = dict(case.headers or {})
     credentials = stack.headers_for(case.path)
     if INSTANCE_HEADER in headers:  # a declared parameter: keep what was generated
+        credentials.pop(INSTANCE_HEADER, None)
+    headers.update(credentials)
+    timeout = STREAM_TIMEOUT if re.search(STREAMS, case.path) else 30
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=timeout)
+
+
+# ---------------------------------------------------------------- every check on the streams
+
+#: ``st run … --checks all`` on the two event streams, as a client without our seeded
+#: ids would run it: every check schemathesis has, with its default expectations
+#: (schema-valid requests accepted, credentials probed).
+streams = schemathesis.openapi.from_dict(
+    DOCUMENT, config=_config(dict.fromkeys(CHECKS, True), security=True)
+).include(path_regex=STREAMS)
+
+
+@streams.parametrize()
+@hypothesis.settings(
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    max_examples=MAX_EXAMPLES,
+)
+def test_the_event_streams_pass_every_check(case: schemathesis.Case, stack: Stack) -> None:
+    headers = {**(case.headers or {}), **stack.user_headers()}
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=STREAM_TIMEOUT)
+
+
+# ---------------------------------------------------------------- declared limits
+
+#: The document states what the server enforces (reference §9.3): schema-valid data
+#: is never refused *for a header or a field the document gives a pattern* (the
+#: limits a generated client can check before it sends), and invalid data is refused.
+#: A schema-valid request may still be refused for a business rule (an unknown page
+#: token, a reading event without a block): such refusals name other fields.
+limits = schemathesis.openapi.from_dict(
+    DOCUMENT,
+    config=_config(
+        {name: name in ("positive_data_acceptance", "negative_data_rejection") for name in CHECKS}
+    ),
+).include(path_regex=r"^/(v1|admin|internal)/")
+limits.hook(map_query)
+limits.hook(flatmap_headers)
+
+
+def _patterned_names(document: dict[str, Any]) -> set[str]:
+    """Header parameters, and body fields whose schema has a ``pattern``."""
+    names = {
+        param["name"]
+        for operations in document["paths"].values()
+        for operation in operations.values()
+        for param in operation.get("parameters", [])
+        if param["in"] == "header"
+    }
+    for component in document["components"]["schemas"].values():
+        for name, field in component.get("properties", {}).items():
+            if "pattern" in field:
+                names.add(name)
+    return names
+
+
+PATTERNED = _patterned_names(DOCUMENT)
+
+
+def _blamed(response: Any) -> set[str]:
+    try:
+        details = response.json().get("details") or {}
+    except ValueError:
+        return set()
+    names = {str(f.get("field")) for f in details.get("fields", [])}
+    if "field" in details:
+        names.add(str(details["field"]))
+    return names
+
+
+@limits.hook("filter_failure")
+def keep_declared_limit_failures(
+    context: Any, failure: Any, case: schemathesis.Case, response: Any
+) -> bool:
+    """Keep a refused schema-valid request only when the refusal names a patterned
+    parameter or field; keep accepted invalid data as the main test does."""
+    if type(failure).__name__ == "RejectedPositiveData":
+        return bool(_blamed(response) & PATTERNED)
+    return bool(filter_failure(context, failure, case, response))
+
+
+def test_the_patterned_names_are_the_ones_the_services_check() -> None:
+    assert {
+        "Idempotency-Key",
+        "X-Runtime-Instance-Id",
+        "Last-Event-ID",
+        "title",
+        "content",
+        "name",
+        "apiKey",
+    } <= PATTERNED
+
+
+@limits.parametrize()
+@hypothesis.settings(
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    max_examples=MAX_EXAMPLES,
+)
+def test_declared_limits_agree_with_the_server(case: schemathesis.Case, stack: Stack) -> None:
+    headers = dict(case.headers or {})
+    credentials = stack.headers_for(case.path)
+    if INSTANCE_HEADER in headers:
         credentials.pop(INSTANCE_HEADER, None)
     headers.update(credentials)
     timeout = STREAM_TIMEOUT if re.search(STREAMS, case.path) else 30
