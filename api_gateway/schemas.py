@@ -136,7 +136,7 @@ class LearningEventIn(Body):
 
 class LearningEventsCreate(Body):
     """``POST /v1/learning-events``: up to 500 events a call (job_service's
-    :data:`~job_service.domain.learning.MAX_EVENT_BATCH`)."""
+    :data:`~job_service.learning.events.MAX_EVENT_BATCH`)."""
 
     events: list[LearningEventIn] = Field(min_length=1, max_length=500)
 
