@@ -693,7 +693,7 @@ class StandIn:
         system = ""
         for m in messages:
             if isinstance(m, dict):
-                text = answers._content_text(m.get("content"))
+                text = answers.content_text(m.get("content"))
                 prompt_tokens += estimate_tokens(text) + 4
                 if m.get("role") == "system" and not system:
                     system = text
