@@ -34,9 +34,9 @@ import httpx
 import pymysql
 
 from chaos.audit import AuditReport
-from chaos.galera import GaleraBackend
+from chaos.galera_backend import GaleraBackend
 from chaos.load import LoadStats
-from chaos.scenarios import Profile, Run, ScenarioResult, _wait_in_flight
+from chaos.scenario_run import Profile, Run, ScenarioResult, wait_in_flight
 from chaos.system import System
 from launcher import LauncherError
 from launcher.token import mint_token
@@ -309,7 +309,7 @@ async def _kill_the_writer(
 ) -> dict[str, Any]:
     """One round of :func:`galera_writer_kill`; appends its recovery wait to ``recovering``."""
     cluster, proxy = backend.cluster, backend.proxy
-    flying = await _wait_in_flight(run, 2)
+    flying = await wait_in_flight(run, 2)
     writer = await asyncio.to_thread(proxy.wait_writer)
     entry: dict[str, Any] = {"writer": writer.name, "inFlightAtKill": len(flying)}
     t0 = time.monotonic()
@@ -457,7 +457,7 @@ async def galera_conn_kill(
     try:
         for i in range(max(len(CONN_KILL_METHODS), profile.kills)):
             method = CONN_KILL_METHODS[i % len(CONN_KILL_METHODS)]
-            flying = await _wait_in_flight(run, 2)
+            flying = await wait_in_flight(run, 2)
             writer = await asyncio.to_thread(proxy.wait_writer)
             entry: dict[str, Any] = {"method": method, "writer": writer.name}
             t0 = time.monotonic()
