@@ -17,7 +17,7 @@ EXCLUDED_DIRS = frozenset(
     {"tests", "zhixi", ".venv", "node_modules", ".git", "build", "dist", ".hypothesis"}
 )
 
-#: Files being rewritten elsewhere at the moment: the rules do not hold them yet.
+#: Files under rewrite: the rules do not hold them yet.
 #: TEMPORARY: this set is emptied once that rewrite lands, and must not grow.
 UNDER_REWRITE = frozenset(
     {
