@@ -48,6 +48,12 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    #: A user's base URL broke a rule of reference §10.5 when stored (the message
+    #: names the rule; nothing is stored).
+    INVALID_BASE_URL = "INVALID_BASE_URL"
+    #: A job ending, final: the user's base URL was refused at call time (reference
+    #: §10.5), no connection opened; the credential is not marked invalid.
+    EGRESS_BLOCKED = "EGRESS_BLOCKED"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
@@ -99,6 +105,10 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
     ErrorCode.METHOD_NOT_ALLOWED: (405, grpc.StatusCode.UNIMPLEMENTED),
     ErrorCode.TOO_MANY_STREAMS: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.INVALID_BASE_URL: (422, grpc.StatusCode.INVALID_ARGUMENT),
+    # a job ending; as a resolve's refusal (a base URL stored while USER_BASE_URLS was
+    # on, resolved after it was turned off) it answers as INVALID_CREDENTIAL does
+    ErrorCode.EGRESS_BLOCKED: (422, grpc.StatusCode.FAILED_PRECONDITION),
 }
 
 

@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import ssl
 import time
 import uuid
 from collections import Counter, deque
@@ -114,6 +115,7 @@ class StandIn:
         name: the provider it plays (reported by ``/_standin/stats`` and ``/seen``).
         models: the model names it serves, exactly; None: DeepSeek's (any
             ``deepseek-*``). Any other model is answered 400 ``Model Not Exist``.
+        tls: serve HTTPS with this server context (certificate loaded); None: HTTP.
     """
 
     def __init__(
@@ -127,8 +129,10 @@ class StandIn:
         faults: list[Fault] | list[dict[str, Any]] | None = None,
         name: str = "deepseek",
         models: Sequence[str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
         self.name = name
         self.models = tuple(models) if models is not None else None
         self._seen_keys: Counter[str] = Counter()
@@ -159,9 +163,9 @@ class StandIn:
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` — use it as DeepSeek's base URL."""
+        """``http://host:port`` (``https://`` with ``tls``) — use it as DeepSeek's base URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self._port}"
 
     async def start(self) -> None:
         """Bind and start serving."""
@@ -174,6 +178,7 @@ class StandIn:
             # a 500-slot worker opens hundreds of connections at once; asyncio's
             # default backlog of 100 drops the rest's SYNs (a 1 s retransmit each)
             backlog=LISTEN_BACKLOG,
+            ssl=self.tls,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         log.info("stand-in listening on %s", self.base_url)
@@ -482,7 +487,11 @@ class StandIn:
     ) -> bool:
         """One chat completion: the key, the body, a fault if one is due, the answer."""
         self._requests += 1
-        entry: dict[str, Any] = {"at": time.time(), "path": req.path}
+        entry: dict[str, Any] = {
+            "at": time.time(),
+            "path": req.path,
+            "host": req.headers.get("host"),
+        }
         self._log.append(entry)
         refusal = self._check_key(req, entry)
         if refusal is not None:

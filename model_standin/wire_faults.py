@@ -1,6 +1,7 @@
 """Faults on the wire: answers that break HTTP rather than the model's content.
 
-A status with DeepSeek's error body (``Retry-After`` when the fault has one), a
+A status with DeepSeek's error body (``Retry-After`` when the fault has one, and
+``Location`` for a redirect), a
 request never answered (``hang``), an endless chunked body (``huge_body``), blank
 keep-alive lines forever (``keepalive_forever``) or a few of them before the
 connection closes (``blank_then_close``). Content faults (a cut answer, invalid
@@ -46,6 +47,8 @@ async def send_wire_fault(
         retry_after = fault.retry_after_header()
         if retry_after is not None:
             headers.append(("Retry-After", retry_after))
+        if fault.location is not None:
+            headers.append(("Location", fault.location))
         return await send_json(
             writer, fault.status, error_body(fault.status, fault.message), headers=headers
         )
