@@ -7,7 +7,8 @@ file (:func:`tests.unit.source_tree.python_files`):
 * Sphinx roles — ``:func:`…```, ``:class:``, ``:mod:``, ``:meth:``, ``:attr:``,
   ``:data:``, ``:exc:``, ``:obj:``, ``:const:`` — qualified (``~`` and an explicit
   title allowed) or short, as Sphinx reads them: a short name is looked up in the
-  file's own module, then among its classes' members;
+  file's own module, then among its classes' members (a role quoted as an example
+  inside an inline literal is not one);
 * plain dotted mentions of the project's own packages, e.g.
   ``job_service.learning.MAX_EVENT_BATCH`` (a trailing ``*`` names a package's
   contents and is not checked).
@@ -51,6 +52,8 @@ PACKAGES = (
     "bench",
 )
 _ROLE = re.compile(r":(?:py:)?(func|class|mod|meth|attr|data|exc|obj|const):`([^`]+)`")
+#: A role shown as an example inside an inline literal (````:mod:`x````): not a reference.
+_QUOTED_ROLE = re.compile(r"``[^`]*:(?:py:)?\w+:`[^`]*`[^`]*``")
 _MENTION = re.compile(
     r"(?<![\w./-])((?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)(?![\w*-]|\.\*|/)"
 )
@@ -97,7 +100,8 @@ def _role_target(raw: str) -> str:
 def references(path: Path) -> Iterator[Reference]:
     """Every reference of the file at ``path`` (see the module docstring)."""
     name = relative(path)
-    for line, text in _texts(path.read_text(encoding="utf-8")):
+    for line, raw in _texts(path.read_text(encoding="utf-8")):
+        text = _QUOTED_ROLE.sub(lambda m: " " * len(m.group()), raw)
         for match in _ROLE.finditer(text):
             at = line + text.count("\n", 0, match.start())
             yield Reference(name, at, _role_target(match.group(2)), match.group(1))
