@@ -325,7 +325,7 @@ def migration_lock(
       (every replica migrates at start, so a replica that would write to a node
       directly refuses to start here). ``GET_LOCK`` is local to one node,
       so two replicas writing to different nodes would both hold it. The lock is
-      then a row of :data:`GALERA_LOCK_TABLE`, inserted by autocommit on a
+      then a row of :data:`~airuntime_common.galera_lock.GALERA_LOCK_TABLE`, inserted by autocommit on a
       connection of its own: a commit is certified cluster-wide, so of two
       replicas inserting it on different nodes only one succeeds (the other sees
       1062 or a certification failure, 1213). The row is a lease of
@@ -518,7 +518,7 @@ class DisconnectedBeforeCommit(Exception):
     :func:`retry_transient` does. (A connection lost *during* COMMIT is not
     this: whether it committed is unknown, so that error is not retried. The
     exception is a multi-statement batch ending in COMMIT
-    (:mod:`job_service.domain.batch`), lost before its answer: it is retried,
+    (:mod:`job_service.store.mysql_batch`), lost before its answer: it is retried,
     and only transactions that converge when run again end a batch that way.)
     """
 
@@ -562,7 +562,7 @@ _COMMITTED_FLAG = "_airt_committed_by_batch"
 def mark_committed(driver_conn: Any) -> None:
     """Record that ``driver_conn``'s transaction was just committed outside SQLAlchemy.
 
-    For a multi-statement batch ending in ``COMMIT`` (:mod:`job_service.domain.batch`):
+    For a multi-statement batch ending in ``COMMIT`` (:mod:`job_service.store.mysql_batch`):
     SQLAlchemy's own COMMIT at the end of the transaction block is then skipped,
     unless another statement ran on the connection in between (which opened a
     new transaction that does need it).

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 WSREP_NOT_READY = 1047
 
 #: Galera: the table holding one row per cluster-wide migration lock held
-#: (made by :func:`migration_lock` on first use; no migration owns it).
+#: (made by :func:`airuntime_common.db.migration_lock` on first use; no migration owns it).
 GALERA_LOCK_TABLE = "airt_migration_locks"
 #: Galera: a held migration lock's lease (s). Its holder renews it every third of
 #: that, so the lock of a holder that died is free again within this long.
@@ -57,7 +57,7 @@ def pymysql_connector(connection: Any) -> Callable[[], pymysql.Connection]:
 
 
 class GaleraLock:
-    """A cluster-wide named lock on MariaDB Galera: a leased row (see :func:`migration_lock`).
+    """A cluster-wide named lock on MariaDB Galera: a leased row (see :func:`airuntime_common.db.migration_lock`).
 
     Args:
         connect: opens a new autocommit pymysql connection to the database.

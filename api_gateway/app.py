@@ -13,9 +13,10 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 from airuntime_common import tracing
-from api_gateway import errors
+from api_gateway import errors, openapi
 from api_gateway.backends import Backends
 from api_gateway.cors import GatewayCORS
+from api_gateway.gate import check_routes
 from api_gateway.middleware import GatewayMetrics, GatewayMiddleware
 from api_gateway.routes import admin, health, internal, public
 from api_gateway.settings import GatewaySettings
@@ -109,10 +110,12 @@ def create_app(
 
 def _assemble(app: FastAPI, settings: GatewaySettings, telemetry: Any) -> None:
     """The error handlers, routers, the console's assets and the middleware, in order
-    (CORS outermost, so the gateway's own refusals carry its headers too)."""
+    (CORS outermost, so the gateway's own refusals carry its headers too). Every route
+    that needs a caller checks it before it reads the request (:mod:`api_gateway.gate`)."""
     metrics = GatewayMetrics()
     app.state.metrics = metrics
     errors.install(app)
+    openapi.install(app)
     app.include_router(health.router)
     app.include_router(public.router)
     app.include_router(admin.router)
@@ -122,12 +125,8 @@ def _assemble(app: FastAPI, settings: GatewaySettings, telemetry: Any) -> None:
         name="console-assets",
     )
     app.include_router(internal.router)
-    app.add_middleware(
-        GatewayMiddleware,
-        max_body_bytes=settings.MAX_BODY_BYTES,
-        max_json_depth=settings.MAX_JSON_DEPTH,
-        metrics=metrics,
-    )
+    check_routes(app.routes)
+    app.add_middleware(GatewayMiddleware, metrics=metrics)
     if telemetry is not None:
         telemetry.instrument_fastapi(app)
     if settings.cors_origins:

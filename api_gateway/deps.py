@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import math
 import unicodedata
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeGuard
 
@@ -27,11 +28,10 @@ import jwt
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from airuntime_common.errors import AppError, ErrorCode, invalid_argument
+from airuntime_common.errors import AppError, ErrorCode
 from api_gateway.backends import Backends, Caller
 from api_gateway.headers import (
     BEARER_SCHEME,
-    INSTANCE_ID_MAX,
     SERVICE_TOKEN_SCHEME,
     OptionalRuntimeInstanceIdHeader,
     RuntimeInstanceIdHeader,
@@ -146,9 +146,14 @@ def valid_sub(sub: Any) -> TypeGuard[str]:
 def decode_token(token: str, settings: GatewaySettings) -> Principal:
     """Verify a user/admin JWT (SPEC §3.1, §9.3).
 
+    ``exp``, ``nbf`` and ``iat`` are judged with ``JWT_LEEWAY_SECONDS`` of clock skew
+    (reference §9.3): a token is taken until ``exp`` + leeway, and from ``nbf`` and
+    ``iat`` − leeway (an issuer whose clock runs a few seconds ahead).
+
     Raises:
         AppError: 401 ``UNAUTHENTICATED`` for the service token, a bad signature,
-            another algorithm (``none`` included), expiry, a wrong issuer, a missing
+            another algorithm (``none`` included), expiry or an ``nbf`` or ``iat``
+            in the future (each beyond the leeway), a wrong issuer, a missing
             or invalid ``role``, an ``exp`` (or ``nbf``/``iat``, when present) that
             is not a JSON number (PyJWT would take the text ``"9999999999"``), or a
             ``sub`` that is empty, over 128 characters or holds a control character.
@@ -162,9 +167,12 @@ def decode_token(token: str, settings: GatewaySettings) -> Principal:
             algorithms=["HS256"],
             options={"require": ["exp", "sub", "role"]},
             issuer=settings.JWT_ISSUER or None,
+            leeway=settings.JWT_LEEWAY_SECONDS,
         )
     except jwt.ExpiredSignatureError:
         raise _unauthenticated("token expired") from None
+    except jwt.ImmatureSignatureError:
+        raise _unauthenticated("token not valid yet (nbf or iat in the future)") from None
     except jwt.InvalidTokenError:
         raise _unauthenticated("invalid token") from None
     for name in ("exp", "nbf", "iat"):
@@ -180,59 +188,86 @@ def decode_token(token: str, settings: GatewaySettings) -> Principal:
     return Principal(user_id=sub, role=str(role), plan=plan if isinstance(plan, str) else None)
 
 
-async def user_principal(
-    request: Request,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
-    """Dependency: the caller of a ``/v1`` route (user or admin token)."""
-    if creds is None:
-        raise _unauthenticated("missing bearer token")
-    return decode_token(creds.credentials, get_settings(request))
+async def authenticate_user(request: Request) -> Principal:
+    """The caller of a ``/v1`` route (user or admin token), decoded once per request.
+
+    Raises:
+        AppError: 401 ``UNAUTHENTICATED`` without a bearer token or as
+            :func:`decode_token`.
+    """
+    state = request.state
+    principal: Principal | None = getattr(state, "principal", None)
+    if principal is None:
+        creds = await _bearer(request)
+        if creds is None:
+            raise _unauthenticated("missing bearer token")
+        principal = decode_token(creds.credentials, get_settings(request))
+        state.principal = principal
+    return principal
 
 
-async def admin_principal(principal: Annotated[Principal, Depends(user_principal)]) -> Principal:
-    """Dependency: the caller of an ``/admin`` route; a user token → 403."""
+async def authenticate_admin(request: Request) -> Principal:
+    """The caller of an ``/admin`` route.
+
+    Raises:
+        AppError: 401 as :func:`authenticate_user` (checked first), then 403
+            ``PERMISSION_DENIED`` for a user token.
+    """
+    principal = await authenticate_user(request)
     if principal.role != "admin":
         raise AppError(ErrorCode.PERMISSION_DENIED, "admin role required")
     return principal
 
 
-async def service_token(
-    request: Request, key: Annotated[str | None, Depends(_internal_key)]
-) -> None:
-    """Dependency: the shim's ``x-internal-api-key`` (constant-time compare).
+async def authenticate_runtime(request: Request) -> None:
+    """The shim's ``x-internal-api-key`` (constant-time compare).
 
     Raises:
         AppError: 401 ``UNAUTHENTICATED`` when it is missing or not the service token.
     """
+    key = await _internal_key(request)
     settings = get_settings(request)
     if not key or not hmac.compare_digest(key.encode(), settings.RUNTIME_SERVICE_TOKEN.encode()):
         raise _unauthenticated("missing or wrong x-internal-api-key")
 
 
+# The dependencies name their security scheme (so the OpenAPI document declares it)
+# and defer to the checks above, which the route gate (api_gateway.gate) has already
+# run by the time FastAPI solves them.
+
+
+async def user_principal(
+    request: Request,
+    _creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Dependency: the caller of a ``/v1`` route (user or admin token)."""
+    return await authenticate_user(request)
+
+
+async def admin_principal(
+    request: Request, _principal: Annotated[Principal, Depends(user_principal)]
+) -> Principal:
+    """Dependency: the caller of an ``/admin`` route; a user token → 403."""
+    return await authenticate_admin(request)
+
+
+async def service_token(
+    request: Request, _key: Annotated[str | None, Depends(_internal_key)]
+) -> None:
+    """Dependency: the shim's ``x-internal-api-key`` (see :func:`authenticate_runtime`)."""
+    await authenticate_runtime(request)
+
+
+#: The access check each access dependency stands for: a route that depends on one
+#: has it run before anything of the request is read (reference §3.1; api_gateway.gate).
+ACCESS_CHECKS: dict[Callable[..., Any], Callable[[Request], Awaitable[object]]] = {
+    user_principal: authenticate_user,
+    admin_principal: authenticate_admin,
+    service_token: authenticate_runtime,
+}
+
+
 ServiceToken = Annotated[None, Depends(service_token)]
-
-
-def checked_instance_id(value: str) -> str:
-    """An ``X-Runtime-Instance-Id`` value, checked: it travels on as gRPC metadata,
-    which takes printable ASCII only.
-
-    Raises:
-        AppError: 400 ``INVALID_ARGUMENT`` (``details.field`` names the header) when it
-            is blank, over 128 characters, or not printable ASCII.
-    """
-    instance_id = value.strip()
-    if not instance_id:
-        raise invalid_argument(
-            "X-Runtime-Instance-Id must not be empty", field="X-Runtime-Instance-Id"
-        )
-    if len(instance_id) > INSTANCE_ID_MAX:
-        raise invalid_argument("X-Runtime-Instance-Id is too long", field="X-Runtime-Instance-Id")
-    if not (instance_id.isascii() and instance_id.isprintable()):
-        raise invalid_argument(
-            "X-Runtime-Instance-Id must be printable ASCII", field="X-Runtime-Instance-Id"
-        )
-    return instance_id
 
 
 async def runtime_caller(
@@ -240,27 +275,26 @@ async def runtime_caller(
 ) -> Caller:
     """Dependency: a runtime instance on the shim; returns a :class:`Caller` bound to it.
 
-    The token is checked first: a call without it is 401 whatever its headers.
+    The token is checked first: a call without it is 401 whatever its headers. The
+    instance id is held to its declaration (1..128 printable ASCII characters, no
+    surrounding spaces: it travels on as gRPC metadata) by FastAPI: else 400.
 
     Raises:
-        AppError: 401 without the service token; 400 without ``X-Runtime-Instance-Id``
-            or with one that is not 1..128 printable ASCII characters.
+        AppError: 401 without the service token.
     """
-    return Caller(get_backends(request), request_id(request), checked_instance_id(instance))
+    return Caller(get_backends(request), request_id(request), instance)
 
 
 async def runtime_health_caller(
     request: Request, _token: ServiceToken, instance: OptionalRuntimeInstanceIdHeader = None
 ) -> Caller:
     """Dependency: the shim's health route: token only; an instance id is optional,
-    and checked as everywhere when sent.
+    and held to its declaration as everywhere when sent.
 
     Raises:
-        AppError: 401 without the service token; 400 for an instance id sent blank,
-            over 128 characters or not printable ASCII.
+        AppError: 401 without the service token.
     """
-    instance_id = None if instance is None else checked_instance_id(instance)
-    return Caller(get_backends(request), request_id(request), instance_id)
+    return Caller(get_backends(request), request_id(request), instance)
 
 
 async def caller(request: Request) -> Caller:

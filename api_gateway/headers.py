@@ -8,8 +8,10 @@ parameters. The two tokens are security schemes instead (``deps``):
 ``Authorization: Bearer`` (:data:`BEARER_SCHEME`) and ``x-internal-api-key``
 (:data:`SERVICE_TOKEN_SCHEME`).
 
-Constraints given as ``json_schema_extra`` are documented only: the code that
-reads the header enforces them with its own message (the shim's instance id).
+Every constraint on a header is given to ``Header()`` itself, so the document
+states exactly what FastAPI enforces (400 ``INVALID_ARGUMENT`` naming the header in
+``details.fields``) and a generated client or a fuzzer agrees with the server
+(reference §9.3); no code re-checks a header with rules of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ from fastapi import Header
 IDEMPOTENCY_KEY_MAX = 200
 #: The longest ``X-Runtime-Instance-Id`` (it travels on as gRPC metadata).
 INSTANCE_ID_MAX = 128
-#: Printable ASCII without surrounding spaces: what gRPC metadata can carry.
-_PRINTABLE_ASCII = r"^[!-~]([ -~]*[!-~])?$"
+#: Printable ASCII without surrounding spaces: what gRPC metadata can carry, and what
+#: an HTTP field value carries unambiguously (a server strips surrounding spaces).
+PRINTABLE_ASCII = r"^[!-~]([ -~]*[!-~])?$"
+#: An event id of the streams: a version or a cursor, decimal, below 2^63 (int64).
+EVENT_ID = r"^[0-9]{1,18}$"
 
 #: Security scheme names in the OpenAPI document (a generated client's auth settings).
 BEARER_SCHEME = "UserBearerToken"
@@ -33,10 +38,13 @@ IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
+        min_length=1,
         max_length=IDEMPOTENCY_KEY_MAX,
+        pattern=PRINTABLE_ASCII,
         description=(
             "Makes the create idempotent (SPEC §2.5): a repeat with the same key, job "
-            "type and target returns the original job (200, Idempotent-Replayed: true)."
+            "type and target returns the original job (200, Idempotent-Replayed: true). "
+            "1..200 printable ASCII characters, no surrounding spaces."
         ),
     ),
 ]
@@ -45,18 +53,15 @@ _INSTANCE_ID_DOC = (
     "The calling runtime instance; with jobId and attemptNo it is the lease holder's "
     "fencing token (SPEC §3). 1..128 printable ASCII characters."
 )
-_INSTANCE_ID_SCHEMA = {
-    "minLength": 1,
-    "maxLength": INSTANCE_ID_MAX,
-    "pattern": _PRINTABLE_ASCII,
-}
 
 RuntimeInstanceIdHeader = Annotated[
     str,
     Header(
         alias="X-Runtime-Instance-Id",
         description=_INSTANCE_ID_DOC,
-        json_schema_extra=_INSTANCE_ID_SCHEMA,
+        min_length=1,
+        max_length=INSTANCE_ID_MAX,
+        pattern=PRINTABLE_ASCII,
     ),
 ]
 
@@ -65,7 +70,9 @@ OptionalRuntimeInstanceIdHeader = Annotated[
     Header(
         alias="X-Runtime-Instance-Id",
         description=_INSTANCE_ID_DOC + " Optional here.",
-        json_schema_extra=_INSTANCE_ID_SCHEMA,
+        min_length=1,
+        max_length=INSTANCE_ID_MAX,
+        pattern=PRINTABLE_ASCII,
     ),
 ]
 
@@ -84,6 +91,8 @@ LastEventIdHeader = Annotated[
     str | None,
     Header(
         alias="Last-Event-ID",
-        description="Resume an event stream after this event id (the standard reconnect).",
+        pattern=EVENT_ID,
+        description="Resume an event stream after this event id (the standard reconnect): "
+        "the decimal id of an event the stream sent.",
     ),
 ]

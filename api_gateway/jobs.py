@@ -11,22 +11,8 @@ from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.params import normalize_params
 from api_gateway.backends import Caller
 from api_gateway.convert import dict_to_struct, job_json, pb_enum
-from api_gateway.headers import IDEMPOTENCY_KEY_MAX
 from api_gateway.schemas import JobCreate
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
-
-
-def check_idempotency_key(key: str | None) -> str | None:
-    """An ``Idempotency-Key`` header value, validated (1..200 printable characters)."""
-    if key is None:
-        return None
-    key = key.strip()
-    if not key or len(key) > IDEMPOTENCY_KEY_MAX or not key.isprintable():
-        raise invalid_argument(
-            f"Idempotency-Key must be 1..{IDEMPOTENCY_KEY_MAX} printable characters",
-            field="Idempotency-Key",
-        )
-    return key
 
 
 async def create_job(
@@ -61,7 +47,7 @@ async def create_job(
         target_id = user_id
     elif not target_id:
         raise invalid_argument("targetId is required for this targetType", field="targetId")
-    key = check_idempotency_key(idempotency_key)
+    key = idempotency_key
     try:
         params = normalize_params(body.jobType, body.params)
     except AppError:

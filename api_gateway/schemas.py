@@ -27,6 +27,18 @@ ID = Field(min_length=1, max_length=128)
 #: unknown id → 404, never 400"), not a length error (the body size limit bounds it).
 REF = Field(min_length=1)
 
+#: The characters ``str.strip()`` removes (``str.isspace``), as a character class
+#: that JSON Schema (ECMA-262), pydantic (Rust regex) and Python's ``re`` read alike
+#: (``\s`` differs between them).
+SPACE_CLASS = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: Text that is not blank: it holds a character ``str.strip()`` keeps (a JSON Schema
+#: pattern matches anywhere in the string). The services strip titles, names and
+#: contents and refuse what is left empty: the document says so too (reference §3.1).
+NOT_BLANK = f"[^{SPACE_CLASS}]"
+#: A model API key as credential_service takes it: 8..512 printable ASCII characters
+#: without spaces, surrounding blanks (a pasted line end) stripped.
+API_KEY = r"^[ \t\r\n]*[!-~]{8,512}[ \t\r\n]*$"
+
 # Each enumeration is a named schema of the OpenAPI document (``JobType``,
 # ``JobStatus`` …, referenced wherever a field or parameter takes it), so a client
 # generated from it has one type per enumeration rather than one per field.
@@ -97,16 +109,16 @@ Rfc3339 = Annotated[
 class MaterialCreate(Body):
     """``POST /v1/materials``: plain text or Markdown, content ≤ 1 MiB (UTF-8 bytes)."""
 
-    title: str = Field(min_length=1, max_length=500)
-    content: str = Field(min_length=1)
+    title: str = Field(min_length=1, max_length=500, pattern=NOT_BLANK)
+    content: str = Field(min_length=1, pattern=NOT_BLANK)
 
 
 class KnowledgePointCreate(Body):
-    """``POST /v1/knowledge-points``."""
+    """``POST /v1/knowledge-points``: a name and 1..500 blocks of one material."""
 
     materialId: str = REF
-    name: str = Field(min_length=1, max_length=500)
-    blockIds: list[str] = Field(default_factory=list, max_length=1000)
+    name: str = Field(min_length=1, max_length=500, pattern=NOT_BLANK)
+    blockIds: list[str] = Field(min_length=1, max_length=500)
 
 
 class LearningEventIn(Body):
@@ -124,7 +136,7 @@ class LearningEventIn(Body):
 
 class LearningEventsCreate(Body):
     """``POST /v1/learning-events``: up to 500 events a call (job_service's
-    :data:`~job_service.domain.learning.MAX_EVENT_BATCH`)."""
+    :data:`~job_service.learning.events.MAX_EVENT_BATCH`)."""
 
     events: list[LearningEventIn] = Field(min_length=1, max_length=500)
 
@@ -181,7 +193,7 @@ class CredentialPut(Body):
         max_length=32,
         description="a configured provider's name, e.g. deepseek; omitted: the first configured",
     )
-    apiKey: str = Field(min_length=1, max_length=512)
+    apiKey: str = Field(min_length=1, max_length=512, pattern=API_KEY)
     baseUrl: str | None = Field(
         default=None,
         min_length=1,

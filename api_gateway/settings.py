@@ -37,6 +37,9 @@ class GatewaySettings(CommonSettings):
     Attributes:
         JWT_SECRET: HS256 secret of user/admin tokens; required.
         JWT_ISSUER: when set, the ``iss`` claim must equal it.
+        JWT_LEEWAY_SECONDS: clock skew allowed between a token's issuer and the
+            gateway when ``exp``, ``nbf`` and ``iat`` are judged (seconds, 0..300;
+            reference §9.3): a token minted a few seconds "in the future" is taken.
         GATEWAY_HOST, GATEWAY_PORT: listen address (port 0 picks a free port).
         CORS_ORIGINS: comma list of allowed browser origins (``scheme://host[:port]``,
             or ``*`` for any); empty (the default) turns CORS off (SPEC §9.3).
@@ -56,6 +59,7 @@ class GatewaySettings(CommonSettings):
 
     JWT_SECRET: str = ""
     JWT_ISSUER: str = ""
+    JWT_LEEWAY_SECONDS: int = Field(default=30, ge=0, le=300)
     GATEWAY_HOST: str = "0.0.0.0"
     GATEWAY_PORT: int = Field(default=3000, ge=0, le=65535)
     CORS_ORIGINS: CorsOrigins = ""

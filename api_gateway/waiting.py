@@ -71,19 +71,9 @@ def is_terminal(job: msg.Job) -> bool:
 
 
 def parse_event_id(value: str | None) -> int | None:
-    """A ``Last-Event-ID`` as the integer it must be, or None when absent.
-
-    Raises:
-        AppError: 400 ``INVALID_ARGUMENT`` for anything but a decimal integer ≥ 0.
-    """
-    if value is None or not value.strip():
-        return None
-    text = value.strip()
-    if not text.isdigit() or len(text) > 19:
-        raise invalid_argument(
-            "Last-Event-ID must be an event id of this stream", field="Last-Event-ID"
-        )
-    return int(text)
+    """A ``Last-Event-ID`` as its integer, or None when absent (its declaration holds
+    it to 1..18 decimal digits: :data:`api_gateway.headers.EVENT_ID`)."""
+    return None if value is None else int(value)
 
 
 async def read_job(call: Caller, job_id: str, user_id: str) -> msg.Job:
@@ -218,12 +208,16 @@ async def job_events(
     """``GET /v1/ai/jobs/{jobId}/events`` (SPEC §9.1): the job as it is, then one
     ``event: job`` per change (``id`` its version), ending after a terminal state.
 
-    ``Last-Event-ID`` resumes after that version; at or after the terminal
-    event the answer is 204 (no stream).
+    ``Last-Event-ID`` resumes after that version; at the terminal event the
+    answer is 204 (no stream: stop reconnecting). An id above the job's current
+    version was never sent on this stream (a cursor of the per-user stream, say):
+    400, never a silent empty stream that the reconnect would turn into a 204
+    (reference §9.1).
 
     Raises:
-        AppError: 400 for a bad ``Last-Event-ID``, 404 ``JOB_NOT_FOUND``, 429
-            ``TOO_MANY_STREAMS`` past ``SSE_MAX_STREAMS_PER_USER``.
+        AppError: 400 ``INVALID_ARGUMENT`` for a ``Last-Event-ID`` above the job's
+            version, 404 ``JOB_NOT_FOUND``,
+            429 ``TOO_MANY_STREAMS`` past ``SSE_MAX_STREAMS_PER_USER``.
     """
     last = parse_event_id(last_event_id)
     hub.take_stream(user_id)
@@ -234,7 +228,14 @@ async def job_events(
     except BaseException:
         release()
         raise
-    if last is not None and job.version <= last and is_terminal(job):
+    if last is not None and last > job.version:
+        release()
+        raise invalid_argument(
+            f"Last-Event-ID {last} is above the job's version {job.version}: it is not an "
+            "event id of this job's stream (a cursor of GET /v1/ai/events, say)",
+            field="Last-Event-ID",
+        )
+    if last is not None and job.version == last and is_terminal(job):
         release()
         return Response(status_code=204)
 
@@ -285,7 +286,7 @@ async def user_events(
     once as it is now (job events are kept, so far older cursors than 24 h work).
 
     Raises:
-        AppError: 400 for a bad ``Last-Event-ID``, 429 ``TOO_MANY_STREAMS``.
+        AppError: 429 ``TOO_MANY_STREAMS``.
     """
     cursor = parse_event_id(last_event_id)
     hub.take_stream(user_id)

@@ -345,6 +345,133 @@ class _Script:
         return "".join(out)
 
 
+async def _connect(url: URL) -> Any:
+    """A connection as the services' engines open one (found rows, multi-statements,
+    READ COMMITTED)."""
+    conn = await aiomysql.connect(
+        host=url.host or "127.0.0.1",
+        port=url.port or 3306,
+        user=url.username or "root",
+        password=url.password or "",
+        db=url.database,
+        autocommit=False,
+        client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,  # as the services' engines
+    )
+    async with conn.cursor() as cur:
+        await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn
+
+
+@dataclass
+class _Pick:
+    """A script's first pick: False before it ran, then the job id (None: no job)."""
+
+    value: str | bool | None = False
+
+
+class _Replayer:
+    """One replay's scripts, its jobs left and what it counted (see :func:`replay`)."""
+
+    def __init__(self, capture: Capture, n: int, one_per_round_trip: bool) -> None:
+        def as_sent(statements: list[str]) -> list[str]:
+            if one_per_round_trip:
+                return [p for s in statements for p in split_statements(s)]
+            return statements
+
+        self.capture = capture
+        self.job_script = _Script.of(as_sent(capture.statements))
+        self.prologue = _Script.of(as_sent(capture.prologue)) if capture.prologue else None
+        self.remaining = n
+        self.done = 0
+        self.errors = 0
+        self.retried = 0
+        self.first_error: str | None = None
+
+    async def _send(
+        self,
+        conn: Any,
+        script: _Script,
+        i: int,
+        sql: str,
+        pick: _Pick,
+        mapping: dict[str, str],
+        pick_as: str | None,
+    ) -> None:
+        """Send round trip ``i``; the script's first pick, when it is in this round
+        trip, goes into ``pick`` (None: it found no job) and ``mapping[pick_as]``."""
+        async with conn.cursor() as cur:
+            await cur.execute(sql)
+            k = 0
+            while True:
+                if k == script.picks[i] and pick.value is False:
+                    row = await cur.fetchone()
+                    pick.value = str(row[0]) if row else None
+                    if pick.value is not None and pick_as is not None:
+                        mapping[pick_as] = pick.value
+                await cur.fetchall()
+                k += 1
+                if not await cur.nextset():
+                    break
+
+    async def run(
+        self, conn: Any, script: _Script, mapping: dict[str, str], pick_as: str | None
+    ) -> str | bool | None:
+        """Run ``script``; the first pick's job id becomes ``mapping[pick_as]``.
+
+        Returns the picked id; None when a pick found no job; False when the
+        script has no pick. A deadlock (1213) or lock wait timeout (1205) runs the
+        whole transaction again (5 times at most), as the services do.
+        """
+        pick = _Pick()
+        i = tx_start = tries = 0
+        while i < len(script.templates):
+            if pick.value is None and pick_as in script.tokens[i]:
+                i += 1  # no next job: its lock is not sent
+                continue
+            sql = script.render(i, mapping)
+            try:
+                await self._send(conn, script, i, sql, pick, mapping, pick_as)
+            except pymysql.err.MySQLError as exc:
+                await conn.rollback()
+                if exc.args[:1] in ((1213,), (1205,)) and tries < 5:
+                    self.retried += 1
+                    tries += 1
+                    i = tx_start
+                    pick.value = False
+                    continue
+                self.errors += 1
+                if self.first_error is None:
+                    self.first_error = f"{exc!r} in {sql[:200]}"
+            if script.ends[i]:
+                tx_start, tries = i + 1, 0
+            i += 1
+        return pick.value
+
+    async def slot(self, url: URL) -> None:
+        """One connection's jobs, until none are left (or a pick finds none)."""
+        capture = self.capture
+        conn = await _connect(url)
+        try:
+            if self.prologue is None:  # each job claimed by its own claim
+                while self.remaining > 0:
+                    self.remaining -= 1
+                    mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
+                    if await self.run(conn, self.job_script, mapping, capture.job_id) is None:
+                        break
+                    self.done += 1
+                return
+            mapping = dict(capture.aliases)
+            current = await self.run(conn, self.prologue, mapping, capture.prologue_job_id)
+            while isinstance(current, str):
+                mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
+                mapping.update(capture.aliases)
+                mapping[capture.job_id] = current
+                current = await self.run(conn, self.job_script, mapping, capture.next_job_id)
+                self.done += 1
+        finally:
+            conn.close()
+
+
 async def replay(
     url: URL, capture: Capture, n: int, concurrency: int, *, one_per_round_trip: bool = False
 ) -> dict[str, Any]:
@@ -367,112 +494,20 @@ async def replay(
         (1205) runs its whole transaction again, as the services do, and only
         other failures count as errors.
     """
-
-    def as_sent(statements: list[str]) -> list[str]:
-        if one_per_round_trip:
-            return [p for s in statements for p in split_statements(s)]
-        return statements
-
-    job_script = _Script.of(as_sent(capture.statements))
-    prologue = _Script.of(as_sent(capture.prologue)) if capture.prologue else None
-    done = 0
-    errors = 0
-    retried = 0
-    first_error: str | None = None
-    remaining = [n]
-
-    async def run(
-        conn: Any, script: _Script, mapping: dict[str, str], pick_as: str | None
-    ) -> str | bool | None:
-        """Run ``script``; the first pick's job id becomes ``mapping[pick_as]``.
-
-        Returns the picked id; None when a pick found no job; False when the
-        script has no pick.
-        """
-        nonlocal errors, first_error, retried
-        picked: str | bool | None = False
-        i = tx_start = tries = 0
-        while i < len(script.templates):
-            if picked is None and pick_as in script.tokens[i]:
-                i += 1  # no next job: its lock is not sent
-                continue
-            sql = script.render(i, mapping)
-            try:
-                async with conn.cursor() as cur:
-                    await cur.execute(sql)
-                    k = 0
-                    while True:
-                        if k == script.picks[i] and picked is False:
-                            row = await cur.fetchone()
-                            picked = str(row[0]) if row else None
-                            if picked is not None and pick_as is not None:
-                                mapping[pick_as] = picked
-                        await cur.fetchall()
-                        k += 1
-                        if not await cur.nextset():
-                            break
-            except pymysql.err.MySQLError as exc:
-                await conn.rollback()
-                if exc.args[:1] in ((1213,), (1205,)) and tries < 5:
-                    # a deadlock: the whole transaction again, as the services do
-                    retried += 1
-                    tries += 1
-                    i = tx_start
-                    picked = False
-                    continue
-                errors += 1
-                if first_error is None:
-                    first_error = f"{exc!r} in {sql[:200]}"
-            if script.ends[i]:
-                tx_start, tries = i + 1, 0
-            i += 1
-        return picked
-
-    async def slot() -> None:
-        nonlocal done
-        conn = await aiomysql.connect(
-            host=url.host or "127.0.0.1",
-            port=url.port or 3306,
-            user=url.username or "root",
-            password=url.password or "",
-            db=url.database,
-            autocommit=False,
-            client_flag=CLIENT.FOUND_ROWS | CLIENT.MULTI_STATEMENTS,  # as the services' engines
-        )
-        try:
-            async with conn.cursor() as cur:
-                await cur.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-            if prologue is None:  # each job claimed by its own claim
-                while remaining[0] > 0:
-                    remaining[0] -= 1
-                    mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
-                    if await run(conn, job_script, mapping, capture.job_id) is None:
-                        break
-                    done += 1
-                return
-            mapping = dict(capture.aliases)
-            current = await run(conn, prologue, mapping, capture.prologue_job_id)
-            while isinstance(current, str):
-                mapping = {t: uuid.uuid4().hex for t in capture.fresh_ids}
-                mapping.update(capture.aliases)
-                mapping[capture.job_id] = current
-                current = await run(conn, job_script, mapping, capture.next_job_id)
-                done += 1
-        finally:
-            conn.close()
-
+    replayer = _Replayer(capture, n, one_per_round_trip)
     t0 = time.perf_counter()
-    await asyncio.gather(*(slot() for _ in range(concurrency)))
+    await asyncio.gather(*(replayer.slot(url) for _ in range(concurrency)))
     elapsed = time.perf_counter() - t0
+    done = replayer.done
     return {
         "jobs": done,
         "seconds": round(elapsed, 3),
         "jobs_per_s": round(done / elapsed, 1),
         "statements_per_s": round(done * capture.statement_count() / elapsed, 1),
-        "round_trips_per_s": round(done * len(job_script.templates) / elapsed, 1),
-        "errors": errors,
-        "deadlocks_retried": retried,
-        "first_error": first_error,
+        "round_trips_per_s": round(done * len(replayer.job_script.templates) / elapsed, 1),
+        "errors": replayer.errors,
+        "deadlocks_retried": replayer.retried,
+        "first_error": replayer.first_error,
     }
 
 

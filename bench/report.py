@@ -22,9 +22,25 @@ def _check(ok: bool | None) -> str:
 def rows(doc: dict[str, Any]) -> list[Row]:
     """(figure, value, unit, params, target check) rows from a result document."""
     r = doc["results"]
+    out = _throughput_rows(r.get("throughput", {}), r.get("floor", {}))
+    out.extend(_peer_rows(r.get("peer", {})))
+    out.extend(_floor_rows(r.get("floor", {})))
+    out.extend(_pickup_rows(r.get("pickup", {})))
+    out.extend(_poll_scale_rows(r.get("poll_scale", {})))
+    out.extend(_idle_rows(r.get("idle", {})))
+    out.extend(_gateway_rows(r.get("gateway", {})))
+    out.extend(_worker500_rows(r.get("worker500", {})))
+    out.extend(_waiting_rows(r.get("waiting", {})))
+    for name, res in r.items():
+        if "error" in res:
+            out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
+    return out
+
+
+def _throughput_rows(tp: dict[str, Any], fl: dict[str, Any]) -> list[Row]:
+    """Jobs per second at each slot count, with its CPU, the worker's calls per job
+    and its ratio to the database floor."""
     out: list[Row] = []
-    tp = r.get("throughput", {})
-    fl = r.get("floor", {})
     replicas = int(tp.get("params", {}).get("job_services") or 1)
     for slots, run in tp.get("runs", {}).items():
         jps = run.get("jobs_per_s")
@@ -33,40 +49,8 @@ def rows(doc: dict[str, Any]) -> list[Row]:
             params += f", {replicas} job_service replicas"
         target = f"≥500 {_check(jps is not None and jps >= 500)}" if slots == "16" else ""
         out.append((f"throughput @{slots} slots", _f(jps), "jobs/s", params, target))
-        cpu = run.get("cpu_ms_per_job") or {}
-        if cpu:
-            shown = ", ".join(f"{k.split(' ')[0]} {v:.1f}" for k, v in cpu.items())
-            out.append(
-                (
-                    f"  CPU per job @{slots}",
-                    _f(round(sum(v for k, v in cpu.items() if not k.startswith("mariadb")), 2)),
-                    "ms",
-                    shown,
-                    "excl. MariaDB",
-                )
-            )
-        worker_rpcs = (run.get("rpc_per_job") or {}).get("runtime_worker") or {}
-        model = (run.get("rpc_per_job") or {}).get("model_call") or {}
-        if worker_rpcs:
-            # the worker's view of each job: its calls (count per job × mean wall ms)
-            parts = [
-                f"{m} {v['calls_per_job']:.2g}×{v['mean_ms']:.1f}"
-                for m, v in worker_rpcs.items()
-                if v["calls_per_job"] >= 0.05
-            ]
-            total = sum(v["calls_per_job"] * v["mean_ms"] for v in worker_rpcs.values())
-            calls = sum(v["calls_per_job"] * v["mean_ms"] for v in model.values())
-            if calls:
-                parts.append(f"model {calls:.1f}")
-            out.append(
-                (
-                    f"  worker's calls per job @{slots}",
-                    _f(round(total + calls, 2)),
-                    "ms",
-                    ", ".join(parts),
-                    "calls × mean ms",
-                )
-            )
+        out.extend(_cpu_rows(slots, run.get("cpu_ms_per_job") or {}))
+        out.extend(_worker_call_rows(slots, run.get("rpc_per_job") or {}))
         floor_run = fl.get("runs", {}).get(slots)
         if floor_run and jps:
             ratio = jps / floor_run["jobs_per_s"]
@@ -79,7 +63,53 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                     f"≥40% {_check(ratio >= 0.4)}",
                 )
             )
-    out.extend(_peer_rows(r.get("peer", {})))
+    return out
+
+
+def _cpu_rows(slots: str, cpu: dict[str, float]) -> list[Row]:
+    if not cpu:
+        return []
+    shown = ", ".join(f"{k.split(' ')[0]} {v:.1f}" for k, v in cpu.items())
+    return [
+        (
+            f"  CPU per job @{slots}",
+            _f(round(sum(v for k, v in cpu.items() if not k.startswith("mariadb")), 2)),
+            "ms",
+            shown,
+            "excl. MariaDB",
+        )
+    ]
+
+
+def _worker_call_rows(slots: str, rpc_per_job: dict[str, Any]) -> list[Row]:
+    """The worker's view of each job: its calls (count per job × mean wall ms)."""
+    worker_rpcs = rpc_per_job.get("runtime_worker") or {}
+    model = rpc_per_job.get("model_call") or {}
+    if not worker_rpcs:
+        return []
+    parts = [
+        f"{m} {v['calls_per_job']:.2g}×{v['mean_ms']:.1f}"
+        for m, v in worker_rpcs.items()
+        if v["calls_per_job"] >= 0.05
+    ]
+    total = sum(v["calls_per_job"] * v["mean_ms"] for v in worker_rpcs.values())
+    calls = sum(v["calls_per_job"] * v["mean_ms"] for v in model.values())
+    if calls:
+        parts.append(f"model {calls:.1f}")
+    return [
+        (
+            f"  worker's calls per job @{slots}",
+            _f(round(total + calls, 2)),
+            "ms",
+            ", ".join(parts),
+            "calls × mean ms",
+        )
+    ]
+
+
+def _floor_rows(fl: dict[str, Any]) -> list[Row]:
+    """The database floor: the hot path's statements alone, batched and not."""
+    out: list[Row] = []
     for slots, run in fl.get("runs", {}).items():
         out.append(
             (
@@ -103,7 +133,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
-    pk = r.get("pickup", {})
+    return out
+
+
+def _pickup_rows(pk: dict[str, Any]) -> list[Row]:
+    """Pickup latency, idle and under load."""
+    out: list[Row] = []
     for phase in ("idle", "under_load"):
         s = pk.get(phase)
         if s and "error" in s:
@@ -114,7 +149,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
             t99 = f"≤250 {_check(s['p99_ms'] <= 250)}" if phase == "idle" else ""
             out.append((f"pickup p50 ({phase})", _f(s["p50_ms"]), "ms", prm, t50))
             out.append((f"pickup p99 ({phase})", _f(s["p99_ms"]), "ms", prm, t99))
-    ps = r.get("poll_scale", {})
+    return out
+
+
+def _poll_scale_rows(ps: dict[str, Any]) -> list[Row]:
+    """Poll, create and claim latency over small and big tables."""
+    out: list[Row] = []
     for key, s in ps.items():
         if isinstance(s, dict) and "finished_rows" in s:
             prm = f"{s['finished_rows']:,} finished rows, waitMs=0"
@@ -171,7 +211,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
     if "create_p99_ratio_big_to_small" in ps:
         ratio = ps["create_p99_ratio_big_to_small"]
         out.append(("create p99 big/small", _f(ratio), "×", "", ""))
-    idle = r.get("idle", {})
+    return out
+
+
+def _idle_rows(idle: dict[str, Any]) -> list[Row]:
+    """Queries of idle workers."""
+    out: list[Row] = []
     if "db_statements_per_s_per_worker" in idle:
         v = idle["db_statements_per_s_per_worker"]
         prm = f"{idle['params']['workers']} idle workers, {idle['params']['seconds']} s"
@@ -187,7 +232,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
-    gw = r.get("gateway", {})
+    return out
+
+
+def _gateway_rows(gw: dict[str, Any]) -> list[Row]:
+    """The gateway's create throughput and latency."""
+    out: list[Row] = []
     if "requests_per_s" in gw:
         prm = f"{gw['params']['requests']} POSTs, {gw['params']['concurrency']} conns"
         out.append(("gateway POST /v1/ai/jobs", _f(gw["requests_per_s"]), "requests/s", prm, ""))
@@ -200,7 +250,12 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 "",
             )
         )
-    w = r.get("worker500", {})
+    return out
+
+
+def _worker500_rows(w: dict[str, Any]) -> list[Row]:
+    """One worker with 500 slots: throughput, lost leases, memory."""
+    out: list[Row] = []
     if "sustained_jobs_per_s" in w:
         prm = f"1 worker x500 slots, stand-in 2 s, {w['params']['seconds']} s"
         v = w["sustained_jobs_per_s"]
@@ -223,10 +278,6 @@ def rows(doc: dict[str, Any]) -> list[Row]:
                 f"≤250 {_check(w['peak_rss_mb'] <= 250)}",
             )
         )
-    out.extend(_waiting_rows(r.get("waiting", {})))
-    for name, res in r.items():
-        if "error" in res:
-            out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
     return out
 
 

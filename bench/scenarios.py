@@ -545,6 +545,73 @@ def _settle_innodb(system: System, limit_s: float = 300.0) -> dict[str, Any]:
         time.sleep(1.0)
 
 
+#: The claim's pick as :func:`poll_scale` EXPLAINs it (the job_service's query shape).
+CLAIM_EXPLAIN_SQL = (
+    "EXPLAIN SELECT job_id FROM ai_runtime_jobs WHERE status='pending' AND job_type IN ("
+    + ",".join(f"'{t}'" for t in JOB_TYPES)
+    + ") AND available_at <= UTC_TIMESTAMP(6) ORDER BY priority, created_at, seq LIMIT 10"
+    " FOR UPDATE SKIP LOCKED"
+)
+EXPLAIN_COLUMNS = [
+    "id",
+    "select_type",
+    "table",
+    "type",
+    "possible_keys",
+    "key",
+    "key_len",
+    "ref",
+    "rows",
+    "extra",
+]
+
+
+async def _grow(system: System, rows: int) -> float:
+    """``rows`` finished jobs with their model calls logged today, then ANALYZE;
+    returns the seconds it took to grow them."""
+    grow_s = await asyncio.to_thread(_grow_finished, system, rows)
+    grow_s += await asyncio.to_thread(_grow_calls, system, rows)
+    await asyncio.to_thread(system.sql, "ANALYZE TABLE ai_runtime_jobs")
+    return grow_s
+
+
+async def _time_calls(
+    systems: dict[int, System], sizes: list[int], samples: int
+) -> dict[int, dict[str, list[float]]]:
+    """Seconds of each create, PollJobs and ClaimJobs (waitMs=0), per size; one call
+    on each size in turn, the order flipped every sample."""
+    caps = cast(Any, [JOB_TYPE.to_proto(t) for t in JOB_TYPES])
+    md = {rows: system.md("bench-poller") for rows, system in systems.items()}
+    timings: dict[int, dict[str, list[float]]] = {
+        rows: {"create": [], "poll": [], "claim": []} for rows in sizes
+    }
+
+    async def create(rows: int, i: int) -> None:
+        await systems[rows].create_job(f"bench-user-{i % 50}")
+
+    async def poll(rows: int, _i: int) -> None:
+        stub = systems[rows].stub
+        assert stub is not None
+        await stub.PollJobs(
+            rr.PollJobsRequest(capabilities=caps, limit=10, wait_ms=0), metadata=md[rows]
+        )
+
+    async def claim(rows: int, _i: int) -> None:
+        stub = systems[rows].stub
+        assert stub is not None
+        await stub.ClaimJobs(
+            rr.ClaimJobsRequest(capabilities=caps, limit=1, wait_ms=0), metadata=md[rows]
+        )
+
+    for name, call in (("create", create), ("poll", poll), ("claim", claim)):
+        for i in range(samples):
+            for rows in sizes if i % 2 == 0 else reversed(sizes):
+                t0 = time.perf_counter()
+                await call(rows, i)
+                timings[rows][name].append(time.perf_counter() - t0)
+    return timings
+
+
 async def poll_scale(p: Params) -> dict[str, Any]:
     """Scenario 4: PollJobs / ClaimJobs latency (waitMs=0) with 1k and 1M finished rows.
 
@@ -558,7 +625,6 @@ async def poll_scale(p: Params) -> dict[str, Any]:
     one by one, so the create path's reads (quota, daily budget) are measured
     at both sizes too.
     """
-    caps = cast(Any, [JOB_TYPE.to_proto(t) for t in JOB_TYPES])
     out: dict[str, Any] = {
         "params": {
             "samples": p.poll_samples,
@@ -566,12 +632,6 @@ async def poll_scale(p: Params) -> dict[str, Any]:
             "method": "one database and system per size, calls interleaved across sizes",
         }
     }
-    explain_sql = (
-        "EXPLAIN SELECT job_id FROM ai_runtime_jobs WHERE status='pending' AND job_type IN ("
-        + ",".join(f"'{t}'" for t in JOB_TYPES)
-        + ") AND available_at <= UTC_TIMESTAMP(6) ORDER BY priority, created_at, seq LIMIT 10"
-        " FOR UPDATE SKIP LOCKED"
-    )
     sizes = list(p.scale_rows)
     with ExitStack() as databases:
         async with AsyncExitStack() as stack:
@@ -579,9 +639,7 @@ async def poll_scale(p: Params) -> dict[str, Any]:
             for rows in sizes:
                 url = databases.enter_context(fresh_database(p.base_url))
                 system = await stack.enter_async_context(System(url, workers=0))
-                grow_s = await asyncio.to_thread(_grow_finished, system, rows)
-                grow_s += await asyncio.to_thread(_grow_calls, system, rows)
-                await asyncio.to_thread(system.sql, "ANALYZE TABLE ai_runtime_jobs")
+                grow_s = await _grow(system, rows)
                 systems[rows] = system
                 out[str(rows)] = {
                     "finished_rows": rows,
@@ -591,50 +649,11 @@ async def poll_scale(p: Params) -> dict[str, Any]:
             out["params"]["innodb_settle"] = await asyncio.to_thread(
                 _settle_innodb, systems[sizes[-1]], p.settle_limit_s
             )
-            md = {rows: system.md("bench-poller") for rows, system in systems.items()}
-            timings: dict[int, dict[str, list[float]]] = {
-                rows: {"create": [], "poll": [], "claim": []} for rows in sizes
-            }
-
-            async def create(rows: int, i: int) -> None:
-                await systems[rows].create_job(f"bench-user-{i % 50}")
-
-            async def poll(rows: int, _i: int) -> None:
-                stub = systems[rows].stub
-                assert stub is not None
-                await stub.PollJobs(
-                    rr.PollJobsRequest(capabilities=caps, limit=10, wait_ms=0), metadata=md[rows]
-                )
-
-            async def claim(rows: int, _i: int) -> None:
-                stub = systems[rows].stub
-                assert stub is not None
-                await stub.ClaimJobs(
-                    rr.ClaimJobsRequest(capabilities=caps, limit=1, wait_ms=0), metadata=md[rows]
-                )
-
-            for name, call in (("create", create), ("poll", poll), ("claim", claim)):
-                for i in range(p.poll_samples):
-                    for rows in sizes if i % 2 == 0 else reversed(sizes):
-                        t0 = time.perf_counter()
-                        await call(rows, i)
-                        timings[rows][name].append(time.perf_counter() - t0)
-            cols = [
-                "id",
-                "select_type",
-                "table",
-                "type",
-                "possible_keys",
-                "key",
-                "key_len",
-                "ref",
-                "rows",
-                "extra",
-            ]
+            timings = await _time_calls(systems, sizes, p.poll_samples)
             for rows in sizes:
                 explain = [
-                    dict(zip(cols, map(str, r), strict=False))
-                    for r in systems[rows].sql(explain_sql)
+                    dict(zip(EXPLAIN_COLUMNS, map(str, r), strict=False))
+                    for r in systems[rows].sql(CLAIM_EXPLAIN_SQL)
                 ]
                 out[str(rows)].update(
                     {name: summary_ms(values) for name, values in timings[rows].items()}
@@ -645,7 +664,7 @@ async def poll_scale(p: Params) -> dict[str, Any]:
         out[f"{name}_p99_ratio_big_to_small"] = round(
             out[big][name]["p99_ms"] / out[small][name]["p99_ms"], 2
         )
-    out["explain_sql"] = explain_sql
+    out["explain_sql"] = CLAIM_EXPLAIN_SQL
     return out
 
 

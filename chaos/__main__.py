@@ -45,7 +45,7 @@ from chaos.runner import (
     format_table,
     run_scenarios,
 )
-from chaos.scenarios import PROFILES, ScenarioResult
+from chaos.scenario_run import PROFILES, ScenarioResult
 from chaos.system import time_scale
 
 

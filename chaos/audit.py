@@ -183,6 +183,227 @@ def _as_json(value: Any) -> Any:
     return value
 
 
+@dataclass
+class _Tables:
+    """The rows the audit reads, in one connection."""
+
+    now: datetime
+    jobs: dict[str, tuple[Any, ...]]
+    events: dict[str, list[tuple[Any, ...]]]
+    results: dict[str, list[tuple[Any, ...]]]
+    rows_per_job: dict[str, Counter[str]]
+    plans: dict[str, tuple[Any, ...]]
+
+
+def _read_tables(conn: pymysql.Connection) -> _Tables:
+    now: datetime = _rows(conn, "SELECT NOW(6)")[0][0]
+    jobs = {
+        r[0]: r
+        for r in _rows(
+            conn,
+            "SELECT job_id, job_type, status, retry_count, max_retry_count, attempt_no,"
+            " locked_by, lock_until, available_at, error_code, cancel_requested"
+            " FROM ai_runtime_jobs",
+        )
+    }
+    events: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for r in _rows(
+        conn,
+        "SELECT job_id, from_status, to_status, error_code, actor, attempt_no, at"
+        " FROM ai_runtime_job_events ORDER BY seq",
+    ):
+        events[r[0]].append(r)
+    results: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for r in _rows(conn, "SELECT job_id, attempt_no, output FROM ai_results"):
+        results[r[0]].append(r)
+    rows_per_job: dict[str, Counter[str]] = {}
+    for job_type, table in BUSINESS_TABLE.items():
+        rows_per_job[job_type] = Counter(
+            {
+                r[0]: int(r[1])
+                for r in _rows(conn, f"SELECT job_id, COUNT(*) FROM {table} GROUP BY job_id")
+            }
+        )
+    plans: dict[str, tuple[Any, ...]] = {}
+    for table in PLAN_TABLE.values():
+        for r in _rows(conn, f"SELECT job_id, generated, written FROM {table}"):
+            plans[r[0]] = r
+    return _Tables(now, jobs, events, results, rows_per_job, plans)
+
+
+def _check_rows_of_unsucceeded_jobs(t: _Tables, rep: AuditReport) -> None:
+    """Database-wide: nothing but succeeded jobs has results or business rows."""
+    for job_id in t.results:
+        job = t.jobs.get(job_id)
+        if job is None or job[2] != "succeeded":
+            rep.duplicates += 1
+            rep.add("duplicate", f"{job_id}: result row for a job in {job[2] if job else 'no row'}")
+    for job_type, counter in t.rows_per_job.items():
+        for job_id, n in counter.items():
+            job = t.jobs.get(job_id)
+            if job is None or job[2] != "succeeded":
+                rep.duplicates += 1
+                rep.add("duplicate", f"{job_id}: {n} {job_type} rows for a job not succeeded")
+
+
+def _check_job_row(
+    job_id: str, job: tuple[Any, ...], now: datetime, cfg: AuditConfig, rep: AuditReport
+) -> None:
+    """The job's status (stuck or legitimately waiting), its live lease's holder and
+    its retry counters."""
+    (_, _, status, retry_count, max_retry, attempt_no, locked_by, lock_until,
+     available_at, error_code, _cancel) = job  # fmt: skip
+    rep.by_status[status] += 1
+    rep.attempts_max = max(rep.attempts_max, attempt_no)
+    if status == "failed":
+        rep.failed_by_code[error_code or "?"] += 1
+    if status not in TERMINAL:
+        if status == "pending" and available_at is not None and available_at > now:
+            rep.waiting += 1
+        else:
+            rep.stuck += 1
+            rep.add("stuck", f"{job_id}: still {status} (lockUntil {lock_until})")
+    if (
+        status in ("locked", "running")
+        and lock_until is not None
+        and lock_until >= now
+        and cfg.live_workers is not None
+        and locked_by not in cfg.live_workers
+    ):
+        rep.add("lease", f"{job_id}: live lease held by {locked_by}, not a live worker")
+    if retry_count > max_retry:
+        rep.add("retry", f"{job_id}: retryCount {retry_count} > maxRetryCount {max_retry}")
+    if attempt_no not in (retry_count, retry_count + 1):
+        rep.add("retry", f"{job_id}: attemptNo {attempt_no} vs retryCount {retry_count}")
+
+
+@dataclass
+class _Walk:
+    """One job's event history read in order: what it adds up to so far."""
+
+    job_id: str
+    events: list[tuple[Any, ...]]
+    cfg: AuditConfig
+    rep: AuditReport
+    status: str | None = None  # the last event's toStatus
+    locks: int = 0
+    retries: int = 0
+    holders: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    last_retry_at: datetime | None = None
+    last_retry_code: str | None = None
+
+    def run(self) -> None:
+        for i, (_, frm, to, _code, actor, ev_attempt, _at) in enumerate(self.events):
+            if i > 0 and frm != self.status:
+                self.rep.add(
+                    "history", f"{self.job_id}: event {i} from {frm} but status was {self.status}"
+                )
+            if (frm, to) not in ALLOWED_TRANSITIONS:
+                self.rep.add("history", f"{self.job_id}: transition {frm}→{to} not allowed")
+            if actor and str(actor).startswith("runtime:") and ev_attempt:
+                self.holders[int(ev_attempt)].add(str(actor))
+            if frm == "pending" and to == "locked":
+                self._lock(i)
+            if to == "pending" and frm in RETRY_SOURCES:
+                self._retry(i)
+            self.status = to
+
+    def _lock(self, i: int) -> None:
+        """A lock: its attemptNo steps by one, and a retry waited out its backoff."""
+        ev_attempt, at = self.events[i][5], self.events[i][6]
+        self.locks += 1
+        if ev_attempt != self.locks:
+            self.rep.add("lease", f"{self.job_id}: lock #{self.locks} has attemptNo {ev_attempt}")
+        if self.last_retry_at is not None and self.last_retry_code != "WORKER_SHUTDOWN":
+            floor = 0.9 * min(
+                self.cfg.backoff_base * 2 ** max(0, self.retries - 1), self.cfg.backoff_max
+            )
+            gap = (at - self.last_retry_at).total_seconds()
+            if gap + BACKOFF_TOLERANCE_SECONDS < floor:
+                self.rep.add(
+                    "backoff",
+                    f"{self.job_id}: retry {self.retries} ({self.last_retry_code}) locked after"
+                    f" {gap:.3f} s < {floor:.3f} s",
+                )
+        self.last_retry_at = None
+
+    def _retry(self, i: int) -> None:
+        """A retry (back to pending): counted by its code, and by the holder whose
+        lease it took for a lease expiry or a job timeout."""
+        _, frm, _to, code, _actor, ev_attempt, at = self.events[i]
+        self.retries += 1
+        code_key = code or "?"
+        # the expired → pending row carries the code of the expired row before it
+        if frm == "expired" and i > 0:
+            code_key = self.events[i - 1][3] or code_key
+        self.rep.retries[code_key] += 1
+        if code_key == "LEASE_EXPIRED":
+            self.rep.lease_expiries += 1
+        if code_key in ("LEASE_EXPIRED", "JOB_TIMEOUT"):
+            for actor in self.holders.get(int(ev_attempt or 0), {"?"}):
+                self.rep.lease_losses_by_actor[actor] += 1
+        # measured from the first row of the retry's transaction (the
+        # reaper's expired row), which precedes the availableAt it set
+        self.last_retry_at = self.events[i - 1][6] if frm == "expired" and i > 0 else at
+        self.last_retry_code = code_key
+
+
+def _check_history(
+    job_id: str,
+    job: tuple[Any, ...],
+    evs: list[tuple[Any, ...]],
+    cfg: AuditConfig,
+    rep: AuditReport,
+) -> None:
+    """The events are a valid path of the state machine that ends in the job's status,
+    and agree with its counters; one holder per attempt."""
+    status, retry_count, attempt_no = job[2], job[3], job[5]
+    if not evs:
+        rep.add("history", f"{job_id}: no events")
+        return
+    if evs[0][1] is not None or evs[0][2] != "pending":
+        rep.add("history", f"{job_id}: first event {evs[0][1]}→{evs[0][2]}, not creation")
+    walk = _Walk(job_id, evs, cfg, rep)
+    walk.run()
+    if walk.status != status:
+        rep.add("history", f"{job_id}: last event →{walk.status} but status {status}")
+    if walk.locks != attempt_no:
+        rep.add("history", f"{job_id}: {walk.locks} lock events, attemptNo {attempt_no}")
+    if walk.retries != retry_count:
+        rep.add("history", f"{job_id}: {walk.retries} retries in events, retryCount {retry_count}")
+    for attempt, actors in walk.holders.items():
+        if len(actors) > 1:
+            rep.add("lease", f"{job_id}: attempt {attempt} acted on by {sorted(actors)}")
+    if status == "succeeded":
+        for actor in walk.holders.get(attempt_no, set()):
+            rep.actors[actor] += 1
+
+
+def _check_exactly_once(job_id: str, job: tuple[Any, ...], t: _Tables, rep: AuditReport) -> None:
+    """A succeeded job has one result, business rows = its distinct items, and a plan
+    that agrees."""
+    job_type, status, attempt_no = job[1], job[2], job[5]
+    if status != "succeeded":
+        return
+    res = t.results.get(job_id, [])
+    n_rows = t.rows_per_job[job_type].get(job_id, 0)
+    if len(res) != 1:
+        rep.duplicates += 1
+        rep.add("duplicate", f"{job_id}: {len(res)} result rows")
+        return
+    items = output_items(job_type, _as_json(res[0][2]))
+    distinct = len({content_hash(i) for i in items})
+    if n_rows != distinct:
+        rep.duplicates += 1
+        rep.add("duplicate", f"{job_id}: {n_rows} business rows for {distinct} items")
+    plan = t.plans.get(job_id)
+    if job_type in PLAN_TABLE and (plan is None or plan[1] != len(items) or plan[2] != n_rows):
+        rep.duplicates += 1
+        rep.add("duplicate", f"{job_id}: plan {plan} vs {len(items)} items / {n_rows} rows")
+    if res[0][1] != attempt_no:
+        rep.add("history", f"{job_id}: result of attempt {res[0][1]}, job at {attempt_no}")
+
+
 def audit(
     connect: Callable[[], pymysql.Connection],
     job_ids: Iterable[str],
@@ -203,174 +424,17 @@ def audit(
     rep = AuditReport(jobs=len(wanted))
     conn = connect()
     try:
-        now: datetime = _rows(conn, "SELECT NOW(6)")[0][0]
-        jobs = {
-            r[0]: r
-            for r in _rows(
-                conn,
-                "SELECT job_id, job_type, status, retry_count, max_retry_count, attempt_no,"
-                " locked_by, lock_until, available_at, error_code, cancel_requested"
-                " FROM ai_runtime_jobs",
-            )
-        }
-        events: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-        for r in _rows(
-            conn,
-            "SELECT job_id, from_status, to_status, error_code, actor, attempt_no, at"
-            " FROM ai_runtime_job_events ORDER BY seq",
-        ):
-            events[r[0]].append(r)
-        results: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
-        for r in _rows(conn, "SELECT job_id, attempt_no, output FROM ai_results"):
-            results[r[0]].append(r)
-        rows_per_job: dict[str, Counter[str]] = {}
-        for job_type, table in BUSINESS_TABLE.items():
-            rows_per_job[job_type] = Counter(
-                {
-                    r[0]: int(r[1])
-                    for r in _rows(conn, f"SELECT job_id, COUNT(*) FROM {table} GROUP BY job_id")
-                }
-            )
-        plans: dict[str, tuple[Any, ...]] = {}
-        for table in PLAN_TABLE.values():
-            for r in _rows(conn, f"SELECT job_id, generated, written FROM {table}"):
-                plans[r[0]] = r
+        tables = _read_tables(conn)
     finally:
         conn.close()
-
-    # database-wide: nothing but succeeded jobs has results or business rows
-    for job_id in results:
-        job = jobs.get(job_id)
-        if job is None or job[2] != "succeeded":
-            rep.duplicates += 1
-            rep.add("duplicate", f"{job_id}: result row for a job in {job[2] if job else 'no row'}")
-    for job_type, counter in rows_per_job.items():
-        for job_id, n in counter.items():
-            job = jobs.get(job_id)
-            if job is None or job[2] != "succeeded":
-                rep.duplicates += 1
-                rep.add("duplicate", f"{job_id}: {n} {job_type} rows for a job not succeeded")
-
+    _check_rows_of_unsucceeded_jobs(tables, rep)
     for job_id in sorted(wanted):
-        job = jobs.get(job_id)
+        job = tables.jobs.get(job_id)
         if job is None:
             rep.lost += 1
             rep.add("lost", f"{job_id}: acknowledged at create, not in ai_runtime_jobs")
             continue
-        (_, job_type, status, retry_count, max_retry, attempt_no, locked_by, lock_until,
-         available_at, error_code, _cancel) = job  # fmt: skip
-        rep.by_status[status] += 1
-        rep.attempts_max = max(rep.attempts_max, attempt_no)
-        if status == "failed":
-            rep.failed_by_code[error_code or "?"] += 1
-        if status not in TERMINAL:
-            if status == "pending" and available_at is not None and available_at > now:
-                rep.waiting += 1
-            else:
-                rep.stuck += 1
-                rep.add("stuck", f"{job_id}: still {status} (lockUntil {lock_until})")
-        if (
-            status in ("locked", "running")
-            and lock_until is not None
-            and lock_until >= now
-            and cfg.live_workers is not None
-            and locked_by not in cfg.live_workers
-        ):
-            rep.add("lease", f"{job_id}: live lease held by {locked_by}, not a live worker")
-
-        # retry counters
-        if retry_count > max_retry:
-            rep.add("retry", f"{job_id}: retryCount {retry_count} > maxRetryCount {max_retry}")
-        if attempt_no not in (retry_count, retry_count + 1):
-            rep.add("retry", f"{job_id}: attemptNo {attempt_no} vs retryCount {retry_count}")
-
-        # history: a valid path that ends in the job's status
-        evs = events.get(job_id, [])
-        if not evs:
-            rep.add("history", f"{job_id}: no events")
-        else:
-            if evs[0][1] is not None or evs[0][2] != "pending":
-                rep.add("history", f"{job_id}: first event {evs[0][1]}→{evs[0][2]}, not creation")
-            prev: str | None = None
-            locks = 0
-            retries = 0
-            holders: dict[int, set[str]] = defaultdict(set)
-            last_retry_at: datetime | None = None
-            last_retry_code: str | None = None
-            for i, (_, frm, to, code, actor, ev_attempt, at) in enumerate(evs):
-                if i > 0 and frm != prev:
-                    rep.add("history", f"{job_id}: event {i} from {frm} but status was {prev}")
-                if (frm, to) not in ALLOWED_TRANSITIONS:
-                    rep.add("history", f"{job_id}: transition {frm}→{to} not allowed")
-                if actor and str(actor).startswith("runtime:") and ev_attempt:
-                    holders[int(ev_attempt)].add(str(actor))
-                if frm == "pending" and to == "locked":
-                    locks += 1
-                    if ev_attempt != locks:
-                        rep.add("lease", f"{job_id}: lock #{locks} has attemptNo {ev_attempt}")
-                    if last_retry_at is not None and last_retry_code != "WORKER_SHUTDOWN":
-                        floor = 0.9 * min(
-                            cfg.backoff_base * 2 ** max(0, retries - 1), cfg.backoff_max
-                        )
-                        gap = (at - last_retry_at).total_seconds()
-                        if gap + BACKOFF_TOLERANCE_SECONDS < floor:
-                            rep.add(
-                                "backoff",
-                                f"{job_id}: retry {retries} ({last_retry_code}) locked after"
-                                f" {gap:.3f} s < {floor:.3f} s",
-                            )
-                    last_retry_at = None
-                if to == "pending" and frm in RETRY_SOURCES:
-                    retries += 1
-                    code_key = code or "?"
-                    # the expired → pending row carries the code of the expired row before it
-                    if frm == "expired" and i > 0:
-                        code_key = evs[i - 1][3] or code_key
-                    rep.retries[code_key] += 1
-                    if code_key == "LEASE_EXPIRED":
-                        rep.lease_expiries += 1
-                    if code_key in ("LEASE_EXPIRED", "JOB_TIMEOUT"):
-                        for actor in holders.get(int(ev_attempt or 0), {"?"}):
-                            rep.lease_losses_by_actor[actor] += 1
-                    # measured from the first row of the retry's transaction (the
-                    # reaper's expired row), which precedes the availableAt it set
-                    last_retry_at = evs[i - 1][6] if frm == "expired" and i > 0 else at
-                    last_retry_code = code_key
-                prev = to
-            if prev != status:
-                rep.add("history", f"{job_id}: last event →{prev} but status {status}")
-            if locks != attempt_no:
-                rep.add("history", f"{job_id}: {locks} lock events, attemptNo {attempt_no}")
-            if retries != retry_count:
-                rep.add(
-                    "history", f"{job_id}: {retries} retries in events, retryCount {retry_count}"
-                )
-            for attempt, actors in holders.items():
-                if len(actors) > 1:
-                    rep.add("lease", f"{job_id}: attempt {attempt} acted on by {sorted(actors)}")
-            if status == "succeeded":
-                for actor in holders.get(attempt_no, set()):
-                    rep.actors[actor] += 1
-
-        # exactly once: one result, business rows = the result's distinct items
-        res = results.get(job_id, [])
-        n_rows = rows_per_job[job_type].get(job_id, 0)
-        if status == "succeeded":
-            if len(res) != 1:
-                rep.duplicates += 1
-                rep.add("duplicate", f"{job_id}: {len(res)} result rows")
-                continue
-            items = output_items(job_type, _as_json(res[0][2]))
-            distinct = len({content_hash(i) for i in items})
-            if n_rows != distinct:
-                rep.duplicates += 1
-                rep.add("duplicate", f"{job_id}: {n_rows} business rows for {distinct} items")
-            plan = plans.get(job_id)
-            if job_type in PLAN_TABLE and (
-                plan is None or plan[1] != len(items) or plan[2] != n_rows
-            ):
-                rep.duplicates += 1
-                rep.add("duplicate", f"{job_id}: plan {plan} vs {len(items)} items / {n_rows} rows")
-            if res[0][1] != attempt_no:
-                rep.add("history", f"{job_id}: result of attempt {res[0][1]}, job at {attempt_no}")
+        _check_job_row(job_id, job, tables.now, cfg, rep)
+        _check_history(job_id, job, tables.events.get(job_id, []), cfg, rep)
+        _check_exactly_once(job_id, job, tables, rep)
     return rep

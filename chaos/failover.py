@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from chaos.scenarios import Profile, Run, ScenarioResult, _wait_in_flight
+from chaos.scenario_run import Profile, Run, ScenarioResult, wait_in_flight
 from chaos.system import System
 from model_standin import key_fingerprint
 
@@ -141,7 +141,7 @@ async def provider_failover(system: System, profile: Profile) -> ScenarioResult:
     loader = asyncio.create_task(run.load.run(jobs, rate))
     # the outage begins once the load runs (one job in flight; at most 5 s in), whatever
     # the machine's speed: at 50 ms a call a fast machine rarely has several in flight
-    await _wait_in_flight(run, 1, limit_s=5.0)
+    await wait_in_flight(run, 1, limit_s=5.0)
     t_down = time.monotonic()
     run.fault_window(t_down)
     await _standin(primary, "POST", "faults", [{"kind": "status", "status": 503, "count": 10**6}])

@@ -34,9 +34,10 @@ import httpx
 import pymysql
 
 from chaos.audit import AuditReport
-from chaos.galera import GaleraBackend
+from chaos.galera import GaleraNode
+from chaos.galera_backend import GaleraBackend
 from chaos.load import LoadStats
-from chaos.scenarios import Profile, Run, ScenarioResult, _wait_in_flight
+from chaos.scenario_run import Profile, Run, ScenarioResult, wait_in_flight
 from chaos.system import System
 from launcher import LauncherError
 from launcher.token import mint_token
@@ -309,7 +310,7 @@ async def _kill_the_writer(
 ) -> dict[str, Any]:
     """One round of :func:`galera_writer_kill`; appends its recovery wait to ``recovering``."""
     cluster, proxy = backend.cluster, backend.proxy
-    flying = await _wait_in_flight(run, 2)
+    flying = await wait_in_flight(run, 2)
     writer = await asyncio.to_thread(proxy.wait_writer)
     entry: dict[str, Any] = {"writer": writer.name, "inFlightAtKill": len(flying)}
     t0 = time.monotonic()
@@ -457,35 +458,12 @@ async def galera_conn_kill(
     try:
         for i in range(max(len(CONN_KILL_METHODS), profile.kills)):
             method = CONN_KILL_METHODS[i % len(CONN_KILL_METHODS)]
-            flying = await _wait_in_flight(run, 2)
+            flying = await wait_in_flight(run, 2)
             writer = await asyncio.to_thread(proxy.wait_writer)
             entry: dict[str, Any] = {"method": method, "writer": writer.name}
             t0 = time.monotonic()
             run.fault_window(t0)
-            if method == "sql_kill":
-                killed = Counter[str]()
-                for _ in range(3):
-                    killed.update(await _kill_sql(backend, backend.database))
-                    await asyncio.sleep(0.3)
-                entry.update(killed)
-            else:
-                entry["openTransactions"] = await _open_transactions(backend, backend.database)
-                entry["sessions"] = (await asyncio.to_thread(proxy.sessions)).get(writer.name, 0)
-                if method == "haproxy_switchover":
-                    await asyncio.to_thread(proxy.disable, writer)
-                await asyncio.to_thread(proxy.shutdown_sessions, writer)
-                if method == "haproxy_switchover":
-                    new = await asyncio.to_thread(proxy.wait_writer, writer, 30.0)
-                    entry["newWriter"] = new.name
-                    await asyncio.sleep(2.0)  # writes go to the backup for a while
-                    await asyncio.to_thread(proxy.enable, writer)
-                    # out of maintenance and still Synced: it takes the writes back
-                    await asyncio.to_thread(proxy.wait_writer, None, 30.0, node=writer)
-                    entry["failbackSeconds"] = round(time.monotonic() - t0 - 2.0, 2)
-                    await asyncio.sleep(1.0)
-                    entry["sessionsLeftOnBackup"] = (await asyncio.to_thread(proxy.sessions)).get(
-                        new.name, 0
-                    )
+            entry.update(await _cut_connections(backend, method, writer, t0))
             run.close_window()
             entry["inFlight"] = len(flying)
             rounds.append(entry)
@@ -505,6 +483,50 @@ async def galera_conn_kill(
     _probe_checks(report, result)
     await asyncio.to_thread(_caught_up, backend, backend.database, result)
     result.notes["retries"] = _log_counts(system)
+    _conn_kill_checks(rounds, result)
+    return result
+
+
+async def _cut_connections(
+    backend: GaleraBackend, method: str, writer: GaleraNode, t0: float
+) -> dict[str, Any]:
+    """One round of :func:`galera_conn_kill` by ``method`` (see there); returns what
+    it found and did, for the round's note."""
+    proxy = backend.proxy
+    if method == "sql_kill":
+        killed = Counter[str]()
+        for _ in range(3):
+            killed.update(await _kill_sql(backend, backend.database))
+            await asyncio.sleep(0.3)
+        return dict(killed)
+    entry: dict[str, Any] = {
+        "openTransactions": await _open_transactions(backend, backend.database),
+        "sessions": (await asyncio.to_thread(proxy.sessions)).get(writer.name, 0),
+    }
+    if method == "haproxy_switchover":
+        await asyncio.to_thread(proxy.disable, writer)
+    await asyncio.to_thread(proxy.shutdown_sessions, writer)
+    if method == "haproxy_switchover":
+        entry.update(await _switch_back(backend, writer, t0))
+    return entry
+
+
+async def _switch_back(backend: GaleraBackend, writer: GaleraNode, t0: float) -> dict[str, Any]:
+    """After a switchover away from ``writer``: 2 s of writes on the backup, then
+    ``writer`` enabled again takes them back; the backup's connections must be cut."""
+    proxy = backend.proxy
+    new = await asyncio.to_thread(proxy.wait_writer, writer, 30.0)
+    await asyncio.sleep(2.0)  # writes go to the backup for a while
+    await asyncio.to_thread(proxy.enable, writer)
+    # out of maintenance and still Synced: it takes the writes back
+    await asyncio.to_thread(proxy.wait_writer, None, 30.0, node=writer)
+    failback = round(time.monotonic() - t0 - 2.0, 2)
+    await asyncio.sleep(1.0)
+    left = (await asyncio.to_thread(proxy.sessions)).get(new.name, 0)
+    return {"newWriter": new.name, "failbackSeconds": failback, "sessionsLeftOnBackup": left}
+
+
+def _conn_kill_checks(rounds: list[dict[str, Any]], result: ScenarioResult) -> None:
     if not any(r.get("killed") for r in rounds):
         result.checks.append("KILL CONNECTION found no service connection on the writer")
     switched = [r for r in rounds if r["method"] == "haproxy_switchover"]
@@ -512,7 +534,6 @@ async def galera_conn_kill(
         result.checks.append("the switchover did not move the writer")
     if any(r.get("sessionsLeftOnBackup") for r in switched):
         result.checks.append("connections left on the backup after the switch back")
-    return result
 
 
 _NODE_RE = re.compile(r"@([\d.]+:\d+)/")

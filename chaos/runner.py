@@ -28,8 +28,9 @@ from airuntime_common.db import GALERA_ALLOW_DIRECT_NODE, mysql_async_driver
 from chaos import failover
 from chaos import galera_faults as gf
 from chaos import scenarios as sc
-from chaos.galera import GaleraBackend
+from chaos.galera_backend import GaleraBackend
 from chaos.mariadb import PrivateMariaDB
+from chaos.scenario_run import Profile, ScenarioResult
 from chaos.system import System
 
 FAULTS: tuple[str, ...] = (
@@ -86,7 +87,7 @@ def on_galera(name: str, options: Options) -> bool:
     return name in GALERA_FAULTS or (options.galera and name != "mariadb_restart")
 
 
-def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str, Any]:
+def system_kwargs(name: str, profile: Profile, options: Options) -> dict[str, Any]:
     """How the system of scenario ``name`` is configured."""
     if name in SHAREABLE:
         return {"workers": 3}
@@ -123,10 +124,10 @@ def system_kwargs(name: str, profile: sc.Profile, options: Options) -> dict[str,
 async def run_on(
     name: str,
     system: System,
-    profile: sc.Profile,
+    profile: Profile,
     options: Options,
     db: PrivateMariaDB | GaleraBackend | None = None,
-) -> sc.ScenarioResult:
+) -> ScenarioResult:
     """Run scenario ``name`` on an already started system (``db``: the private server
     or Galera cluster it runs on, which ``mariadb_restart`` and ``galera_*`` need)."""
     if name in GALERA_FAULTS:
@@ -206,7 +207,7 @@ def shared_database(mysql_url: str, keep: bool = False) -> Any:
 @contextlib.asynccontextmanager
 async def scenario_system(
     name: str,
-    profile: sc.Profile,
+    profile: Profile,
     options: Options,
     *,
     mysql_url: str | None,
@@ -249,17 +250,17 @@ async def scenario_system(
 
 async def run_scenarios(
     names: list[str],
-    profile: sc.Profile,
+    profile: Profile,
     options: Options | None = None,
     *,
     mysql_url: str | None = None,
     work_dir: str | os.PathLike[str] | None = None,
     on_result: Any = None,
-) -> list[sc.ScenarioResult]:
+) -> list[ScenarioResult]:
     """Run each scenario on its own fresh system; returns the rows in order."""
     opts = options or Options()
     base = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="chaos-"))
-    results: list[sc.ScenarioResult] = []
+    results: list[ScenarioResult] = []
     for name in names:
         async with scenario_system(
             name, profile, opts, mysql_url=mysql_url, work_dir=base / name
@@ -272,7 +273,7 @@ async def run_scenarios(
     return results
 
 
-def format_table(results: list[sc.ScenarioResult]) -> str:
+def format_table(results: list[ScenarioResult]) -> str:
     """The harness table: fault, jobs, succeeded, failed (by code), refused, duplicates,
     lost, stuck, other violations, recovery time."""
     head = (

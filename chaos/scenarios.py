@@ -25,318 +25,22 @@ import os
 import random
 import signal
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chaos.audit import AuditConfig, AuditReport, audit
-from chaos.load import LoadGenerator, LoadStats
 from chaos.mariadb import PrivateMariaDB
-from chaos.system import CHAOS_ENV, System
-from launcher.token import mint_token
-
-TERMINAL_SQL = "('succeeded','failed','cancelled')"
-#: A lease is "overdue" once past ``lockUntil`` + lease + reaper interval + this
-#: (or a running attempt past ``startedAt + timeoutSeconds`` + the same).
-OVERDUE_SLACK_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class Profile:
-    """Sizes of one run.
-
-    Attributes:
-        name: ``short`` (CI), ``long`` or ``soak``.
-        jobs: jobs per fault scenario.
-        rate: creates per second in fault scenarios.
-        kills: worker SIGKILLs in ``worker_kill``.
-        race_jobs: jobs in ``race``.
-        race_workers: worker processes in ``race``.
-        race_kills: random worker SIGKILLs in ``race``.
-        settle_seconds: most seconds to wait for every job to be terminal.
-        soak_seconds: duration of ``soak``.
-        soak_rate: creates per second in ``soak``.
-        soak_workers: worker processes in ``soak``.
-    """
-
-    name: str
-    jobs: int
-    rate: float
-    kills: int
-    race_jobs: int
-    race_workers: int
-    race_kills: int
-    settle_seconds: float
-    soak_seconds: float = 1200.0
-    soak_rate: float = 16.7
-    soak_workers: int = 4
-
-
-PROFILES: dict[str, Profile] = {
-    "short": Profile("short", 30, 8.0, 2, 200, 4, 2, 90.0, soak_seconds=60.0),
-    "long": Profile("long", 300, 10.0, 5, 2000, 8, 6, 180.0),
-    "soak": Profile("soak", 300, 10.0, 5, 2000, 8, 6, 180.0),
-}
-
-
-@dataclass
-class ScenarioResult:
-    """One row of the table.
-
-    Attributes:
-        name: the fault.
-        audit: the database audit.
-        load: what the load generator saw.
-        recovery_seconds: from the end of the fault until the jobs it caught were
-            terminal again (or the breaker closed, for ``model_faults``).
-        duration_seconds: wall time of the scenario (without start/stop).
-        checks: failed scenario-specific checks (empty: all passed).
-        notes: figures worth reporting (fault timings, RSS, breaker states, ...).
-    """
-
-    name: str
-    audit: AuditReport
-    load: LoadStats
-    recovery_seconds: float | None = None
-    duration_seconds: float = 0.0
-    checks: list[str] = field(default_factory=list)
-    notes: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        """Audit clean, nothing given up and every scenario check passed."""
-        return self.audit.ok and not self.checks and not self.load.gave_up
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready view."""
-        return {
-            "fault": self.name,
-            "ok": self.ok,
-            "recoverySeconds": self.recovery_seconds,
-            "durationSeconds": round(self.duration_seconds, 1),
-            "audit": self.audit.as_dict(),
-            "load": {
-                "acknowledged": len(self.load.job_ids),
-                "refused": dict(self.load.refused),
-                "gaveUp": dict(self.load.gave_up),
-                "transient": dict(self.load.transient),
-                "replays": self.load.replays,
-            },
-            "checks": self.checks,
-            "notes": self.notes,
-        }
-
-
-class Run:
-    """Shared state of one scenario: the system, the load, the sampler and timings."""
-
-    def __init__(self, system: System, profile: Profile, name: str) -> None:
-        self.system = system
-        self.profile = profile
-        self.name = name
-        self.tag = uuid.uuid4().hex[:8]
-        self.load = LoadGenerator(system.gateway_url, system.env["JWT_SECRET"], tag=self.tag)
-        self.checks: list[str] = []
-        self.notes: dict[str, Any] = {}
-        self.began = time.monotonic()
-        self.notes["loadAverageAtStart"] = round(os.getloadavg()[0], 2)
-        self.windows: list[tuple[float, float]] = []  # monotonic fault windows (sampler ignores)
-        self.overdue: dict[str, str] = {}
-        self._sampler: asyncio.Task[None] | None = None
-        self._lease = float(system.env.get("LOCK_LEASE_SECONDS", CHAOS_ENV["LOCK_LEASE_SECONDS"]))
-        self._reaper = float(system.env.get("REAPER_INTERVAL_SECONDS", "0.5"))
-        self.scale = float(system.env.get("CHAOS_TIME_SCALE", "1"))
-        self.notes["timeScale"] = self.scale
-        self.notes["leaseSeconds"] = self._lease
-
-    # -- SQL helpers ----------------------------------------------------------
-
-    @property
-    def user_like(self) -> str:
-        """``LIKE`` pattern of this scenario's users."""
-        return f"chaos-{self.tag}-%"
-
-    async def sql(self, query: str, args: Any = None) -> list[Any]:
-        """Run a query in a thread (blocking pymysql)."""
-        return await asyncio.to_thread(self.system.sql, query, args)
-
-    async def in_flight(self) -> dict[str, str]:
-        """This scenario's locked/running jobs: jobId → lockedBy."""
-        rows = await self.sql(
-            "SELECT job_id, locked_by FROM ai_runtime_jobs WHERE user_id LIKE %s"
-            " AND status IN ('locked','running')",
-            (self.user_like,),
-        )
-        return {r[0]: r[1] for r in rows}
-
-    async def not_terminal(self, job_ids: set[str]) -> set[str]:
-        """Those of ``job_ids`` not terminal now."""
-        if not job_ids:
-            return set()
-        ids = sorted(job_ids)
-        out: set[str] = set()
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            marks = ",".join(["%s"] * len(chunk))
-            rows = await self.sql(
-                f"SELECT job_id FROM ai_runtime_jobs WHERE job_id IN ({marks})"
-                f" AND status NOT IN {TERMINAL_SQL}",
-                chunk,
-            )
-            out.update(r[0] for r in rows)
-        return out
-
-    async def wait_terminal(self, job_ids: set[str], limit_s: float) -> float | None:
-        """Seconds until every one of ``job_ids`` is terminal (None: timed out)."""
-        began = time.monotonic()
-        while True:
-            try:
-                if not await self.not_terminal(job_ids):
-                    return time.monotonic() - began
-            except Exception:  # the database may be down for a moment
-                pass
-            if time.monotonic() - began > limit_s:
-                return None
-            await asyncio.sleep(0.2)
-
-    async def settle(self) -> float | None:
-        """Wait until every job this scenario created is terminal (``settle_seconds`` at most)."""
-        ids = set(self.load.stats.job_ids)
-        waited = await self.wait_terminal(ids, self.profile.settle_seconds)
-        if waited is None:
-            self.checks.append(f"not every job terminal after {self.profile.settle_seconds:.0f} s")
-        return waited
-
-    # -- sampler ----------------------------------------------------------------
-
-    def start_sampler(self) -> None:
-        """Start flagging overdue leases every second (outside fault windows)."""
-        self._sampler = asyncio.create_task(self._sample())
-
-    async def stop_sampler(self) -> None:
-        """Stop the sampler."""
-        if self._sampler is not None:
-            self._sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sampler
-
-    def fault_window(self, start: float, end: float | None = None) -> None:
-        """Mark ``[start, end + grace]`` (monotonic) as a fault window for the sampler."""
-        self.windows.append((start, end if end is not None else float("inf")))
-
-    def close_window(self) -> None:
-        """End the latest open fault window now."""
-        if self.windows and self.windows[-1][1] == float("inf"):
-            self.windows[-1] = (self.windows[-1][0], time.monotonic())
-
-    def _in_window(self, t: float) -> bool:
-        grace = self._lease + self._reaper + 3.0
-        return any(a <= t <= b + grace for a, b in self.windows)
-
-    async def _sample(self) -> None:
-        grace = self._lease + self._reaper + OVERDUE_SLACK_SECONDS * self.scale
-        while True:
-            await asyncio.sleep(1.0)
-            t = time.monotonic()
-            if self._in_window(t):
-                continue
-            try:
-                rows = await self.sql(
-                    "SELECT job_id, status, lock_until, started_at, timeout_seconds, NOW(6)"
-                    " FROM ai_runtime_jobs WHERE user_id LIKE %s AND status IN ('locked','running')",
-                    (self.user_like,),
-                )
-            except Exception:  # the database may be down
-                continue
-            if self._in_window(time.monotonic()):
-                continue
-            for job_id, status, lock_until, started_at, timeout_s, now in rows:
-                late = lock_until is not None and (now - lock_until).total_seconds() > grace
-                if status == "running" and started_at is not None:
-                    run_for = (now - started_at).total_seconds()
-                    late = late or run_for > timeout_s + grace
-                if late:
-                    self.overdue[job_id] = f"{status}, lockUntil {lock_until}, now {now}"
-
-    # -- stand-in / admin ---------------------------------------------------------
-
-    async def standin(self, body: Any) -> Any:
-        """POST ``/_standin/faults`` (faults list or settings object)."""
-        async with httpx.AsyncClient(base_url=self.system.standin_url, trust_env=False) as c:
-            reply = await c.post("/_standin/faults", json=body)
-            reply.raise_for_status()
-            return reply.json()
-
-    async def standin_get(self, path: str) -> Any:
-        """GET a stand-in control path (``stats``, ``faults``)."""
-        async with httpx.AsyncClient(base_url=self.system.standin_url, trust_env=False) as c:
-            reply = await c.get(f"/_standin/{path}")
-            reply.raise_for_status()
-            return reply.json()
-
-    def admin_headers(self) -> dict[str, str]:
-        """An admin bearer token for ``/admin/*``."""
-        token = mint_token(self.system.env["JWT_SECRET"], sub="chaos-admin", role="admin")
-        return {"Authorization": f"Bearer {token}"}
-
-    # -- finish -------------------------------------------------------------------
-
-    async def finish(self, recovery: float | None) -> ScenarioResult:
-        """Settle, stop the sampler, audit, and build the row."""
-        settle = await self.settle()
-        await self.stop_sampler()
-        await self.load.close()
-        self.notes["settleSeconds"] = None if settle is None else round(settle, 2)
-        self.notes["loadAverageAtEnd"] = round(os.getloadavg()[0], 2)
-        live = self.system.live_worker_ids()
-        report = await asyncio.to_thread(
-            audit,
-            self.system.connect,
-            self.load.stats.job_ids,
-            AuditConfig(
-                backoff_base=float(self.system.env.get("RETRY_BACKOFF_BASE_SECONDS", "0")),
-                backoff_max=float(self.system.env.get("RETRY_BACKOFF_MAX_SECONDS", "300")),
-                live_workers=live,
-            ),
-        )
-        for job_id, what in list(self.overdue.items())[:20]:
-            report.add("stuck", f"{job_id}: lease overdue outside a fault window ({what})")
-        report.stuck += len(self.overdue)
-        if self.system.launcher.failure is not None:
-            self.checks.append(
-                f"a service exited unexpectedly: {self.system.launcher.failure.name}"
-            )
-        return ScenarioResult(
-            name=self.name,
-            audit=report,
-            load=self.load.stats,
-            recovery_seconds=None if recovery is None else round(recovery, 2),
-            duration_seconds=time.monotonic() - self.began,
-            checks=self.checks,
-            notes=self.notes,
-        )
-
-
-async def _load_in_background(run: Run, count: int, rate: float) -> asyncio.Task[LoadStats]:
-    task = asyncio.create_task(run.load.run(count, rate))
-    await asyncio.sleep(0)
-    return task
-
-
-async def _wait_in_flight(run: Run, minimum: int = 1, limit_s: float = 20.0) -> dict[str, str]:
-    """Wait until at least ``minimum`` of the scenario's jobs are locked/running."""
-    began = time.monotonic()
-    while True:
-        flying = await run.in_flight()
-        if len(flying) >= minimum or time.monotonic() - began > limit_s:
-            return flying
-        await asyncio.sleep(0.1)
-
+from chaos.scenario_run import (
+    Profile,
+    Run,
+    ScenarioResult,
+    load_in_background,
+    wait_in_flight,
+)
+from chaos.system import System
 
 # ---------------------------------------------------------------- the faults
 
@@ -371,7 +75,7 @@ async def worker_kill(system: System, profile: Profile) -> ScenarioResult:
     killed: list[dict[str, Any]] = []
     recovering: list[asyncio.Task[float | None]] = []
     for _ in range(profile.kills):
-        flying = await _wait_in_flight(run, 2)
+        flying = await wait_in_flight(run, 2)
         holders: dict[str, int] = {}
         for holder in flying.values():
             if holder in by_id:
@@ -417,7 +121,7 @@ async def job_service_restart(system: System, profile: Profile) -> ScenarioResul
     run = Run(system, profile, "job_service_restart")
     await run.standin({"delayMs": 1500})
     run.start_sampler()
-    loader = await _load_in_background(run, profile.jobs, profile.rate)
+    loader = await load_in_background(run, profile.jobs, profile.rate)
     # kill while model calls are open: results will come back during the outage
     running: list[Any] = []
     for _ in range(300):
@@ -471,8 +175,8 @@ async def mariadb_restart(system: System, profile: Profile, db: PrivateMariaDB) 
     run = Run(system, profile, "mariadb_restart")
     await run.standin({"delayMs": 300})
     run.start_sampler()
-    loader = await _load_in_background(run, profile.jobs, profile.rate)
-    flying = await _wait_in_flight(run, 2)
+    loader = await load_in_background(run, profile.jobs, profile.rate)
+    flying = await wait_in_flight(run, 2)
     pids = system.launcher.pids()
     t0 = time.monotonic()
     run.fault_window(t0)
@@ -502,13 +206,13 @@ async def credential_down(system: System, profile: Profile) -> ScenarioResult:
     run = Run(system, profile, "credential_down")
     await run.standin({"delayMs": 200})
     run.start_sampler()
-    loader = await _load_in_background(run, profile.jobs, profile.rate)
-    await _wait_in_flight(run, 2)
+    loader = await load_in_background(run, profile.jobs, profile.rate)
+    await wait_in_flight(run, 2)
     workers = [pid for name, pid in system.launcher.pids().items() if "worker" in name]
     for pid in workers:
         os.kill(pid, signal.SIGSTOP)
     try:
-        waiting = await _load_in_background(run, 4, 20.0)
+        waiting = await load_in_background(run, 4, 20.0)
         await asyncio.sleep(0.5)  # created, not claimed: every worker is paused
         t0 = time.monotonic()
         run.fault_window(t0)
@@ -532,53 +236,63 @@ async def credential_down(system: System, profile: Profile) -> ScenarioResult:
     return result
 
 
-async def model_faults(system: System, profile: Profile) -> ScenarioResult:
-    """Fault 5: the model endpoint hangs, then answers 5xx, then recovers.
+class _BreakerWatch:
+    """The platform breaker's states as the admin API reports them, every 0.1 s,
+    each change with its monotonic time."""
 
-    Hanging calls end as ``MODEL_TIMEOUT`` at ``MODEL_CALL_MAX_SECONDS``; the
-    5xx as ``TEMPORARY_PROVIDER_ERROR``; both retryable with backoff (checked
-    by the audit) and never past ``maxRetryCount``. Enough consecutive
-    failures open the platform breaker (creates refused
-    ``PLATFORM_CIRCUIT_OPEN``); after the cool-down a probe job closes it.
-    Recovery: from the last scripted fault consumed until the breaker is closed.
-    """
-    run = Run(system, profile, "model_faults")
-    await run.standin({"delayMs": 100})
-    headers = run.admin_headers()
-    states: list[tuple[float, str]] = []
-    stop = asyncio.Event()
+    def __init__(self, system: System, headers: dict[str, str]) -> None:
+        self.states: list[tuple[float, str]] = []
+        self._system = system
+        self._headers = headers
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
 
-    async def watch_breaker() -> None:
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._watch())
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _watch(self) -> None:
         async with httpx.AsyncClient(
-            base_url=system.gateway_url, headers=headers, trust_env=False, timeout=5
+            base_url=self._system.gateway_url, headers=self._headers, trust_env=False, timeout=5
         ) as c:
-            while not stop.is_set():
+            while not self._stop.is_set():
                 with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                     reply = await c.get("/admin/ai/circuit-breaker")
                     state = str(reply.json()["state"])
-                    if not states or states[-1][1] != state:
-                        states.append((time.monotonic(), state))
+                    if not self.states or self.states[-1][1] != state:
+                        self.states.append((time.monotonic(), state))
                 await asyncio.sleep(0.1)
 
-    watcher = asyncio.create_task(watch_breaker())
-    run.start_sampler()
-    # the load goes on until the breaker has been seen open for a while (creates
-    # are then refused), at least profile.jobs creates, at most 60 s
-    load_stop = asyncio.Event()
-    loader = asyncio.create_task(run.load.run(profile.jobs * 20, profile.rate, load_stop))
+    @property
+    def seen(self) -> list[str]:
+        return [s for _, s in self.states]
 
-    async def stop_load() -> None:
-        began = time.monotonic()
-        while time.monotonic() - began < 60:
-            opened = [t for t, s in states if s == "open"]
-            enough = len(run.load.stats.job_ids) >= profile.jobs
-            if enough and opened and time.monotonic() - opened[0] > 2.0:
-                break
-            await asyncio.sleep(0.1)
-        load_stop.set()
+    def opened_then_closed(self) -> bool:
+        return bool(self.states) and self.states[-1][1] == "closed" and "open" in self.seen
 
-    stopper = asyncio.create_task(stop_load())
-    await _wait_in_flight(run, 1)
+
+async def _load_until_breaker_open(
+    run: Run, watch: _BreakerWatch, load_stop: asyncio.Event
+) -> None:
+    """Stop the load once the breaker has been open 2 s and ``profile.jobs`` creates
+    went out (creates are refused meanwhile), or after 60 s."""
+    began = time.monotonic()
+    while time.monotonic() - began < 60:
+        opened = [t for t, s in watch.states if s == "open"]
+        enough = len(run.load.stats.job_ids) >= run.profile.jobs
+        if enough and opened and time.monotonic() - opened[0] > 2.0:
+            break
+        await asyncio.sleep(0.1)
+    load_stop.set()
+
+
+async def _script_model_faults(run: Run) -> tuple[float, float]:
+    """Three hanging calls, twelve 503s and four 500s; returns when they were queued
+    and when the last was consumed (monotonic seconds)."""
     t0 = time.monotonic()
     await run.standin(
         [
@@ -587,31 +301,27 @@ async def model_faults(system: System, profile: Profile) -> ScenarioResult:
             {"kind": "status", "status": 500, "count": 4},
         ]
     )
-    # wait until every scripted fault is consumed
     for _ in range(300):
         if not (await run.standin_get("faults"))["faults"]:
             break
         await asyncio.sleep(0.2)
-    t1 = time.monotonic()
-    run.notes["faultSeconds"] = round(t1 - t0, 2)
-    await loader
-    await stopper
-    # probes: keep creating one job a second until the breaker closes
+    return t0, time.monotonic()
+
+
+async def _probe_until_closed(run: Run, watch: _BreakerWatch, since: float) -> int:
+    """Create one job a second until the breaker has opened and closed again (30 s at
+    most); returns how many were created."""
     probes = 0
-    while time.monotonic() - t1 < 30:
-        if states and states[-1][1] == "closed" and any(s == "open" for _, s in states):
+    while time.monotonic() - since < 30:
+        if watch.opened_then_closed():
             break
         await run.load.run(1, 0)
         probes += 1
         await asyncio.sleep(1.0)
-    closed_at = next((t for t, s in reversed(states) if s == "closed" and t >= t1 - 1), None)
-    stop.set()
-    await watcher
-    run.notes["breakerStates"] = [s for _, s in states]
-    run.notes["probeCreates"] = probes
-    recovery = None if closed_at is None else max(0.0, closed_at - t1)
-    result = await run.finish(recovery)
-    seen = [s for _, s in states]
+    return probes
+
+
+def _model_fault_checks(result: ScenarioResult, seen: list[str]) -> None:
     if "open" not in seen:
         result.checks.append(f"breaker never opened (states {seen})")
     if not seen or seen[-1] != "closed":
@@ -625,6 +335,38 @@ async def model_faults(system: System, profile: Profile) -> ScenarioResult:
         )
     if "TEMPORARY_PROVIDER_ERROR" not in codes:
         result.checks.append("5xx answers were not retried as TEMPORARY_PROVIDER_ERROR")
+
+
+async def model_faults(system: System, profile: Profile) -> ScenarioResult:
+    """Fault 5: the model endpoint hangs, then answers 5xx, then recovers.
+
+    Hanging calls end as ``MODEL_TIMEOUT`` at ``MODEL_CALL_MAX_SECONDS``; the
+    5xx as ``TEMPORARY_PROVIDER_ERROR``; both retryable with backoff (checked
+    by the audit) and never past ``maxRetryCount``. Enough consecutive
+    failures open the platform breaker (creates refused
+    ``PLATFORM_CIRCUIT_OPEN``); after the cool-down a probe job closes it.
+    Recovery: from the last scripted fault consumed until the breaker is closed.
+    """
+    run = Run(system, profile, "model_faults")
+    await run.standin({"delayMs": 100})
+    watch = _BreakerWatch(system, run.admin_headers())
+    watch.start()
+    run.start_sampler()
+    load_stop = asyncio.Event()
+    loader = asyncio.create_task(run.load.run(profile.jobs * 20, profile.rate, load_stop))
+    stopper = asyncio.create_task(_load_until_breaker_open(run, watch, load_stop))
+    await wait_in_flight(run, 1)
+    t0, t1 = await _script_model_faults(run)
+    run.notes["faultSeconds"] = round(t1 - t0, 2)
+    await loader
+    await stopper
+    probes = await _probe_until_closed(run, watch, t1)
+    closed_at = next((t for t, s in reversed(watch.states) if s == "closed" and t >= t1 - 1), None)
+    await watch.stop()
+    run.notes["breakerStates"] = watch.seen
+    run.notes["probeCreates"] = probes
+    result = await run.finish(None if closed_at is None else max(0.0, closed_at - t1))
+    _model_fault_checks(result, watch.seen)
     return result
 
 
@@ -694,7 +436,7 @@ async def race(system: System, profile: Profile, seed: int | None = None) -> Sce
     await run.standin({"delayMs": 50})
     run.start_sampler()
     rate = max(profile.race_jobs / 15.0, 20.0)
-    loader = await _load_in_background(run, profile.race_jobs, rate)
+    loader = await load_in_background(run, profile.race_jobs, rate)
     names = list(system.worker_ids())
     kills: list[str] = []
     load_seconds = profile.race_jobs / rate

@@ -150,44 +150,62 @@ def _verdict(outcome: DemoOutcome) -> None:
         _say(f"  - {problem}")
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    """The demo; returns the exit status."""
+async def _against_running(args: argparse.Namespace, document: Path) -> int:
+    """The flow against a gateway already running (``--gateway-url``)."""
     try:
-        document = resolve_document(args.file, os.environ)
-    except DocumentError as exc:
+        secret, issuer = find_jwt_settings(os.environ, var_dir=args.var_dir)
+    except TokenError as exc:
         print(f"demo: {exc}", file=sys.stderr)
         return 2
-    if document.suffix.lower() not in TEXT_SUFFIXES:
-        _say(f"note: {document.name} is not .md/.txt; uploading it as plain text")
-    _say("AI Runtime demo")
-    _say(f"   document {document}")
+    _say(f"   gateway {args.gateway_url} (already running)")
+    try:
+        outcome = await run_flow(
+            args.gateway_url, secret, issuer, document, args.timeout, local=False
+        )
+    except (ApiError, httpx.HTTPError) as exc:
+        _say(f"\n✗ Demo FAILED: {exc}")
+        return 1
+    _verdict(outcome)
+    return 0 if outcome.ok else 1
 
-    if args.gateway_url:
-        try:
-            secret, issuer = find_jwt_settings(os.environ, var_dir=args.var_dir)
-        except TokenError as exc:
-            print(f"demo: {exc}", file=sys.stderr)
-            return 2
-        _say(f"   gateway {args.gateway_url} (already running)")
-        try:
-            outcome = await run_flow(
-                args.gateway_url, secret, issuer, document, args.timeout, local=False
-            )
-        except (ApiError, httpx.HTTPError) as exc:
-            _say(f"\n✗ Demo FAILED: {exc}")
-            return 1
-        _verdict(outcome)
-        return 0 if outcome.ok else 1
 
+async def _flow_on(launcher: Launcher, args: argparse.Namespace, document: Path) -> bool:
+    """The flow against the services ``launcher`` started; whether it passed (the
+    services' log tails are shown when it did not)."""
+    try:
+        outcome = await run_flow(
+            launcher.gateway_url,
+            launcher.env["JWT_SECRET"],
+            launcher.env.get("JWT_ISSUER") or None,
+            document,
+            args.timeout,
+            local=True,
+        )
+    except (ApiError, httpx.HTTPError) as exc:
+        _say(f"\n✗ Demo FAILED: {exc}")
+        _print_tails(launcher)
+        return False
+    if launcher.failure is not None:
+        outcome.problems.append(
+            f"{launcher.failure.name} exited unexpectedly (status {launcher.failure.returncode})"
+        )
+    _verdict(outcome)
+    if not outcome.ok:
+        _print_tails(launcher)
+    return outcome.ok
+
+
+async def _with_own_services(args: argparse.Namespace, document: Path) -> int:
+    """Start every service (dev mode, the stand-in model, SQLite in a temporary
+    directory), run the flow, stop them (the data is kept unless it passed)."""
     var_dir = Path(tempfile.mkdtemp(prefix="airuntime-demo-"))
-    log_dir = var_dir / "logs"
     try:
         launcher = Launcher(
             demo_environment(os.environ),
             dev=True,
             workers=args.workers,
             var_dir=var_dir,
-            log_dir=log_dir,
+            log_dir=var_dir / "logs",
             echo=False,
         )
     except PlanError as exc:
@@ -204,27 +222,7 @@ async def main_async(args: argparse.Namespace) -> int:
             _say(f"\n✗ the services did not start: {exc}")
             return 1
         _say(f"   up in {time.monotonic() - started:.1f} s; gateway {launcher.gateway_url}")
-        try:
-            outcome = await run_flow(
-                launcher.gateway_url,
-                launcher.env["JWT_SECRET"],
-                launcher.env.get("JWT_ISSUER") or None,
-                document,
-                args.timeout,
-                local=True,
-            )
-        except (ApiError, httpx.HTTPError) as exc:
-            _say(f"\n✗ Demo FAILED: {exc}")
-            _print_tails(launcher)
-            return 1
-        if launcher.failure is not None:
-            outcome.problems.append(
-                f"{launcher.failure.name} exited unexpectedly (status {launcher.failure.returncode})"
-            )
-        _verdict(outcome)
-        ok = outcome.ok
-        if not ok:
-            _print_tails(launcher)
+        ok = await _flow_on(launcher, args, document)
         if args.keep_running:
             await _keep_running(launcher)
         return 0 if ok else 1
@@ -236,6 +234,22 @@ async def main_async(args: argparse.Namespace) -> int:
             _say("   stopped; temporary data removed.")
         else:
             _say(f"   stopped; data and logs kept in {var_dir}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    """The demo; returns the exit status."""
+    try:
+        document = resolve_document(args.file, os.environ)
+    except DocumentError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 2
+    if document.suffix.lower() not in TEXT_SUFFIXES:
+        _say(f"note: {document.name} is not .md/.txt; uploading it as plain text")
+    _say("AI Runtime demo")
+    _say(f"   document {document}")
+    if args.gateway_url:
+        return await _against_running(args, document)
+    return await _with_own_services(args, document)
 
 
 def summarize_log_line(line: str, limit: int = 300) -> str:

@@ -162,8 +162,23 @@ class Demo:
         """The whole flow; raises :class:`ApiError` when a setup call fails."""
         text = self.document.read_text(encoding="utf-8")
         title = document_title(self.document, text)
+        material_id, blocks = await self._upload(title, text)
+        kps = await self._knowledge_points(text, material_id, blocks)
+        problems = await self._learning_activity(material_id, kps, blocks)
+        runs = await self._create_jobs(material_id)
+        idempotency_ok = await self._replay(runs[3], material_id)
+        self.say(f"\n5. Waiting for the jobs (up to {self.timeout:.0f} s):")
+        await self._wait(runs)
+        results = await self._results(runs)
+        citations_ok = self._check_citations(results, material_id, title, len(blocks))
+        for run in runs:
+            generative = run.job_type in ("quiz_generation", "flashcard_generation")
+            if run.status == "succeeded" and generative and not run.items:
+                problems.append(f"{run.job_type} succeeded with no items")
+        return DemoOutcome(runs, citations_ok, idempotency_ok, problems)
 
-        # 1. material
+    async def _upload(self, title: str, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """1. The material: its id and its blocks in order."""
         reply = await self.api.call(
             "POST", "/v1/materials", json={"title": title, "content": text}, expect=(201,)
         )
@@ -174,8 +189,12 @@ class Demo:
         self.look.block_ordinals = {str(b["blockId"]): int(b["ordinal"]) for b in blocks}
         self.say(f"\n1. Uploaded “{title}” ({len(text):,} characters) → {len(blocks)} blocks")
         self.say(f"   materialId {material_id}")
+        return material_id, blocks
 
-        # 2. knowledge points
+    async def _knowledge_points(
+        self, text: str, material_id: str, blocks: list[dict[str, Any]]
+    ) -> list[tuple[str, KnowledgePointPlan]]:
+        """2. One knowledge point per section heading."""
         plans = plan_knowledge_points(text, blocks)
         kps: list[tuple[str, KnowledgePointPlan]] = []
         self.say(f"\n2. Knowledge points ({len(plans)}, one per section heading):")
@@ -195,8 +214,16 @@ class Demo:
             self.look.kp_names[kp_id] = plan.name
             span = _span(plan.ordinals)
             self.say(f"   • {plan.name}  ({_count(len(plan.block_ids), 'block')}: {span})")
+        return kps
 
-        # 3. learning activity
+    async def _learning_activity(
+        self,
+        material_id: str,
+        kps: list[tuple[str, KnowledgePointPlan]],
+        blocks: list[dict[str, Any]],
+    ) -> list[str]:
+        """3. Reading and quiz attempts, sent in batches; the problems found (events
+        not all accepted)."""
         activity = plan_learning_activity(
             material_id=material_id,
             knowledge_points=kps,
@@ -225,11 +252,12 @@ class Demo:
                 f"   • {pad(self.look.kp_names[kp_id], 40)}  read {read}/{linked} blocks,"
                 f" quiz {correct}/{attempts} correct"
             )
-        problems: list[str] = []
         if accepted != len(events):
-            problems.append(f"{len(events)} events sent but {accepted} accepted")
+            return [f"{len(events)} events sent but {accepted} accepted"]
+        return []
 
-        # 4. jobs
+    async def _create_jobs(self, material_id: str) -> list[JobRun]:
+        """4. One job of each type, each with an ``Idempotency-Key``."""
         self.say("\n4. AI jobs (POST /v1/ai/jobs, each with an Idempotency-Key):")
         runs: list[JobRun] = []
         for job_type, target_type, params in JOBS:
@@ -260,13 +288,10 @@ class Demo:
             self.say(
                 f"   • {job_type:<24} on {target_type:<8} → {run.job_id}  {run.status}{detail}"
             )
-        idempotency_ok = await self._replay(runs[3], material_id)
+        return runs
 
-        # 5. wait
-        self.say(f"\n5. Waiting for the jobs (up to {self.timeout:.0f} s):")
-        await self._wait(runs)
-
-        # 6. results
+    async def _results(self, runs: list[JobRun]) -> dict[str, list[dict[str, Any]]]:
+        """6. Each succeeded job's business rows, rendered; by job type."""
         self.say("\n6. Results (GET /v1/ai/jobs/{id}/result):")
         results: dict[str, list[dict[str, Any]]] = {}
         for run in runs:
@@ -282,8 +307,16 @@ class Demo:
             self.say(f"\n  ── {title_text}{count} ──")
             for line in render(run.items, self.look):
                 self.say(line)
+        return results
 
-        # 7. citations
+    def _check_citations(
+        self,
+        results: dict[str, list[dict[str, Any]]],
+        material_id: str,
+        title: str,
+        block_count: int,
+    ) -> bool:
+        """7. Every cited id is this user's document's or knowledge points'."""
         report = check_citations(
             results,
             block_ids=self.look.block_ordinals,
@@ -297,7 +330,7 @@ class Demo:
         elif report.ok:
             self.say(
                 f"   ✓ all {len(report.blocks_cited)} cited block ids belong to “{title}”"
-                f" ({len(blocks)} blocks); {len(report.kps_cited)} cited knowledge points and"
+                f" ({block_count} blocks); {len(report.kps_cited)} cited knowledge points and"
                 f" {len(report.targets_cited)} recommended targets are this user's own"
             )
         else:
@@ -309,11 +342,7 @@ class Demo:
                 self.say(f"   ✗ foreign recommendation targets: {sorted(report.foreign_targets)}")
             if report.items_without_source:
                 self.say(f"   ✗ items citing no block: {report.items_without_source}")
-        for run in runs:
-            generative = run.job_type in ("quiz_generation", "flashcard_generation")
-            if run.status == "succeeded" and generative and not run.items:
-                problems.append(f"{run.job_type} succeeded with no items")
-        return DemoOutcome(runs, report.ok, idempotency_ok, problems)
+        return report.ok
 
     def _key(self, job_type: str) -> str:
         return f"demo-{self.run_tag}-{job_type}"

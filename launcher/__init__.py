@@ -4,8 +4,8 @@ Importable for tests and the demo::
 
     from launcher import Launcher
 
-    async with Launcher(env, dev=True, workers=2) as launcher:
-        ... launcher.gateway_url ...
+    async with Launcher(env, dev=True, workers=2) as system:
+        ... system.gateway_url ...
 """
 
 from airuntime_common.spawning import disable_grpc_fork_handlers

@@ -72,24 +72,8 @@ def load_environment(env_file: Path | None) -> dict[str, str]:
     return env
 
 
-async def run(args: argparse.Namespace) -> int:
-    """Start, serve until a signal or a child's death, stop. Returns the exit status."""
-    try:
-        env = load_environment(args.env_file)
-        launcher = Launcher(
-            env,
-            only=args.only,
-            workers=args.workers,
-            job_services=args.job_services,
-            dev=args.dev,
-            var_dir=args.var_dir,
-        )
-    except PlanError as exc:
-        print(f"launcher: {exc}", file=sys.stderr)
-        return 2
-
-    plan = launcher.plan
-    stop = asyncio.Event()
+def _install_signals(launcher: Launcher, stop: asyncio.Event) -> None:
+    """The first SIGINT or SIGTERM stops the services in order; a second kills them."""
     signals = 0
 
     def on_signal() -> None:
@@ -105,6 +89,10 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
 
+
+def _announce(launcher: Launcher) -> None:
+    """Where the dev secrets and the var dir are, and which model the workers call."""
+    plan = launcher.plan
     if plan.generated:
         launcher.say(f"generated {', '.join(plan.generated)} into {plan.secrets_file} (mode 0600)")
     elif plan.secrets_file.exists():
@@ -119,8 +107,26 @@ async def run(args: argparse.Namespace) -> int:
         model = f"DeepSeek at {plan.env.get('DEEPSEEK_BASE_URL', 'https://api.deepseek.com')}"
     launcher.say(f"var dir {plan.var_dir}; model: {model}")
 
+
+def _print_ready(launcher: Launcher, args: argparse.Namespace) -> None:
+    """The services' addresses, and how to mint a token for them."""
+    var_opt = "" if args.var_dir == "var" else f" --var-dir {shlex.quote(str(args.var_dir))}"
+    print("\nAI Runtime is up:\n" + launcher.describe(), flush=True)
+    hints = []
+    if any(s.kind == "api_gateway" for s in launcher.plan.services):
+        hints.append(f"  public API   {launcher.gateway_url}")
+    hints += [
+        f"  a user token {sys.executable} -m launcher.token{var_opt} --sub u1 --role user",
+        f"  admin token  {sys.executable} -m launcher.token{var_opt} --sub ops --role admin",
+        "  Ctrl-C stops everything.",
+    ]
+    print("\n" + "\n".join(hints) + "\n", flush=True)
+
+
+async def _start_or_stop(launcher: Launcher, stopped: asyncio.Task[bool]) -> int | None:
+    """Start every service unless a signal comes first; None once all are ready,
+    else the exit status (0: stopped by a signal, 1: the start failed)."""
     start = asyncio.create_task(launcher.start())
-    stopped = asyncio.create_task(stop.wait())
     await asyncio.wait({start, stopped}, return_when=asyncio.FIRST_COMPLETED)
     if not start.done():
         start.cancel()
@@ -133,19 +139,32 @@ async def run(args: argparse.Namespace) -> int:
         stopped.cancel()
         launcher.say(f"start failed: {start.exception()}")
         return 1
+    return None
 
-    var_opt = "" if args.var_dir == "var" else f" --var-dir {shlex.quote(str(args.var_dir))}"
-    print("\nAI Runtime is up:\n" + launcher.describe(), flush=True)
-    hints = []
-    if any(s.kind == "api_gateway" for s in plan.services):
-        hints.append(f"  public API   {launcher.gateway_url}")
-    hints += [
-        f"  a user token {sys.executable} -m launcher.token{var_opt} --sub u1 --role user",
-        f"  admin token  {sys.executable} -m launcher.token{var_opt} --sub ops --role admin",
-        "  Ctrl-C stops everything.",
-    ]
-    print("\n" + "\n".join(hints) + "\n", flush=True)
 
+async def run(args: argparse.Namespace) -> int:
+    """Start, serve until a signal or a child's death, stop. Returns the exit status."""
+    try:
+        env = load_environment(args.env_file)
+        launcher = Launcher(
+            env,
+            only=args.only,
+            workers=args.workers,
+            job_services=args.job_services,
+            dev=args.dev,
+            var_dir=args.var_dir,
+        )
+    except PlanError as exc:
+        print(f"launcher: {exc}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    _install_signals(launcher, stop)
+    _announce(launcher)
+    stopped = asyncio.create_task(stop.wait())
+    status = await _start_or_stop(launcher, stopped)
+    if status is not None:
+        return status
+    _print_ready(launcher, args)
     failed = asyncio.create_task(launcher.wait())
     await asyncio.wait({stopped, failed}, return_when=asyncio.FIRST_COMPLETED)
     if failed.done() and not stopped.done():

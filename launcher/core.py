@@ -111,12 +111,12 @@ class Launcher:
 
     Usage::
 
-        launcher = Launcher(env, workers=2, dev=True)
-        await launcher.start()          # returns when every service is ready
-        ... launcher.gateway_url ...    # e.g. "http://127.0.0.1:3000"
-        await launcher.stop()           # reverse order, SIGTERM then SIGKILL
+        system = Launcher(env, workers=2, dev=True)
+        await system.start()            # returns when every service is ready
+        ... system.gateway_url ...      # e.g. "http://127.0.0.1:3000"
+        await system.stop()             # reverse order, SIGTERM then SIGKILL
 
-    or ``async with Launcher(...) as launcher:``.
+    or ``async with Launcher(...) as system:``.
 
     Args:
         env: base environment (default ``os.environ``); see :func:`launcher.plan.build_plan`.

@@ -436,6 +436,219 @@ def _sqlite_url(var_dir: Path, name: str) -> str:
     return f"sqlite+aiosqlite:///{var_dir / name}"
 
 
+def _check_counts(base_env: Mapping[str, str], workers: int, job_services: int) -> None:
+    """Refuse impossible counts before anything is written (var dir, dev secrets)."""
+    if workers < 0:
+        raise PlanError("--workers must be 0 or more")
+    if job_services < 1:
+        raise PlanError("--job-services must be 1 or more")
+    if job_services > 1 and str(base_env.get("DATABASE_URL") or "sqlite").startswith("sqlite"):
+        raise PlanError(
+            "--job-services above 1 needs a shared server database: set DATABASE_URL"
+            " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
+        )
+
+
+def _common_env(
+    base_env: Mapping[str, str], var: Path, secrets_file: Path
+) -> tuple[dict[str, str], list[str]]:
+    """Every child's environment before its addresses: the launcher's, the dev
+    secrets, unbuffered output, loopback outside any proxy, this repository on
+    ``PYTHONPATH``, SQLite databases under ``var`` unless set; and the secrets
+    generated."""
+    env: dict[str, str] = {k: v for k, v in base_env.items() if isinstance(v, str)}
+    secret_values, generated = ensure_dev_secrets(env, secrets_file)
+    env.update(secret_values)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    for proxy_var in ("NO_PROXY", "no_proxy"):
+        hosts = [h for h in env.get(proxy_var, "").split(",") if h.strip()]
+        for local in ("127.0.0.1", "localhost", "::1"):
+            if local not in hosts:
+                hosts.append(local)
+        env[proxy_var] = ",".join(hosts)
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo_root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([repo_root, *paths])
+    if not env.get("DATABASE_URL"):
+        env["DATABASE_URL"] = _sqlite_url(var, "job_service.db")
+    if not env.get("CREDENTIAL_DATABASE_URL"):
+        env["CREDENTIAL_DATABASE_URL"] = _sqlite_url(var, "credential_service.db")
+    return env, generated
+
+
+def _job_service_listens(
+    env: Mapping[str, str], job_listen: str, job_addr: str, job_services: int
+) -> tuple[list[tuple[str, str]], str]:
+    """(listen, address) of each job_service replica, and the address clients use
+    (all of them, round robin, for several)."""
+    if job_services == 1:
+        return [(job_listen, job_addr)], job_addr
+    # the replicas' own addresses (an address set for one service is not theirs)
+    j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
+    j_connect = connect_host(j_host)
+    first = f"{j_connect}:{j_port}"
+    _ip_family(first)  # an IP literal, or refused before any port is taken
+    listens = [(job_listen, first)]
+    for _ in range(1, job_services):
+        port = free_port(j_connect)
+        listens.append((f"{j_host}:{port}", f"{j_connect}:{port}"))
+    return listens, grpc_address_list([addr for _, addr in listens])
+
+
+def _worker_listens(env: dict[str, str], workers: int) -> list[tuple[str, str, str]]:
+    """(listen, address, instance id) of each worker; the first's address and all of
+    them go into ``env`` (``RUNTIME_WORKER_ADDR``, ``RUNTIME_WORKER_ADDRS``)."""
+    worker_base = env.get("RUNTIME_WORKER_LISTEN", "").strip()
+    if not worker_base and env.get("RUNTIME_WORKER_ADDR", "").strip():
+        addr_port = split_hostport(env["RUNTIME_WORKER_ADDR"], DEFAULT_WORKER_PORT)[1]
+        worker_base = f"{LOCAL_HOST}:{addr_port}"
+    w_host, w_port = split_hostport(worker_base or LOCAL_HOST, DEFAULT_WORKER_PORT)
+    base_instance = env.get("RUNTIME_INSTANCE_ID", "").strip()
+    hostname = socket.gethostname().split(".")[0] or "local"
+    listens: list[tuple[str, str, str]] = []
+    for i in range(workers):
+        port = free_port(connect_host(w_host)) if w_port == 0 else w_port + i
+        if base_instance:
+            instance = base_instance if workers == 1 else f"{base_instance}-{i + 1}"
+        else:
+            instance = f"{hostname}-worker-{i + 1}"
+        listens.append((f"{w_host}:{port}", f"{connect_host(w_host)}:{port}", instance))
+    if listens:
+        env["RUNTIME_WORKER_ADDR"] = listens[0][1]
+        env.setdefault("RUNTIME_WORKER_ADDRS", ",".join(w[1] for w in listens))
+    return listens
+
+
+def _gateway_address(env: dict[str, str]) -> tuple[str, int, str]:
+    """The gateway's host, port (a free one for 0) and URL; host and port go into ``env``."""
+    gw_host = env.get("GATEWAY_HOST", "").strip() or LOCAL_HOST
+    gw_port = _port_var(env, "GATEWAY_PORT", DEFAULT_GATEWAY_PORT)
+    if gw_port == 0:
+        gw_port = free_port(connect_host(gw_host))
+    env["GATEWAY_HOST"] = gw_host
+    env["GATEWAY_PORT"] = str(gw_port)
+    gw_connect = connect_host(gw_host)
+    if ":" in gw_connect and not gw_connect.startswith("["):
+        gw_connect = f"[{gw_connect}]"
+    return gw_host, gw_port, f"http://{gw_connect}:{gw_port}"
+
+
+@dataclass
+class _Services:
+    """The plan's children, each with the common environment and its own."""
+
+    env: Mapping[str, str]
+    kinds: set[str] | None
+    python: str
+    specs: list[ServiceSpec] = field(default_factory=list)
+
+    def add(
+        self,
+        name: str,
+        kind: str,
+        args: list[str],
+        extra: Mapping[str, str],
+        probe: Literal["grpc", "http"],
+        target: str,
+        listen: str,
+        bind: str,
+    ) -> None:
+        """One child (unless ``only`` leaves its kind out)."""
+        if self.kinds is not None and kind not in self.kinds:
+            return
+        child_env = dict(self.env)
+        child_env.update(extra)
+        self.specs.append(
+            ServiceSpec(
+                name=name,
+                kind=kind,
+                argv=(self.python, "-m", *args),
+                env=child_env,
+                probe=probe,
+                target=target,
+                listen=listen,
+                tier=_TIERS[kind],
+                bind=split_hostport(bind, 0),
+            )
+        )
+
+    def standin(self, args: list[str], urls: dict[str, str]) -> None:
+        last_url = list(urls.values())[-1]  # started last: up means all are
+        self.add(
+            "standin",
+            "standin",
+            ["model_standin", "--host", LOCAL_HOST, *args],
+            {},
+            "http",
+            f"{last_url}/_standin/stats",
+            ", ".join(urls.values()),
+            last_url.removeprefix("http://"),
+        )
+
+    def job_services(self, listens: list[tuple[str, str]]) -> None:
+        job_metrics = _metrics_port(self.env, "JOB_SERVICE_METRICS_PORT", DEFAULT_JOB_METRICS_PORT)
+        for i, (listen, addr) in enumerate(listens):
+            metrics = job_metrics if i == 0 or not job_metrics else free_port()
+            self.add(
+                "job_service" if len(listens) == 1 else f"job_service-{i + 1}",
+                "job_service",
+                ["job_service"],
+                {"JOB_SERVICE_LISTEN": listen, "JOB_SERVICE_METRICS_PORT": str(metrics)},
+                "grpc",
+                addr,
+                f"grpc {listen}{_metrics_note(metrics)}",
+                listen,
+            )
+
+    def credential_service(self, listen: str, addr: str) -> None:
+        metrics = _metrics_port(
+            self.env, "CREDENTIAL_SERVICE_METRICS_PORT", DEFAULT_CREDENTIAL_METRICS_PORT
+        )
+        self.add(
+            "credential_service",
+            "credential_service",
+            ["credential_service"],
+            {"CREDENTIAL_SERVICE_LISTEN": listen},
+            "grpc",
+            addr,
+            f"grpc {listen}" + _metrics_note(metrics),
+            listen,
+        )
+
+    def workers(self, listens: list[tuple[str, str, str]]) -> None:
+        worker_metrics = _metrics_port(self.env, "WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT)
+        for i, (listen, addr, instance) in enumerate(listens):
+            metrics = worker_metrics + i if worker_metrics else 0
+            self.add(
+                "runtime_worker" if len(listens) == 1 else f"runtime_worker-{i + 1}",
+                "runtime_worker",
+                ["runtime_worker"],
+                {
+                    "RUNTIME_WORKER_LISTEN": listen,
+                    "RUNTIME_WORKER_ADDR": addr,
+                    "RUNTIME_INSTANCE_ID": instance,
+                    "WORKER_METRICS_PORT": str(metrics),
+                },
+                "grpc",
+                addr,
+                f"grpc {listen} ({instance}){_metrics_note(metrics)}",
+                listen,
+            )
+
+    def gateway(self, host: str, port: int, url: str) -> None:
+        self.add(
+            "api_gateway",
+            "api_gateway",
+            ["api_gateway"],
+            {},
+            "http",
+            f"{url}/healthz",
+            f"{url}  (docs {url}/docs, console {url}/admin/console)",
+            f"{host}:{port}" if ":" not in host or host.startswith("[") else f"[{host}]:{port}",
+        )
+
+
 def build_plan(
     base_env: Mapping[str, str],
     *,
@@ -471,195 +684,34 @@ def build_plan(
         PlanError: bad ``only`` name, negative ``workers``, ``job_services`` < 1, several
             job_services on SQLite, or a malformed address.
     """
-    if workers < 0:
-        raise PlanError("--workers must be 0 or more")
-    if job_services < 1:
-        raise PlanError("--job-services must be 1 or more")
-    if job_services > 1 and str(base_env.get("DATABASE_URL") or "sqlite").startswith("sqlite"):
-        # refused before anything is written (var dir, dev secrets)
-        raise PlanError(
-            "--job-services above 1 needs a shared server database: set DATABASE_URL"
-            " to MySQL/MariaDB (each replica would lock the SQLite file in turn)"
-        )
+    _check_counts(base_env, workers, job_services)
     kinds = normalize_only(only)
-    python = python or sys.executable
     var = Path(var_dir).expanduser().resolve()
     var.mkdir(parents=True, exist_ok=True)
     secrets_file = var / DEV_SECRETS_FILE
-
-    env: dict[str, str] = {k: v for k, v in base_env.items() if isinstance(v, str)}
-    secret_values, generated = ensure_dev_secrets(env, secrets_file)
-    env.update(secret_values)
-
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    for proxy_var in ("NO_PROXY", "no_proxy"):
-        hosts = [h for h in env.get(proxy_var, "").split(",") if h.strip()]
-        for local in ("127.0.0.1", "localhost", "::1"):
-            if local not in hosts:
-                hosts.append(local)
-        env[proxy_var] = ",".join(hosts)
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if repo_root not in paths:
-        env["PYTHONPATH"] = os.pathsep.join([repo_root, *paths])
-
-    if not env.get("DATABASE_URL"):
-        env["DATABASE_URL"] = _sqlite_url(var, "job_service.db")
-    if not env.get("CREDENTIAL_DATABASE_URL"):
-        env["CREDENTIAL_DATABASE_URL"] = _sqlite_url(var, "credential_service.db")
-
+    env, generated = _common_env(base_env, var, secrets_file)
     standin_args, standin_urls = _standin_providers(env, dev)
     standin_url = next(iter(standin_urls.values()), None)
-
     job_listen, job_addr = _resolve(env, "JOB_SERVICE_LISTEN", "JOB_SERVICE_ADDR", DEFAULT_JOB_PORT)
     cred_listen, cred_addr = _resolve(
         env, "CREDENTIAL_SERVICE_LISTEN", "CREDENTIAL_SERVICE_ADDR", DEFAULT_CREDENTIAL_PORT
     )
-    job_listens = [(job_listen, job_addr)]
-    if job_services > 1:
-        # the replicas' own addresses (an address set for one service is not theirs)
-        j_host, j_port = split_hostport(job_listen, DEFAULT_JOB_PORT)
-        j_connect = connect_host(j_host)
-        first = f"{j_connect}:{j_port}"
-        _ip_family(first)  # an IP literal, or refused before any port is taken
-        job_listens = [(job_listen, first)]
-        for _ in range(1, job_services):
-            port = free_port(j_connect)
-            job_listens.append((f"{j_host}:{port}", f"{j_connect}:{port}"))
-        job_addr = grpc_address_list([addr for _, addr in job_listens])
-    env["JOB_SERVICE_ADDR"] = job_addr
+    job_listens, env["JOB_SERVICE_ADDR"] = _job_service_listens(
+        env, job_listen, job_addr, job_services
+    )
     env["CREDENTIAL_SERVICE_ADDR"] = cred_addr
+    worker_listens = _worker_listens(env, workers)
+    gw_host, gw_port, gateway_url = _gateway_address(env)
 
-    worker_base = env.get("RUNTIME_WORKER_LISTEN", "").strip()
-    if not worker_base and env.get("RUNTIME_WORKER_ADDR", "").strip():
-        addr_port = split_hostport(env["RUNTIME_WORKER_ADDR"], DEFAULT_WORKER_PORT)[1]
-        worker_base = f"{LOCAL_HOST}:{addr_port}"
-    w_host, w_port = split_hostport(worker_base or LOCAL_HOST, DEFAULT_WORKER_PORT)
-    base_instance = env.get("RUNTIME_INSTANCE_ID", "").strip()
-    hostname = socket.gethostname().split(".")[0] or "local"
-    worker_listens: list[tuple[str, str, str]] = []
-    for i in range(workers):
-        port = free_port(connect_host(w_host)) if w_port == 0 else w_port + i
-        if base_instance:
-            instance = base_instance if workers == 1 else f"{base_instance}-{i + 1}"
-        else:
-            instance = f"{hostname}-worker-{i + 1}"
-        worker_listens.append((f"{w_host}:{port}", f"{connect_host(w_host)}:{port}", instance))
-    if worker_listens:
-        env["RUNTIME_WORKER_ADDR"] = worker_listens[0][1]
-        env.setdefault("RUNTIME_WORKER_ADDRS", ",".join(w[1] for w in worker_listens))
-
-    gw_host = env.get("GATEWAY_HOST", "").strip() or LOCAL_HOST
-    gw_port = _port_var(env, "GATEWAY_PORT", DEFAULT_GATEWAY_PORT)
-    if gw_port == 0:
-        gw_port = free_port(connect_host(gw_host))
-    env["GATEWAY_HOST"] = gw_host
-    env["GATEWAY_PORT"] = str(gw_port)
-    gw_connect = connect_host(gw_host)
-    if ":" in gw_connect and not gw_connect.startswith("["):
-        gw_connect = f"[{gw_connect}]"
-    gateway_url = f"http://{gw_connect}:{gw_port}"
-
-    services: list[ServiceSpec] = []
-
-    def add(
-        name: str,
-        kind: str,
-        args: list[str],
-        extra: Mapping[str, str],
-        probe: Literal["grpc", "http"],
-        target: str,
-        listen: str,
-        bind: str,
-    ) -> None:
-        if kinds is not None and kind not in kinds:
-            return
-        child_env = dict(env)
-        child_env.update(extra)
-        services.append(
-            ServiceSpec(
-                name=name,
-                kind=kind,
-                argv=(python, "-m", *args),
-                env=child_env,
-                probe=probe,
-                target=target,
-                listen=listen,
-                tier=_TIERS[kind],
-                bind=split_hostport(bind, 0),
-            )
-        )
-
+    services = _Services(env, kinds, python or sys.executable)
     if standin_url is not None:
-        last_url = list(standin_urls.values())[-1]  # started last: up means all are
-        add(
-            "standin",
-            "standin",
-            ["model_standin", "--host", LOCAL_HOST, *standin_args],
-            {},
-            "http",
-            f"{last_url}/_standin/stats",
-            ", ".join(standin_urls.values()),
-            last_url.removeprefix("http://"),
-        )
-    job_metrics = _metrics_port(env, "JOB_SERVICE_METRICS_PORT", DEFAULT_JOB_METRICS_PORT)
-    for i, (listen, addr) in enumerate(job_listens):
-        metrics = job_metrics if i == 0 or not job_metrics else free_port()
-        add(
-            "job_service" if job_services == 1 else f"job_service-{i + 1}",
-            "job_service",
-            ["job_service"],
-            {"JOB_SERVICE_LISTEN": listen, "JOB_SERVICE_METRICS_PORT": str(metrics)},
-            "grpc",
-            addr,
-            f"grpc {listen}{_metrics_note(metrics)}",
-            listen,
-        )
-    add(
-        "credential_service",
-        "credential_service",
-        ["credential_service"],
-        {"CREDENTIAL_SERVICE_LISTEN": cred_listen},
-        "grpc",
-        cred_addr,
-        f"grpc {cred_listen}"
-        + _metrics_note(
-            _metrics_port(env, "CREDENTIAL_SERVICE_METRICS_PORT", DEFAULT_CREDENTIAL_METRICS_PORT)
-        ),
-        cred_listen,
-    )
-    worker_metrics = _metrics_port(env, "WORKER_METRICS_PORT", DEFAULT_WORKER_METRICS_PORT)
-    for i, (listen, addr, instance) in enumerate(worker_listens):
-        metrics = worker_metrics + i if worker_metrics else 0
-        add(
-            "runtime_worker" if workers == 1 else f"runtime_worker-{i + 1}",
-            "runtime_worker",
-            ["runtime_worker"],
-            {
-                "RUNTIME_WORKER_LISTEN": listen,
-                "RUNTIME_WORKER_ADDR": addr,
-                "RUNTIME_INSTANCE_ID": instance,
-                "WORKER_METRICS_PORT": str(metrics),
-            },
-            "grpc",
-            addr,
-            f"grpc {listen} ({instance}){_metrics_note(metrics)}",
-            listen,
-        )
-    add(
-        "api_gateway",
-        "api_gateway",
-        ["api_gateway"],
-        {},
-        "http",
-        f"{gateway_url}/healthz",
-        f"{gateway_url}  (docs {gateway_url}/docs, console {gateway_url}/admin/console)",
-        f"{gw_host}:{gw_port}"
-        if ":" not in gw_host or gw_host.startswith("[")
-        else f"[{gw_host}]:{gw_port}",
-    )
+        services.standin(standin_args, standin_urls)
+    services.job_services(job_listens)
+    services.credential_service(cred_listen, cred_addr)
+    services.workers(worker_listens)
+    services.gateway(gw_host, gw_port, gateway_url)
     return LaunchPlan(
-        services=services,
+        services=services.specs,
         env=env,
         var_dir=var,
         secrets_file=secrets_file,

@@ -5,7 +5,7 @@ Two sources of faults:
 * start-up settings (CLI / env): ``fault_rate`` — the probability that an
   otherwise healthy chat request answers HTTP 500 — and ``delay_ms`` added
   before every answer;
-* scripted faults (``POST /_standin/faults`` or :meth:`StandIn.add_faults`),
+* scripted faults (``POST /_standin/faults`` or :meth:`~model_standin.server.StandIn.add_faults`),
   consumed in order: each applies to the next ``count`` chat requests whose
   task matches ``match`` (any task when ``match`` is null). A request takes
   the first queued fault that matches it.

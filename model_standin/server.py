@@ -1,11 +1,11 @@
 """A local HTTP/1.1 server speaking DeepSeek's chat-completions protocol.
 
-Built directly on :func:`asyncio.start_server` with a small HTTP/1.1 parser
-(Content-Length and chunked request bodies, keep-alive, ``Expect:
-100-continue``) so that faults are real on the wire: headers without a body,
-blank keep-alive lines, connections closed mid-body, requests never answered.
-Used only where configured explicitly (launcher dev mode, demo, tests;
-SPEC §5).
+Built directly on :func:`asyncio.start_server` with a small HTTP/1.1 parser of
+its own (:mod:`model_standin.wire`) so that faults are real on the wire: headers
+without a body, blank keep-alive lines, connections closed mid-body, requests
+never answered (:mod:`model_standin.wire_faults`). The answers are
+:mod:`model_standin.completions` of :mod:`model_standin.answers`. Used only where
+configured explicitly (launcher dev mode, demo, tests; SPEC §5).
 
 Endpoints:
 
@@ -35,81 +35,61 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import ssl
 import time
 import uuid
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 
 from pydantic import ValidationError
 
 from model_standin import answers
-from model_standin.faults import FAULT_LIST, RANDOM_500, Fault, FaultBook, error_body
+from model_standin.completions import (
+    CONTENT_FAULTS,
+    completion,
+    fault_content,
+    send_cut,
+    send_stream,
+    within_max_tokens,
+)
+from model_standin.faults import FAULT_LIST, Fault, FaultBook, error_body
+from model_standin.wire import MAX_HEADER_BYTES, HttpError, Request, read_request, send_json
+from model_standin.wire_faults import outcome_of, send_wire_fault
 
 log = logging.getLogger("model_standin")
 
 #: Pending connections the listening socket queues (the kernel caps it at somaxconn).
 LISTEN_BACKLOG = 4096
-MAX_HEADER_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
 #: Default ``max_tokens`` of deepseek-chat.
 DEFAULT_MAX_TOKENS = 4096
 #: The models a stand-in serves when given none: DeepSeek's (any ``deepseek-*`` name
 #: is accepted, as aliases come and go).
 DEEPSEEK_MODELS = ("deepseek-chat", "deepseek-reasoner")
 REQUEST_LOG_SIZE = 200
-#: Chunk size of a ``huge_body`` answer (bytes).
-HUGE_BODY_CHUNK = 64 * 1024
 CHAT_PATHS = ("/chat/completions", "/v1/chat/completions")
-CONTENT_FAULTS = frozenset(
-    {
-        "empty_content",
-        "truncated",
-        "out_of_capacity",
-        "invalid_json",
-        "schema_violation",
-        "foreign_ids",
-        "content",
-        "close_mid_body",
-    }
-)
 
 
-class _HttpError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
+@dataclass(frozen=True)
+class _Refusal:
+    """A chat request refused before any answer: its statistics outcome, HTTP status
+    and message (None: DeepSeek's message for the status)."""
+
+    outcome: str
+    status: int
+    message: str | None = None
 
 
-@dataclass
-class Request:
-    """One parsed HTTP/1.1 request."""
+@dataclass(frozen=True)
+class _ChatCall:
+    """What a well-formed chat request asks for."""
 
-    method: str
-    path: str
-    version: str
-    headers: dict[str, str]
-    body: bytes
-
-    @property
-    def keep_alive(self) -> bool:
-        """Whether the client wants the connection kept open after the answer."""
-        conn = self.headers.get("connection", "").lower()
-        if self.version == "HTTP/1.0":
-            return "keep-alive" in conn
-        return "close" not in conn
-
-
-def estimate_tokens(text: str) -> int:
-    """DeepSeek's rule of thumb: ≈0.3 token per ASCII char, ≈0.6 per other char."""
-    ascii_chars = sum(1 for c in text if ord(c) < 128)
-    return max(1, math.ceil(ascii_chars * 0.3 + (len(text) - ascii_chars) * 0.6))
+    model: str
+    messages: list[Any]
+    max_tokens: int
+    stream: bool
+    task: str | None
 
 
 def mask_key(key: str) -> str:
@@ -312,9 +292,9 @@ class StandIn:
         try:
             while not self._stopping.is_set():
                 try:
-                    req = await self._read_request(reader, writer)
-                except _HttpError as exc:
-                    await self._send_json(
+                    req = await read_request(reader, writer)
+                except HttpError as exc:
+                    await send_json(
                         writer, exc.status, error_body(exc.status, exc.message), keep_alive=False
                     )
                     break
@@ -335,136 +315,6 @@ class StandIn:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _read_request(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> Request | None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return None
-        except asyncio.LimitOverrunError:
-            raise _HttpError(431, "Request header fields too large") from None
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            raise _HttpError(400, "Malformed request line")
-        method, target, version = parts
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise _HttpError(400, "Malformed header line")
-            key = name.strip().lower()
-            headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-        if headers.get("expect", "").lower() == "100-continue":
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            await writer.drain()
-        body = b""
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            chunks: list[bytes] = []
-            total = 0
-            while True:
-                size_line = await reader.readuntil(b"\r\n")
-                try:
-                    size = int(size_line.split(b";")[0].strip(), 16)
-                except ValueError:
-                    raise _HttpError(400, "Malformed chunk size") from None
-                if size == 0:
-                    while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                        pass
-                    break
-                total += size
-                if total > MAX_BODY_BYTES:
-                    raise _HttpError(413, "Request body too large")
-                chunks.append(await reader.readexactly(size))
-                await reader.readexactly(2)
-            body = b"".join(chunks)
-        elif "content-length" in headers:
-            try:
-                length = int(headers["content-length"])
-            except ValueError:
-                raise _HttpError(400, "Malformed Content-Length") from None
-            if length < 0 or length > MAX_BODY_BYTES:
-                raise _HttpError(413, "Request body too large")
-            body = await reader.readexactly(length)
-        path = target.split("?", 1)[0]
-        if path.startswith("http://") or path.startswith("https://"):
-            path = "/" + path.split("/", 3)[-1] if path.count("/") >= 3 else "/"
-        return Request(method.upper(), path, version, headers, body)
-
-    # ------------------------------------------------------------------ responses
-
-    @staticmethod
-    def _head(status: int, headers: list[tuple[str, str]]) -> bytes:
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Unknown"
-        lines = [
-            f"HTTP/1.1 {status} {reason}",
-            f"Date: {formatdate(usegmt=True)}",
-            "Server: deepseek-standin",
-        ]
-        lines += [f"{k}: {v}" for k, v in headers]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-    async def _send(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        body: bytes,
-        *,
-        content_type: str = "application/json",
-        headers: list[tuple[str, str]] | None = None,
-        keep_alive: bool = True,
-    ) -> bool:
-        all_headers = [
-            ("Content-Type", content_type),
-            ("Content-Length", str(len(body))),
-            ("Connection", "keep-alive" if keep_alive else "close"),
-            *(headers or []),
-        ]
-        writer.write(self._head(status, all_headers) + body)
-        await writer.drain()
-        return keep_alive
-
-    async def _send_json(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        payload: Any,
-        *,
-        headers: list[tuple[str, str]] | None = None,
-        keep_alive: bool = True,
-    ) -> bool:
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-        return await self._send(
-            writer,
-            status,
-            body,
-            content_type="application/json",
-            headers=headers,
-            keep_alive=keep_alive,
-        )
-
-    async def _until_client_gone(self, reader: asyncio.StreamReader) -> None:
-        """Return when the client closed its side (or the server stops)."""
-
-        async def eof() -> None:
-            while await reader.read(4096):
-                pass
-
-        eof_task = asyncio.ensure_future(eof())
-        stop_task = asyncio.ensure_future(self._stopping.wait())
-        try:
-            await asyncio.wait({eof_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in (eof_task, stop_task):
-                t.cancel()
-            await asyncio.gather(eof_task, stop_task, return_exceptions=True)
-
     # ------------------------------------------------------------------ routing
 
     async def _dispatch(
@@ -472,10 +322,10 @@ class StandIn:
     ) -> bool:
         if req.path in CHAT_PATHS:
             if req.method != "POST":
-                return await self._send_json(writer, 405, error_body(405, "Method Not Allowed"))
+                return await send_json(writer, 405, error_body(405, "Method Not Allowed"))
             return await self._chat(req, reader, writer)
         if req.path in ("/models", "/v1/models") and req.method == "GET":
-            return await self._send_json(
+            return await send_json(
                 writer,
                 200,
                 {
@@ -488,23 +338,23 @@ class StandIn:
             )
         if req.path.startswith("/_standin/"):
             return await self._admin(req, writer)
-        return await self._send_json(writer, 404, error_body(404, f"Not Found: {req.path}"))
+        return await send_json(writer, 404, error_body(404, f"Not Found: {req.path}"))
 
     async def _admin(self, req: Request, writer: asyncio.StreamWriter) -> bool:
         name = req.path.removeprefix("/_standin/").rstrip("/")
         if name == "health" and req.method == "GET":
-            return await self._send_json(writer, 200, {"status": "ok"})
+            return await send_json(writer, 200, {"status": "ok"})
         if name == "stats" and req.method == "GET":
-            return await self._send_json(writer, 200, self.stats())
+            return await send_json(writer, 200, self.stats())
         if name == "requests" and req.method == "GET":
-            return await self._send_json(writer, 200, {"requests": self.requests()})
+            return await send_json(writer, 200, {"requests": self.requests()})
         if name == "seen" and req.method == "GET":
-            return await self._send_json(writer, 200, self.seen())
+            return await send_json(writer, 200, self.seen())
         if name == "reset" and req.method == "POST":
             self.reset()
-            return await self._send_json(writer, 200, {"reset": True})
+            return await send_json(writer, 200, {"reset": True})
         if name == "faults" and req.method == "GET":
-            return await self._send_json(writer, 200, {"faults": self.book.pending()})
+            return await send_json(writer, 200, {"faults": self.book.pending()})
         if name == "faults" and req.method == "POST":
             try:
                 data = json.loads(req.body or b"[]")
@@ -519,10 +369,10 @@ class StandIn:
                     if "delayMs" in data:
                         self.book.delay_ms = max(0, int(data["delayMs"]))
             except (ValueError, TypeError, ValidationError) as exc:
-                return await self._send_json(writer, 400, error_body(400, f"Invalid faults: {exc}"))
+                return await send_json(writer, 400, error_body(400, f"Invalid faults: {exc}"))
             queued = self.book.add(faults)
-            return await self._send_json(writer, 200, {"added": len(faults), "queued": queued})
-        return await self._send_json(writer, 404, error_body(404, f"Not Found: {req.path}"))
+            return await send_json(writer, 200, {"added": len(faults), "queued": queued})
+        return await send_json(writer, 404, error_body(404, f"Not Found: {req.path}"))
 
     # ------------------------------------------------------------------ chat
 
@@ -541,43 +391,31 @@ class StandIn:
             },
         )
 
-    async def _chat(
-        self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> bool:
-        self._requests += 1
-        entry: dict[str, Any] = {
-            "at": time.time(),
-            "path": req.path,
-            "host": req.headers.get("host"),
-        }
-        self._log.append(entry)
-        auth = req.headers.get("authorization", "")
-        scheme, _, key = auth.partition(" ")
+    def _check_key(self, req: Request, entry: dict[str, Any]) -> _Refusal | None:
+        """The bearer key, recorded (masked and fingerprinted); refused when missing
+        or invalid (``sk-invalid…``)."""
+        scheme, _, key = req.headers.get("authorization", "").partition(" ")
         key = key.strip()
         if scheme.lower() != "bearer" or not key:
-            self._record(entry, "auth_error")
-            return await self._send_json(writer, 401, error_body(401))
+            return _Refusal("auth_error", 401)
         entry["keyMask"] = mask_key(key)
         fingerprint = key_fingerprint(key)
         self._seen_keys[fingerprint] += 1
         self._key_masks.setdefault(fingerprint, mask_key(key))
         if key.startswith("sk-invalid"):
-            self._record(entry, "auth_error")
-            return await self._send_json(
-                writer,
-                401,
-                error_body(401, f"Authentication Fails, Your api key: {mask_key(key)} is invalid"),
-            )
+            message = f"Authentication Fails, Your api key: {mask_key(key)} is invalid"
+            return _Refusal("auth_error", 401, message)
+        return None
+
+    def _chat_call(self, req: Request, entry: dict[str, Any]) -> _ChatCall | _Refusal:
+        """The request's body read as DeepSeek reads it (recorded in ``entry`` and
+        the statistics), or its refusal (400 / 422, as DeepSeek answers)."""
         try:
             body = json.loads(req.body)
         except ValueError:
-            self._record(entry, "bad_request")
-            return await self._send_json(
-                writer, 400, error_body(400, "Invalid request body format: not JSON")
-            )
+            return _Refusal("bad_request", 400, "Invalid request body format: not JSON")
         if not isinstance(body, dict):
-            self._record(entry, "bad_request")
-            return await self._send_json(writer, 400, error_body(400))
+            return _Refusal("bad_request", 400)
         messages = body.get("messages")
         model = body.get("model")
         entry.update(
@@ -594,307 +432,92 @@ class StandIn:
         if task:
             self._tasks[task] += 1
         if not isinstance(model, str) or not model:
-            self._record(entry, "bad_request")
-            return await self._send_json(
-                writer, 422, error_body(422, "Invalid Parameters: model is required")
-            )
+            return _Refusal("bad_request", 422, "Invalid Parameters: model is required")
         if not self.serves(model):
-            self._record(entry, "bad_request")
-            return await self._send_json(writer, 400, error_body(400, "Model Not Exist"))
+            return _Refusal("bad_request", 400, "Model Not Exist")
         if not isinstance(messages, list) or not messages:
-            self._record(entry, "bad_request")
-            return await self._send_json(
-                writer,
-                422,
-                error_body(422, "Invalid Parameters: messages must be a non-empty list"),
+            return _Refusal(
+                "bad_request", 422, "Invalid Parameters: messages must be a non-empty list"
             )
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            self._record(entry, "bad_request")
-            return await self._send_json(
-                writer, 422, error_body(422, "Invalid Parameters: max_tokens")
-            )
+            return _Refusal("bad_request", 422, "Invalid Parameters: max_tokens")
+        return _ChatCall(model, messages, max_tokens, bool(body.get("stream")), task)
 
-        prompt: answers.Prompt | None = None
-        prompt_error: str | None = None
-        try:
-            prompt = answers.parse_prompt(messages)
-        except answers.PromptError as exc:
-            prompt_error = str(exc)
+    async def _refuse(
+        self, writer: asyncio.StreamWriter, entry: dict[str, Any], refusal: _Refusal
+    ) -> bool:
+        self._record(entry, refusal.outcome)
+        return await send_json(writer, refusal.status, error_body(refusal.status, refusal.message))
 
+    async def _take_fault(self, task: str | None) -> tuple[Fault | None, str]:
+        """The scripted or random fault for this request (a ``delay`` is served here),
+        after the stand-in's own delay; and the outcome so far."""
         fault = self.book.take(task)
         if self.book.delay_ms:
             await asyncio.sleep(self.book.delay_ms / 1000)
-        outcome = "ok"
         if fault is not None and fault.kind == "delay":
             await asyncio.sleep(fault.ms / 1000)
-            fault, outcome = None, "delay"
-        if fault is not None and fault.kind not in CONTENT_FAULTS:
-            return await self._wire_fault(fault, entry, reader, writer)
-        if prompt is None:
-            self._record(entry, "bad_request")
-            return await self._send_json(writer, 400, error_body(400, prompt_error))
+            return None, "delay"
+        return fault, "ok"
 
+    def _completion_of(
+        self, call: _ChatCall, prompt: answers.Prompt, fault: Fault | None, outcome: str
+    ) -> tuple[dict[str, Any], str]:
+        """The completion answering ``prompt`` (spoiled by a content fault, cut at
+        ``max_tokens``) and the request's outcome."""
         answer = answers.build_answer(prompt)
         content = json.dumps(answer, ensure_ascii=False)
         finish = "stop"
         if fault is not None:
             outcome = fault.kind
-            content, finish = self._fault_content(fault, prompt, answer, content)
-        completion_tokens = estimate_tokens(content)
-        if completion_tokens > max_tokens and finish == "stop":
-            keep = max(1, int(len(content) * max_tokens / completion_tokens) - 1)
-            content, finish, outcome = content[:keep], "length", "length_limit"
-            completion_tokens = min(max_tokens, estimate_tokens(content))
-        payload = self._completion(model, messages, content, finish, completion_tokens)
-        self._record(entry, outcome)
-        if body.get("stream"):
-            return await self._stream(writer, payload)
-        if fault is not None and fault.kind == "close_mid_body":
-            raw = json.dumps(payload, ensure_ascii=False).encode("utf-8")
-            head = self._head(
-                200,
-                [
-                    ("Content-Type", "application/json"),
-                    ("Content-Length", str(len(raw))),
-                    ("Connection", "keep-alive"),
-                ],
-            )
-            part = raw[: int(len(raw) * fault.fraction)]
-            if len(part) >= len(raw):
-                part = raw[:-1]
-            writer.write(head + part)
-            await writer.drain()
-            return False
-        return await self._send_json(
-            writer, 200, payload, headers=[("x-ds-trace-id", uuid.uuid4().hex)]
+            content, finish = fault_content(fault, prompt, answer, content)
+        content, cut_finish, tokens = within_max_tokens(content, finish, call.max_tokens)
+        if cut_finish != finish:
+            outcome = "length_limit"
+        payload = completion(
+            call.model, call.messages, content, cut_finish, tokens, self._seen_prefixes
         )
+        return payload, outcome
 
-    @staticmethod
-    def _fault_content(
-        fault: Fault, prompt: answers.Prompt, answer: dict[str, Any], content: str
-    ) -> tuple[str, str]:
-        if fault.kind == "empty_content":
-            return " " * 8, "stop"
-        if fault.kind == "truncated":
-            return content[: max(1, int(len(content) * 0.6))], "length"
-        if fault.kind == "out_of_capacity":
-            return content[: int(len(content) * fault.fraction)], "insufficient_system_resource"
-        if fault.kind == "invalid_json":
-            return content[:-1] + ",}", "stop"
-        if fault.kind == "schema_violation":
-            return json.dumps(
-                answers.schema_violation(prompt.task, answer), ensure_ascii=False
-            ), "stop"
-        if fault.kind == "foreign_ids":
-            bad = answers.foreign_ids(prompt.task, answer, fault.foreignId)
-            return json.dumps(bad, ensure_ascii=False), "stop"
-        if fault.kind == "content":
-            return fault.content, "stop"
-        return content, "stop"  # close_mid_body: the body itself is cut
-
-    def _completion(
-        self, model: str, messages: list[Any], content: str, finish: str, completion_tokens: int
-    ) -> dict[str, Any]:
-        prompt_tokens = 0
-        system = ""
-        for m in messages:
-            if isinstance(m, dict):
-                text = answers._content_text(m.get("content"))
-                prompt_tokens += estimate_tokens(text) + 4
-                if m.get("role") == "system" and not system:
-                    system = text
-        hit = 0
-        if system:
-            if system in self._seen_prefixes:
-                hit = min(prompt_tokens, estimate_tokens(system) + 4)
-            else:
-                self._seen_prefixes.add(system)
-        return {
-            "id": str(uuid.uuid4()),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": content},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": hit},
-                "prompt_cache_hit_tokens": hit,
-                "prompt_cache_miss_tokens": prompt_tokens - hit,
-            },
-            "system_fingerprint": "fp_standin",
-        }
-
-    async def _stream(self, writer: asyncio.StreamWriter, payload: dict[str, Any]) -> bool:
-        """Send a completion as server-sent events (``stream: true``)."""
-        head = self._head(
-            200,
-            [
-                ("Content-Type", "text/event-stream; charset=utf-8"),
-                ("Transfer-Encoding", "chunked"),
-                ("Cache-Control", "no-cache"),
-                ("Connection", "keep-alive"),
-            ],
-        )
-        writer.write(head)
-        content: str = payload["choices"][0]["message"]["content"]
-        base = {k: payload[k] for k in ("id", "created", "model", "system_fingerprint")}
-        base["object"] = "chat.completion.chunk"
-        pieces = [content[i : i + 64] for i in range(0, len(content), 64)] or [""]
-        events: list[dict[str, Any]] = [
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"role": "assistant", "content": ""},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ],
-            }
-        ]
-        events += [
-            {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"content": p}, "logprobs": None, "finish_reason": None}
-                ],
-            }
-            for p in pieces
-        ]
-        events.append(
-            {
-                **base,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": {"content": ""},
-                        "logprobs": None,
-                        "finish_reason": payload["choices"][0]["finish_reason"],
-                    }
-                ],
-                "usage": payload["usage"],
-            }
-        )
-        for ev in events:
-            writer.write(_chunk(f"data: {json.dumps(ev, ensure_ascii=False)}\n\n".encode()))
-        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-        await writer.drain()
-        return True
-
-    async def _wire_fault(
-        self,
-        fault: Fault,
-        entry: dict[str, Any],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+    async def _chat(
+        self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
-        if fault.kind == "status":
-            self._record(entry, "random_500" if fault is RANDOM_500 else f"status_{fault.status}")
-            headers: list[tuple[str, str]] = []
-            retry_after = fault.retry_after_header()
-            if retry_after is not None:
-                headers.append(("Retry-After", retry_after))
-            if fault.location is not None:
-                headers.append(("Location", fault.location))
-            return await self._send_json(
-                writer, fault.status, error_body(fault.status, fault.message), headers=headers
-            )
-        if fault.kind == "hang":
-            self._record(entry, "hang")
-            await self._until_client_gone(reader)
-            return False
-        chunked_head = self._head(
-            200,
-            [
-                ("Content-Type", "application/json"),
-                ("Transfer-Encoding", "chunked"),
-                ("Connection", "keep-alive"),
-            ],
-        )
-        if fault.kind == "huge_body":
-            self._record(entry, "huge_body")
-            await _send_huge_body(fault, entry, writer, chunked_head)
-            return False
-        if fault.kind == "keepalive_forever":
-            self._record(entry, "keepalive_forever")
-            writer.write(chunked_head)
-            await writer.drain()
-            gone = asyncio.ensure_future(self._until_client_gone(reader))
-            try:
-                while not gone.done():
-                    writer.write(_chunk(b"\n"))
-                    await writer.drain()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(asyncio.shield(gone), fault.interval_seconds())
-            finally:
-                gone.cancel()
-                await asyncio.gather(gone, return_exceptions=True)
-            return False
-        # blank_then_close
-        self._record(entry, "blank_then_close")
-        writer.write(chunked_head)
-        await writer.drain()
-        for _ in range(fault.lines):
-            writer.write(_chunk(b"\n"))
-            await writer.drain()
-            await asyncio.sleep(fault.interval_seconds())
-        return False
-
-
-async def _send_huge_body(
-    fault: Fault, entry: dict[str, Any], writer: asyncio.StreamWriter, head: bytes
-) -> None:
-    """Stream a chat completion with ``fault.totalBytes`` bytes of content.
-
-    Each chunk is written once the previous one left (``drain``), so the stand-in
-    holds one chunk however big the answer; ``entry["bytesSent"]`` counts the body
-    bytes handed to the socket, and ``entry["clientClosed"]`` tells whether the
-    client went away before the end (the connection then breaks on a write).
-    """
-    prefix = (
-        '{"id":"' + uuid.uuid4().hex + '","object":"chat.completion","model":"deepseek-chat",'
-        '"choices":[{"index":0,"message":{"role":"assistant","content":"'
-    ).encode()
-    suffix = b'"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}'
-    filler = b"a" * HUGE_BODY_CHUNK
-    pause = fault.interval_seconds()
-    entry["bytesSent"] = 0
-    entry["clientClosed"] = False
-    try:
-        writer.write(head + _chunk(prefix))
-        await writer.drain()
-        entry["bytesSent"] = len(prefix)
-        left = fault.totalBytes
-        while left > 0:
-            piece = filler if left >= len(filler) else filler[:left]
-            writer.write(_chunk(piece))
-            await writer.drain()
-            entry["bytesSent"] += len(piece)
-            left -= len(piece)
-            if pause:
-                await asyncio.sleep(pause)
-        writer.write(_chunk(suffix) + b"0\r\n\r\n")
-        await writer.drain()
-        entry["bytesSent"] += len(suffix)
-    except (ConnectionError, OSError):
-        entry["clientClosed"] = True
-
-
-def _chunk(data: bytes) -> bytes:
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+        """One chat completion: the key, the body, a fault if one is due, the answer."""
+        self._requests += 1
+        entry: dict[str, Any] = {
+            "at": time.time(),
+            "path": req.path,
+            "host": req.headers.get("host"),
+        }
+        self._log.append(entry)
+        refusal = self._check_key(req, entry)
+        if refusal is not None:
+            return await self._refuse(writer, entry, refusal)
+        call = self._chat_call(req, entry)
+        if isinstance(call, _Refusal):
+            return await self._refuse(writer, entry, call)
+        prompt: answers.Prompt | None = None
+        prompt_error: str | None = None
+        try:
+            prompt = answers.parse_prompt(call.messages)
+        except answers.PromptError as exc:
+            prompt_error = str(exc)
+        fault, outcome = await self._take_fault(call.task)
+        if fault is not None and fault.kind not in CONTENT_FAULTS:
+            self._record(entry, outcome_of(fault))
+            return await send_wire_fault(fault, entry, reader, writer, self._stopping)
+        if prompt is None:
+            return await self._refuse(writer, entry, _Refusal("bad_request", 400, prompt_error))
+        payload, outcome = self._completion_of(call, prompt, fault, outcome)
+        self._record(entry, outcome)
+        if call.stream:
+            return await send_stream(writer, payload)
+        if fault is not None and fault.kind == "close_mid_body":
+            return await send_cut(writer, payload, fault.fraction)
+        return await send_json(writer, 200, payload, headers=[("x-ds-trace-id", uuid.uuid4().hex)])
 
 
 @contextlib.asynccontextmanager

@@ -54,7 +54,7 @@ class LeaseKeeper:
     """Renews every registered lease on a fixed period.
 
     Args:
-        client: something with ``heartbeat_leases`` (the :class:`RuntimeClient`).
+        client: something with ``heartbeat_leases`` (the :class:`~runtime_worker.client.RuntimeClient`).
         interval: seconds between batched heartbeats.
         on_beat: optional hook called after each successful beat (for metrics/tests).
     """

@@ -23,6 +23,7 @@ from api_gateway import convert
 from api_gateway.backends import Caller
 from api_gateway.convert import pb_enum
 from api_gateway.deps import AdminPrincipal, Backend, Settings
+from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
 from api_gateway.routes.public import ERRORS, REPLAYED
@@ -44,7 +45,7 @@ from api_gateway.schemas import (
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.worker.v1 import request_response_pb2 as worker_rr
 
-router = APIRouter(prefix="/admin", tags=["admin"], responses=ERRORS)
+router = APIRouter(prefix="/admin", tags=["admin"], responses=ERRORS, route_class=GatedRoute)
 
 #: The console's files: ``index.html`` at ``/admin/console``, the rest (ES modules, the
 #: stylesheet) under :data:`CONSOLE_ASSETS_PATH`; nothing is fetched from elsewhere.

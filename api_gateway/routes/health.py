@@ -11,10 +11,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from airuntime_common.errors import AppError, ErrorCode
 from api_gateway.deps import get_backends
 from api_gateway.errors import error_response
+from api_gateway.gate import GatedRoute
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import ErrorBody
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=GatedRoute)
 
 
 @router.get("/healthz")

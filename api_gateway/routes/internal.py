@@ -16,6 +16,7 @@ from airuntime_common.enums import API_KEY_MODE, JOB_STATUS, TARGET_TYPE
 from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import RuntimeCaller, RuntimeHealthCaller
+from api_gateway.gate import GatedRoute
 from api_gateway.routes.public import ERRORS
 from api_gateway.schemas import (
     INT32_MAX,
@@ -43,7 +44,9 @@ from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
-router = APIRouter(prefix="/internal/runtime", tags=["runtime"], responses=ERRORS)
+router = APIRouter(
+    prefix="/internal/runtime", tags=["runtime"], responses=ERRORS, route_class=GatedRoute
+)
 
 #: Opaque: an unknown id of any length is 404 ``JOB_NOT_FOUND`` from the backend, never 400.
 JobId = Annotated[str, Path(min_length=1)]

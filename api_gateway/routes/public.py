@@ -16,8 +16,9 @@ from airuntime_common.timeutil import to_timestamp, utcnow
 from api_gateway import convert, waiting
 from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
+from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
-from api_gateway.jobs import check_idempotency_key, create_job
+from api_gateway.jobs import create_job
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
@@ -87,12 +88,32 @@ JOB_GET_RESPONSES: dict[int | str, dict[str, Any]] = {
         "headers": ETAG_HEADER,
     },
 }
-#: The event streams' answers besides the errors (SPEC §9.1).
+#: The event streams' answers besides the errors (SPEC §9.1). Their routes' response
+#: class is the bare ``Response`` (no media type of its own), so only the 200 is
+#: ``text/event-stream`` and the errors stay ``application/json`` as they are sent
+#: (a route's media type is what FastAPI declares every ``model`` response under).
 STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "text/event-stream: `event: job`, `id: <id>`, `data: <Job JSON>` per "
         "change, and a `: ping` comment at least every 15 s",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        # each event, as FastAPI declares its own event streams (``itemSchema``)
+        "content": {
+            "text/event-stream": {
+                "itemSchema": {
+                    "type": "object",
+                    "required": ["event", "id", "data"],
+                    "properties": {
+                        "event": {"const": "job"},
+                        "id": {"type": "string", "pattern": "^[0-9]+$"},
+                        "data": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "contentSchema": {"$ref": "#/components/schemas/JobOut"},
+                        },
+                    },
+                }
+            }
+        },
     },
 }
 JOB_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -103,13 +124,7 @@ JOB_STREAM_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class EventStream(Response):
-    """The media type of the event streams, for the OpenAPI document."""
-
-    media_type = "text/event-stream"
-
-
-router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS)
+router = APIRouter(prefix="/v1", tags=["public"], responses=ERRORS, route_class=GatedRoute)
 
 JobId = Annotated[str, Path(min_length=1)]
 PageSize = Annotated[int, Query(ge=1, le=100)]
@@ -420,7 +435,7 @@ async def get_ai_job(
 
 @router.get(
     "/ai/jobs/{jobId}/events",
-    response_class=EventStream,
+    response_class=Response,
     responses=JOB_STREAM_RESPONSES,
 )
 async def ai_job_events(
@@ -443,7 +458,7 @@ async def ai_job_events(
     )
 
 
-@router.get("/ai/events", response_class=EventStream, responses=STREAM_RESPONSES)
+@router.get("/ai/events", response_class=Response, responses=STREAM_RESPONSES)
 async def ai_events(
     principal: UserPrincipal,
     call: Backend,
@@ -499,9 +514,8 @@ async def retry_ai_job(
         actor=principal.actor,
         user_id=principal.user_id,
     )
-    key = check_idempotency_key(idempotency_key)
-    if key is not None:
-        req.idempotency_key = key
+    if idempotency_key is not None:
+        req.idempotency_key = idempotency_key
     if principal.plan:
         req.plan = principal.plan
     resp = await call(call.job.RerunJob, req)

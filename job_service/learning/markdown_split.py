@@ -12,7 +12,11 @@ cut along its own structure; every top-level construct becomes one block:
 * blockquote → ``quote`` (the quoted text without ``>`` markers).
 
 Plain text without Markdown syntax is a sequence of paragraphs separated by
-blank lines. Thematic breaks (``---``) produce no block.
+blank lines. Thematic breaks (``---``) produce no block. A document whose
+structure yields no block at all (only thematic breaks, empty headings or link
+definitions: ``---``, ``#``, ``[a]: b``) is kept as it is, one paragraph of its
+text: any content that is not blank is a material (reference §3.1), as the API's
+document states it (a pattern: not only whitespace).
 
 No block is longer than :data:`MAX_BLOCK_CHARS` characters (code points, not
 bytes). A longer paragraph or quote is cut at sentence boundaries — ``.``,
@@ -23,7 +27,7 @@ at the last whitespace before the limit, or at the limit itself (CJK text has
 no spaces; Python strings index code points, so no character is ever split).
 
 Content is at most :data:`MAX_CONTENT_BYTES` bytes of UTF-8 (1 MiB); more →
-``PAYLOAD_TOO_LARGE``. Content with no text at all → ``INVALID_ARGUMENT``.
+``PAYLOAD_TOO_LARGE``. Content that is empty or blank → ``INVALID_ARGUMENT``.
 """
 
 from __future__ import annotations
@@ -152,6 +156,8 @@ def split_document(content: str, *, max_chars: int = MAX_BLOCK_CHARS) -> list[Sp
             i += 1
         else:  # hr and anything unknown
             i += 1
+    if not blocks:  # Markdown punctuation alone: the text as it is
+        _emit(blocks, "paragraph", text, max_chars)
     if not blocks:
         raise invalid_argument("content has no text", field="content")
     return blocks

@@ -83,7 +83,7 @@ class MaterialView:
 async def create_material(
     session: AsyncSession, user_id: str, title: str, content: str
 ) -> MaterialView:
-    """Store a material and its blocks (split by :mod:`markdown_split`).
+    """Store a material and its blocks (split by :mod:`~job_service.learning.markdown_split`).
 
     Args:
         session: the caller's session; not committed here.

@@ -3,7 +3,7 @@
 Instances are upserted from the ``x-runtime-instance-id`` and capabilities of
 their poll/claim/heartbeat calls, at most once a second per instance and
 process. Health is SERVING while at least one instance was seen within
-:meth:`JobServiceSettings.worker_alive_seconds` (three poll intervals, at least
+:attr:`~job_service.settings.JobServiceSettings.worker_alive_seconds` (three poll intervals, at least
 30 s because a long poll keeps a worker silent for up to 20 s).
 """
 

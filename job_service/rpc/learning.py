@@ -129,7 +129,7 @@ class LearningRpcs:
     domain: JobDomain
 
     async def _tx(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """Run the write ``fn`` in one transaction (:meth:`Store.tx`): retried on
+        """Run the write ``fn`` in one transaction (:meth:`~job_service.store.tx.Store.tx`): retried on
         transient database errors and, on SQLite, begun with ``BEGIN IMMEDIATE``
         behind the process's write queue."""
         return await self.domain.tx(fn)

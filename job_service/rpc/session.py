@@ -178,7 +178,7 @@ class CallContext:
         return None
 
     async def abort_with_status(self, status: grpc.Status) -> None:
-        """Refuse this call with ``status`` (a rich status, as :func:`grpc_errors.abort` builds)."""
+        """Refuse this call with ``status`` (a rich status, as :func:`~airuntime_common.grpc_errors.abort` builds)."""
         self.code = status.code
         details = dict(status.trailing_metadata or ()).get("grpc-status-details-bin", b"")
         raise CallRefused(status.code, status.details or "", bytes(details))

@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 
 class SnapshotView(Protocol):
-    """What :meth:`LearningPort.load_snapshot` returns."""
+    """A snapshot as :meth:`LearningPort.snapshot_read` finds it and
+    :meth:`~job_service.services.core.Core.load_snapshot` returns it."""
 
     @property
     def snapshot_id(self) -> str: ...

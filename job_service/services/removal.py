@@ -9,7 +9,7 @@ lock (so no create builds a snapshot from data being deleted and commits after):
   the material and everything built from it. A result still sent for such a job
   writes nothing: its snapshot is gone, so the job ends ``cancelled`` and the
   result is refused ``INVALID_JOB_STATE`` (:mod:`.completion`).
-* a user's erasure (:meth:`Removal.erase_user`) is in :mod:`.erasure`.
+* a user's erasure (:meth:`~job_service.services.erasure.Erasure.erase_user`) is in :mod:`.erasure`.
 """
 
 from __future__ import annotations

@@ -481,7 +481,7 @@ def _classify(answer: _Answer, latency: int) -> ModelResponse:
 
     Raises:
         ModelError: a non-2xx status, a body past the cap, cut off or no envelope, or a
-            ``finish_reason`` that is the provider's failure (:mod:`classify`).
+            ``finish_reason`` that is the provider's failure (:mod:`~runtime_worker.providers.classify`).
     """
     status = answer.status
     request_id = answer.headers.get("x-request-id")

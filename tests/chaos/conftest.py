@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 
 from chaos.runner import Options, format_table, scenario_system
-from chaos.scenarios import PROFILES, Profile, ScenarioResult
+from chaos.scenario_run import PROFILES, Profile, ScenarioResult
 from chaos.system import System
 
 # Leases and timeouts grow with the machine's load (1..4x), so a busy CI box

@@ -15,7 +15,7 @@ import pytest
 
 from chaos import galera
 from chaos.runner import Options, run_on, scenario_system
-from chaos.scenarios import ScenarioResult
+from chaos.scenario_run import ScenarioResult
 from tests.chaos.conftest import RESULTS, assert_clean, mysql_server_url, profile
 
 pytestmark = [

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from chaos import galera
-from chaos.galera import CHECK_SCRIPT, GaleraCluster, GaleraNode, HAProxy
+from chaos.galera import GaleraCluster, GaleraNode
+from chaos.galera_backend import GaleraBackend
+from chaos.haproxy import CHECK_SCRIPT, HAProxy
 from chaos.system import System
 
 needs_galera = pytest.mark.skipif(
@@ -166,14 +168,14 @@ def test_a_start_that_lost_a_port_is_begun_again_on_fresh_ports(
     monkeypatch.setattr(GaleraCluster, "start", start)
     monkeypatch.setattr(HAProxy, "start", lambda self, timeout=30.0: 0.1)
     monkeypatch.setattr(GaleraCluster, "create_database", lambda self, name: None)
-    backend = galera.GaleraBackend(tmp_path)
+    backend = GaleraBackend(tmp_path)
     backend.start()
     assert backend.port_retries == 1 and backend.formed_seconds == 12.5
     assert len(starts) == 2 and not set(starts[0]) & set(starts[1])
     assert backend.cluster.base == (tmp_path / "retry-1" / "galera").resolve()
     backend.stop()
 
-    failing = galera.GaleraBackend(tmp_path / "other")
+    failing = GaleraBackend(tmp_path / "other")
 
     def broken(self: GaleraCluster, timeout: float = 180.0) -> float:
         raise RuntimeError("node1 exited with 1: [ERROR] InnoDB: cannot open datafile")

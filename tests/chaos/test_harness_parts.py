@@ -12,7 +12,7 @@ from pathlib import Path
 from chaos.audit import AuditReport
 from chaos.load import LoadStats
 from chaos.runner import format_table
-from chaos.scenarios import ScenarioResult
+from chaos.scenario_run import ScenarioResult
 from chaos.system import CHAOS_ENV, harness_env, scale_env, time_scale
 
 REPO = Path(__file__).resolve().parents[2]

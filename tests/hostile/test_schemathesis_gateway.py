@@ -5,7 +5,8 @@ checks it equals the live ``/openapi.json``) against the live gateway (real
 job_service and credential_service behind it, see ``conftest.py``; the
 document is built offline because schemathesis' lazy fixture loader does not
 work with pytest 9) and generates requests for
-every ``/v1``, ``/admin`` and ``/internal/runtime`` operation, valid and invalid,
+every ``/v1``, ``/admin`` and ``/internal/runtime`` operation (the two event
+streams included, read up to their first event), valid and invalid,
 sent with valid credentials for the route's area. Every answer must
 
 * never be a 5xx,
@@ -63,18 +64,19 @@ CHECKS = {
 }
 
 
-def _config() -> schemathesis.Config:
+def _config(checks: dict[str, bool] = CHECKS, *, security: bool = False) -> schemathesis.Config:
     return schemathesis.Config.from_dict(
         {
             "seed": 20261130,
+            "max-stream-events": 1,
             # Credentials are the test's own (valid) headers; auth refusals are
             # tests/unit/api_gateway/test_auth.py's job.
             "generation": {
                 "max-examples": MAX_EXAMPLES,
                 "database": "none",
-                "with-security-parameters": False,
+                "with-security-parameters": security,
             },
-            "checks": {name: {"enabled": on} for name, on in CHECKS.items()},
+            "checks": {name: {"enabled": on} for name, on in checks.items()},
             "phases": {"coverage": {"enabled": LONG}},
         }
     )
@@ -93,14 +95,15 @@ DOCUMENT = _document()
 #: Ids that exist in the live stack, filled in by :func:`_existing_ids`.
 EXISTING: dict[str, list[str]] = {}
 
-#: The event streams (SPEC §9.1) do not end while their job lives (the per-user one
-#: never does), so a fuzzed call would never get its whole answer; their refusals
-#: and answers are tested in tests/integration/test_waiting_gateway.py.
+#: The event streams (reference §9.1) do not end while their job lives (the per-user
+#: one never does): schemathesis reads a ``text/event-stream`` answer up to
+#: ``max-stream-events`` events or the request timeout (:data:`STREAM_TIMEOUT`), then
+#: judges what it read; their refusals are ``application/json`` like every other.
 STREAMS = r"/events$"
-schema = (
-    schemathesis.openapi.from_dict(DOCUMENT, config=_config())
-    .include(path_regex=r"^/(v1|admin|internal)/")
-    .exclude(path_regex=STREAMS)
+#: Seconds a fuzzed call of an event stream is read for when no event comes.
+STREAM_TIMEOUT = 2.0
+schema = schemathesis.openapi.from_dict(DOCUMENT, config=_config()).include(
+    path_regex=r"^/(v1|admin|internal)/"
 )
 #: Longest ``waitSeconds`` a fuzzed GET may hold for (a valid value is capped so
 #: a run stays short; an invalid one is kept, it makes the case negative).
@@ -198,10 +201,11 @@ def test_fuzzed_document_is_the_served_one(stack: Stack) -> None:
         (method.upper(), path)
         for path, ops in served["paths"].items()
         for method in ops
-        if path.startswith(("/v1/", "/admin/", "/internal/")) and not re.search(STREAMS, path)
+        if path.startswith(("/v1/", "/admin/", "/internal/"))
     }
     assert fuzzed == api_routes
     assert len(api_routes) >= 35
+    assert {("GET", "/v1/ai/jobs/{jobId}/events"), ("GET", "/v1/ai/events")} <= fuzzed
 
 
 def _operations() -> list[Any]:
@@ -220,4 +224,112 @@ def test_gateway_conforms_to_its_openapi(case: schemathesis.Case, stack: Stack) 
     if INSTANCE_HEADER in headers:  # a declared parameter: keep what was generated
         credentials.pop(INSTANCE_HEADER, None)
     headers.update(credentials)
-    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=30)
+    timeout = STREAM_TIMEOUT if re.search(STREAMS, case.path) else 30
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=timeout)
+
+
+# ---------------------------------------------------------------- every check on the streams
+
+#: ``st run … --checks all`` on the two event streams, as a client without our seeded
+#: ids would run it: every check schemathesis has, with its default expectations
+#: (schema-valid requests accepted, credentials probed).
+streams = schemathesis.openapi.from_dict(
+    DOCUMENT, config=_config(dict.fromkeys(CHECKS, True), security=True)
+).include(path_regex=STREAMS)
+
+
+@streams.parametrize()
+@hypothesis.settings(
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    max_examples=MAX_EXAMPLES,
+)
+def test_the_event_streams_pass_every_check(case: schemathesis.Case, stack: Stack) -> None:
+    headers = {**(case.headers or {}), **stack.user_headers()}
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=STREAM_TIMEOUT)
+
+
+# ---------------------------------------------------------------- declared limits
+
+#: The document states what the server enforces (reference §9.3): schema-valid data
+#: is never refused *for a header or a field the document gives a pattern* (the
+#: limits a generated client can check before it sends), and invalid data is refused.
+#: A schema-valid request may still be refused for a business rule (an unknown page
+#: token, a reading event without a block): such refusals name other fields.
+limits = schemathesis.openapi.from_dict(
+    DOCUMENT,
+    config=_config(
+        {name: name in ("positive_data_acceptance", "negative_data_rejection") for name in CHECKS}
+    ),
+).include(path_regex=r"^/(v1|admin|internal)/")
+limits.hook(map_query)
+limits.hook(flatmap_headers)
+
+
+def _patterned_names(document: dict[str, Any]) -> set[str]:
+    """Header parameters, and body fields whose schema has a ``pattern``."""
+    names = {
+        param["name"]
+        for operations in document["paths"].values()
+        for operation in operations.values()
+        for param in operation.get("parameters", [])
+        if param["in"] == "header"
+    }
+    for component in document["components"]["schemas"].values():
+        for name, field in component.get("properties", {}).items():
+            if "pattern" in field:
+                names.add(name)
+    return names
+
+
+PATTERNED = _patterned_names(DOCUMENT)
+
+
+def _blamed(response: Any) -> set[str]:
+    try:
+        details = response.json().get("details") or {}
+    except ValueError:
+        return set()
+    names = {str(f.get("field")) for f in details.get("fields", [])}
+    if "field" in details:
+        names.add(str(details["field"]))
+    return names
+
+
+@limits.hook("filter_failure")
+def keep_declared_limit_failures(
+    context: Any, failure: Any, case: schemathesis.Case, response: Any
+) -> bool:
+    """Keep a refused schema-valid request only when the refusal names a patterned
+    parameter or field; keep accepted invalid data as the main test does."""
+    if type(failure).__name__ == "RejectedPositiveData":
+        return bool(_blamed(response) & PATTERNED)
+    return bool(filter_failure(context, failure, case, response))
+
+
+def test_the_patterned_names_are_the_ones_the_services_check() -> None:
+    assert {
+        "Idempotency-Key",
+        "X-Runtime-Instance-Id",
+        "Last-Event-ID",
+        "title",
+        "content",
+        "name",
+        "apiKey",
+    } <= PATTERNED
+
+
+@limits.parametrize()
+@hypothesis.settings(
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+    max_examples=MAX_EXAMPLES,
+)
+def test_declared_limits_agree_with_the_server(case: schemathesis.Case, stack: Stack) -> None:
+    headers = dict(case.headers or {})
+    credentials = stack.headers_for(case.path)
+    if INSTANCE_HEADER in headers:
+        credentials.pop(INSTANCE_HEADER, None)
+    headers.update(credentials)
+    timeout = STREAM_TIMEOUT if re.search(STREAMS, case.path) else 30
+    case.call_and_validate(base_url=stack.base_url, headers=headers, timeout=timeout)

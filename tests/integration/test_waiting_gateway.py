@@ -233,6 +233,41 @@ async def test_last_event_id_resumes_and_after_terminal_is_204(
         assert bad.status_code == 400 and bad.json()["code"] == "INVALID_ARGUMENT"
 
 
+def _assert_cursor_refused(resp: Any) -> None:
+    assert resp.status_code == 400, resp.text
+    body = resp.json()
+    assert body["code"] == "INVALID_ARGUMENT"
+    assert body["details"]["field"] == "Last-Event-ID"
+
+
+async def test_a_resume_from_a_cursor_above_the_jobs_version_is_400_never_204(
+    server: Server, gateway: Gateway
+) -> None:
+    """A client that keeps one cursor for everything resumes a job's stream with the
+    per-user stream's ``Last-Event-ID``: 400 ``INVALID_ARGUMENT`` naming the header, on
+    a live job and on a finished one alike (a 204 would tell it to stop reconnecting
+    before it learnt how the job ended); nothing stays subscribed (reference §9.1)."""
+    job, lease = await locked_job(server)
+    for _ in range(3):
+        await new_job(server.domain)  # other jobs move the user's cursor on
+    async with gateway.client() as http:
+        async with open_stream(http, "/v1/ai/events", {"Last-Event-ID": "0"}) as (_, sse):
+            cursors = [int((await sse.next()).id or 0) for _ in range(4)]  # type: ignore[union-attr]
+        path = f"/v1/ai/jobs/{job.job_id}/events"
+        live = await server.domain.get(job.job_id)
+        assert max(cursors) > live.version  # the per-user cursor is not this job's
+        for cursor in (max(cursors), 999999, live.version + 1):
+            _assert_cursor_refused(await http.get(path, headers={"Last-Event-ID": str(cursor)}))
+        failed = await fail_for_good(server, lease)
+        for cursor in (max(cursors), 999999, failed.version + 1):
+            assert cursor > failed.version
+            _assert_cursor_refused(await http.get(path, headers={"Last-Event-ID": str(cursor)}))
+        done = await http.get(path, headers={"Last-Event-ID": str(failed.version)})
+        assert done.status_code == 204
+    await wait_for(lambda: gateway.hub.subscriber_count == 0)
+    assert gateway.hub.open_streams("u1") == 0
+
+
 async def test_the_user_stream_carries_every_job_of_the_user_and_resumes(
     server: Server, gateway: Gateway
 ) -> None:

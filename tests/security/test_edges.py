@@ -289,7 +289,7 @@ async def test_oversized_bodies_are_413(system: System) -> None:
             "/v1/materials", json={"title": "m", "content": "b" * (1024 * 1024 + 1)}, headers=me
         )
         assert_clean_error(material, 413, "PAYLOAD_TOO_LARGE")
-        # the runtime shim has the same limit, checked before the token
+        # the runtime shim has the same limit, checked once the token is
         shim = await c.post(
             "/internal/runtime/jobs/poll",
             content=big,

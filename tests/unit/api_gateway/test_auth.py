@@ -423,3 +423,82 @@ async def test_well_formed_claims_pass(
     resp = await client.get("/v1/me/ai-authorization", headers=bearer(token))
     assert resp.status_code == 200, resp.text
     assert backends.job.last("GetAiAuthorization").request.user_id == claims["sub"]
+
+
+# ---------------------------------------------------------------- clock skew (reference §9.3)
+
+
+def _skewed(**offsets: int) -> str:
+    """A user token whose ``exp``/``nbf``/``iat`` are now + the given seconds (``exp``
+    an hour ahead unless given)."""
+    now = int(time.time())
+    claims: dict[str, Any] = {"sub": OWNER, "role": "user", "exp": now + 3600}
+    claims.update({name: now + offset for name, offset in offsets.items()})
+    return jwt.encode(claims, JWT_SECRET, algorithm="HS256")
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [
+        pytest.param({"iat": 5}, id="iat-5s-ahead"),
+        pytest.param({"nbf": 5, "iat": 5}, id="nbf-and-iat-5s-ahead"),
+        pytest.param({"iat": 20}, id="iat-20s-ahead"),
+        pytest.param({"exp": -10}, id="exp-10s-ago"),
+    ],
+)
+async def test_a_token_within_the_leeway_of_clock_skew_is_taken(
+    client: httpx.AsyncClient, backends: Backends, offsets: dict[str, int]
+) -> None:
+    """An issuer whose clock runs a few seconds ahead (or a token that expired a few
+    seconds ago by the gateway's clock) is within ``JWT_LEEWAY_SECONDS`` (30)."""
+    resp = await client.get("/v1/me/ai-authorization", headers=bearer(_skewed(**offsets)))
+    assert resp.status_code == 200, resp.text
+    assert backends.job.last("GetAiAuthorization").request.user_id == OWNER
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [
+        pytest.param({"iat": 90}, id="iat-90s-ahead"),
+        pytest.param({"nbf": 90}, id="nbf-90s-ahead"),
+        pytest.param({"exp": -90}, id="exp-90s-ago"),
+    ],
+)
+async def test_a_token_beyond_the_leeway_is_401(
+    client: httpx.AsyncClient, backends: Backends, offsets: dict[str, int]
+) -> None:
+    resp = await client.get("/v1/me/ai-authorization", headers=bearer(_skewed(**offsets)))
+    _assert_error(resp, 401, "UNAUTHENTICATED")
+    assert not backends.job.calls
+
+
+async def test_the_leeway_is_a_setting(backends: Backends) -> None:
+    """``JWT_LEEWAY_SECONDS=0``: no skew is forgiven; 120: two minutes are."""
+    import grpc
+
+    from api_gateway.app import create_app
+
+    async def status(leeway: int, token: str) -> int:
+        app = create_app(
+            settings(JWT_LEEWAY_SECONDS=leeway),
+            job_channel=grpc.aio.insecure_channel(f"127.0.0.1:{backends.job_server.port}"),
+            credential_channel=grpc.aio.insecure_channel(
+                f"127.0.0.1:{backends.credential_server.port}"
+            ),
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://g") as c:
+            return (await c.get("/v1/me/ai-authorization", headers=bearer(token))).status_code
+
+    assert await status(0, _skewed(iat=20)) == 401
+    assert await status(0, _skewed(exp=-5)) == 401
+    assert await status(120, _skewed(iat=90)) == 200
+    assert await status(120, _skewed(exp=-90)) == 200
+
+
+@pytest.mark.parametrize("value", [-1, 301])
+def test_the_leeway_has_bounds(value: int) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="JWT_LEEWAY_SECONDS"):
+        settings(JWT_LEEWAY_SECONDS=value)

@@ -304,5 +304,6 @@ async def test_an_instance_id_grpc_cannot_carry_is_400(
     )
     assert resp.status_code == 400, resp.text
     assert resp.json()["code"] == "INVALID_ARGUMENT"
-    assert resp.json()["details"]["field"] == "X-Runtime-Instance-Id"
+    fields = resp.json()["details"]["fields"]
+    assert [(f["field"], f["in"]) for f in fields] == [("X-Runtime-Instance-Id", "header")]
     assert not backends.job.calls

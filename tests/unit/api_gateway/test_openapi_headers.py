@@ -175,7 +175,8 @@ async def test_health_checks_an_instance_id_when_one_is_sent(
     resp = await client.get("/internal/runtime/health", headers=sent)
     assert resp.status_code == status, resp.text
     if status == 400:
-        assert resp.json()["details"]["field"] == "X-Runtime-Instance-Id"
+        fields = resp.json()["details"]["fields"]
+        assert [(f["field"], f["in"]) for f in fields] == [("X-Runtime-Instance-Id", "header")]
         assert not backends.job.calls
     else:
         md = backends.job.last("GetRuntimeHealth").metadata
@@ -202,3 +203,62 @@ def test_the_document_declares_waiting_for_a_job() -> None:
         assert "text/event-stream" in op["responses"]["200"]["content"], path
         assert ("204" in op["responses"]) is end, path
         assert "Retry-After" in op["responses"]["429"]["headers"], path
+
+
+def test_every_error_answer_is_declared_as_the_json_error_body() -> None:
+    """Every 4xx and 5xx of every operation is ``application/json`` with ``ErrorBody``,
+    as the gateway sends them, whatever the operation's success media type: the two
+    event streams declare ``text/event-stream`` for their 200 only (reference §4, §9.1)."""
+    document = _document()
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    checked = 0
+    for method, path, op in _operations(document, "/"):
+        for status, answer in op["responses"].items():
+            if status[0] in "45":
+                assert answer.get("content") == {"application/json": {"schema": error_body}}, (
+                    method,
+                    path,
+                    status,
+                )
+                checked += 1
+    assert checked > 400
+    for path in ("/v1/ai/jobs/{jobId}/events", "/v1/ai/events"):
+        ok = document["paths"][path]["get"]["responses"]["200"]
+        assert set(ok["content"]) == {"text/event-stream"}, path
+
+
+def test_not_blank_is_exactly_what_strip_keeps() -> None:
+    """The document's "not blank" pattern and the services' ``str.strip()`` agree on
+    every code point, in Python's ``re`` and in pydantic's regex alike."""
+    import re
+    import sys
+    from typing import Annotated
+
+    from pydantic import Field as PydanticField
+    from pydantic import TypeAdapter, ValidationError
+
+    from api_gateway.schemas import NOT_BLANK
+
+    every = "".join(chr(p) for p in range(sys.maxunicode + 1) if not 0xD800 <= p < 0xE000)
+    kept = set(re.findall(NOT_BLANK, every))
+    assert kept == {c for c in every if not c.isspace()}
+    adapter = TypeAdapter(Annotated[str, PydanticField(pattern=NOT_BLANK)])
+    for char in [c for c in map(chr, range(0x3001)) if c.isspace()] + ["a", "\u200b", "\x00"]:
+        try:
+            adapter.validate_python(f" {char} ")
+            taken = True
+        except ValidationError:
+            taken = False
+        assert taken is (not char.isspace()), hex(ord(char))
+
+
+def test_no_parameter_is_declared_nullable() -> None:
+    """An optional parameter is one a client leaves out: its schema is its value's
+    own (a fuzzer would otherwise send the header ``Last-Event-ID: null``)."""
+    document = _document()
+    optional = 0
+    for method, path, op in _operations(document, "/"):
+        for param in op.get("parameters", []):
+            assert "null" not in str(param["schema"]), (method, path, param["name"])
+            optional += not param.get("required", False)
+    assert optional >= 20

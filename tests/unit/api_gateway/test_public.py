@@ -459,19 +459,21 @@ async def test_model_credential_routes_never_return_the_key(
     )
     assert backup.status_code == 200
     assert put_call(backends) == ("backup", "sk-b-1234")
-    omitted = await client.put("/v1/me/model-credential", json={"apiKey": "k"}, headers=USER)
-    assert omitted.status_code == 200 and put_call(backends) == ("", "k")  # the first
+    omitted = await client.put(
+        "/v1/me/model-credential", json={"apiKey": "sk-k-1234"}, headers=USER
+    )
+    assert omitted.status_code == 200 and put_call(backends) == ("", "sk-k-1234")  # the first
     # … and refuses one it does not configure; the gateway passes its answer on
     backends.credential.errors["PutCredential"] = AppError(
         ErrorCode.INVALID_ARGUMENT, "provider must be one of deepseek", {"field": "provider"}
     )
     other_provider = await client.put(
-        "/v1/me/model-credential", json={"provider": "openai", "apiKey": "k"}, headers=USER
+        "/v1/me/model-credential", json={"provider": "openai", "apiKey": "sk-k-1234"}, headers=USER
     )
     assert other_provider.status_code == 400
     assert other_provider.json()["details"]["field"] == "provider"
     too_long = await client.put(
-        "/v1/me/model-credential", json={"provider": "x" * 33, "apiKey": "k"}, headers=USER
+        "/v1/me/model-credential", json={"provider": "x" * 33, "apiKey": "sk-k-1234"}, headers=USER
     )
     assert too_long.status_code == 400 and too_long.json()["code"] == "INVALID_ARGUMENT"
 

@@ -10,6 +10,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from job_service.learning.markdown_split import (
     MAX_BLOCK_CHARS,
     MAX_CONTENT_BYTES,
+    SplitBlock,
     split_document,
     split_long_text,
 )
@@ -136,8 +137,26 @@ def test_content_over_one_mib_is_refused_in_bytes_not_characters() -> None:
     assert exc.value.code == ErrorCode.PAYLOAD_TOO_LARGE
 
 
-@pytest.mark.parametrize("content", ["", "   \n\n\t", "---\n\n***\n"])
-def test_content_without_text_is_invalid(content: str) -> None:
+@pytest.mark.parametrize("content", ["", "   \n\n\t", "\u3000\x1c\u2028 "])
+def test_blank_content_is_invalid(content: str) -> None:
     with pytest.raises(AppError) as exc:
         split_document(content)
     assert exc.value.code == ErrorCode.INVALID_ARGUMENT
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("---\n\n***\n", "---\n\n***"),
+        ("#", "#"),
+        (" > ", ">"),
+        ("[a]: https://example.com", "[a]: https://example.com"),
+        ("\u200b", "\u200b"),
+    ],
+)
+def test_content_that_is_only_markdown_punctuation_is_one_paragraph(
+    content: str, text: str
+) -> None:
+    """Not blank, so a material (the API's document says "not only whitespace"), even
+    when its Markdown structure holds no text block."""
+    assert split_document(content) == [SplitBlock("paragraph", text)]
