@@ -302,30 +302,7 @@ class Claiming:
         moved = {"ids": [job_id], "instance_id": instance_id, "e_actor": runtime_actor(instance_id)}
 
         async def body(db: DbExec) -> JobRecord:
-            values = self._lock_values(instance_id)
-            batch = new_batch(db)
-            pick_at = batch.add(sched.lock_pick.sql(clock, {"g_job_id": job_id}))
-            providers_at = batch.add(sched.paused_providers.sql(clock, {}))
-            credentials_at = batch.add(sched.paused_credentials.sql(clock, {}))
-            out = await batch.run()
-            picks = [Pick.of(row) for row in out[pick_at].rows]
-            pauses = Pauses.of(out[providers_at].rows, out[credentials_at].rows)
-            grant = await self.granting.decide(db, picks, pauses)
-            if job_id in grant.parked:  # nowhere to run it now (reference §10.2)
-                now = await clock.read(db)
-                wait = max(1, math.ceil((grant.parked[job_id] - now).total_seconds()))
-                raise AppError(
-                    ErrorCode.NO_PROVIDER_CAPACITY,
-                    "no provider has room for this job now",
-                    {"jobId": job_id, "retryAfterSeconds": wait},
-                )
-            provider = grant.providers.get(job_id)
-            if provider is not None:
-                values["model_provider"] = provider
-            batch = new_batch(db)
-            for statement in limits.grant_statements(clock, grant.reserved, grant.limited):
-                batch.add(statement)
-            await batch.run()
+            values = {**self._lock_values(instance_id), **await self._grant_one(db, job_id)}
             sql = transition_sql(
                 clock,
                 Op.LOCK,
@@ -371,12 +348,44 @@ class Claiming:
         observe_pickup(job)
         return job
 
+    async def _grant_one(self, db: DbExec, job_id: str) -> dict[str, Any]:
+        """A lock's lease grant (:class:`Granting`, as a claim's): the columns it changes
+        (its provider), its grant written.
+
+        Raises:
+            AppError: NO_PROVIDER_CAPACITY with ``retryAfterSeconds`` when no provider
+                has room for the job now (reference §10.2).
+        """
+        clock = self.core.clock
+        batch = new_batch(db)
+        pick_at = batch.add(sched.lock_pick.sql(clock, {"g_job_id": job_id}))
+        providers_at = batch.add(sched.paused_providers.sql(clock, {}))
+        credentials_at = batch.add(sched.paused_credentials.sql(clock, {}))
+        out = await batch.run()
+        picks = [Pick.of(row) for row in out[pick_at].rows]
+        pauses = Pauses.of(out[providers_at].rows, out[credentials_at].rows)
+        grant = await self.granting.decide(db, picks, pauses)
+        if job_id in grant.parked:  # nowhere to run it now (reference §10.2)
+            now = await clock.read(db)
+            wait = max(1, math.ceil((grant.parked[job_id] - now).total_seconds()))
+            raise AppError(
+                ErrorCode.NO_PROVIDER_CAPACITY,
+                "no provider has room for this job now",
+                {"jobId": job_id, "retryAfterSeconds": wait},
+            )
+        batch = new_batch(db)
+        for statement in limits.grant_statements(clock, grant.reserved, grant.limited):
+            batch.add(statement)
+        await batch.run()
+        provider = grant.providers.get(job_id)
+        return {} if provider is None else {"model_provider": provider}
+
     async def long_poll(
         self, once: Callable[[], Awaitable[list[JobRecord]]], wait_ms: int
     ) -> list[JobRecord]:
         """Run ``once`` until it finds jobs or ``wait_ms`` pass (SPEC §2.6 long poll).
 
-        Between tries it waits for a local wake-up (:class:`JobSignal`) or asks the
+        Between tries it waits for a local wake-up (:class:`~job_service.maintenance.scheduler.JobSignal`) or asks the
         shared probe (one query per process per :data:`RECHECK_SECONDS`) instead of
         re-running the caller's query; when the wait ends with the probe still
         saying "nothing", it answers empty without a last query of its own (the

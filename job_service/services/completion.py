@@ -118,7 +118,8 @@ class Completion:
         retry_after_seconds: float | None = None,
         calls: Sequence[ModelCallInput] = (),
     ) -> JobRecord:
-        """End an attempt with a failure (reference §2.3, §2.4; :func:`end_attempt` decides).
+        """End an attempt with a failure (reference §2.3, §2.4;
+        :func:`~job_service.lifecycle.end_attempt` decides).
 
         cancelRequested or ``CANCELLED`` → cancelled; a retryable code with retries
         left → pending (``retryCount+1``, ``availableAt = now + backoff``); otherwise

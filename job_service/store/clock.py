@@ -57,7 +57,7 @@ class DbClock:
         The expressions of the first :attr:`MAX_SHARED_OFFSETS` distinct offsets
         (now, the lease, …) are built once with the offset in the SQL text,
         shared and registered as stable, so hot-path statements embedding them
-        are cached (:mod:`.sqlcache`). Any other offset (e.g. a jittered
+        are cached (:mod:`job_service.store.cache`). Any other offset (e.g. a jittered
         backoff) is built per call with the offset as a bound parameter: the
         SQL text, and so the engine's compiled form, is the same for every
         value, so per-call offsets neither compile a statement each nor fill

@@ -99,7 +99,7 @@ class JobSet:
         return self.column.in_([self.job(i) for i in range(len(self.ids))])
 
     def each(self, name: str, values: Sequence[Any], *, type_: Any, keep: Any = None) -> Any:
-        """One value per job (in :attr:`ids` order) as one SQL expression.
+        """One value per job (in ``ids`` order) as one SQL expression.
 
         A value is a plain Python value (bound), a SQL expression (stable ones keep
         the statement cached) or :data:`KEEP` (the job keeps ``keep``, the column).

@@ -80,7 +80,7 @@ def get_job(clock: DbClock, lock: bool = False) -> Any:
 
 @Statement
 def get_job_and_lease(clock: DbClock) -> Any:
-    """One job row by id and whether the lease bound as :func:`lease_params` is live on
+    """One job row by id and whether the lease bound as :func:`~job_service.store.transitions.lease_params` is live on
     it (bound: ``l_job_id``, ``l_instance_id``, ``l_attempt_no``): every column,
     then ``lease_held``."""
     return select(jobs, lease_guard_bound(clock).label("lease_held")).where(

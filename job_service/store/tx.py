@@ -7,7 +7,7 @@ lock wait timeouts and a connection that died before its COMMIT
 (:func:`airuntime_common.db.retry_transient`), and on SQLite queue this
 process's writers behind one asyncio lock and begin with ``BEGIN IMMEDIATE``
 (:mod:`job_service.store.engine`). Reads use :meth:`Store.read` (no write lock)
-or a plain session from :attr:`Store.sessions`.
+or a plain session from ``Store.sessions``.
 """
 
 from __future__ import annotations

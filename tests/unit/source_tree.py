@@ -17,30 +17,9 @@ EXCLUDED_DIRS = frozenset(
     {"tests", "zhixi", ".venv", "node_modules", ".git", "build", "dist", ".hypothesis"}
 )
 
-#: Files under rewrite: the rules do not hold them yet.
-#: TEMPORARY: this set is emptied once that rewrite lands, and must not grow.
-UNDER_REWRITE = frozenset(
-    {
-        "job_service/services/completion.py",
-        "job_service/services/claiming.py",
-        "job_service/services/grouping.py",
-        "job_service/store/",  # every file of the package
-        "runtime_worker/worker.py",
-        "runtime_worker/session.py",
-        "runtime_worker/client.py",
-    }
-)
-
-
 def relative(path: Path) -> str:
     """``path`` relative to the repository root, with ``/``."""
     return path.relative_to(ROOT).as_posix()
-
-
-def under_rewrite(name: str) -> bool:
-    """Whether the file ``name`` (relative, ``/``) is one of :data:`UNDER_REWRITE`."""
-    return any(name == entry or (entry.endswith("/") and name.startswith(entry))
-               for entry in UNDER_REWRITE)  # fmt: skip
 
 
 def python_files() -> Iterator[Path]:

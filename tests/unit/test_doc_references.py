@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.source_tree import python_files, relative, under_rewrite
+from tests.unit.source_tree import python_files, relative
 
 #: The project's own top-level packages (a plain dotted mention of one is checked).
 PACKAGES = (
@@ -252,6 +252,6 @@ def test_every_reference_in_docstrings_and_comments_resolves() -> None:
     broken = [
         str(ref)
         for ref in _all_references()
-        if not under_rewrite(ref.file) and not resolves(ref.target, _module_name(ref.file))
+        if not resolves(ref.target, _module_name(ref.file))
     ]
     assert not broken, "references to names that do not exist:\n" + "\n".join(broken)
