@@ -35,6 +35,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import ssl
 import time
 import uuid
@@ -102,6 +103,38 @@ def key_fingerprint(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+class MinuteLimit:
+    """A provider's own per-minute request limit, over a sliding 60-second window.
+
+    Args:
+        per_minute: requests admitted in any 60 s (0: no limit).
+    """
+
+    WINDOW = 60.0
+
+    def __init__(self, per_minute: int = 0) -> None:
+        self.per_minute = per_minute
+        self._admitted: deque[tuple[float, float]] = deque()  # (monotonic, wall) each
+
+    def reset(self) -> None:
+        """Forget every admitted request."""
+        self._admitted.clear()
+
+    def admit(self, now: float) -> int | None:
+        """Admit a request at ``now`` (``time.monotonic()``): None when admitted, else
+        the whole seconds until the window has room (its ``Retry-After``)."""
+        while self._admitted and self._admitted[0][0] <= now - self.WINDOW:
+            self._admitted.popleft()
+        if self.per_minute and len(self._admitted) >= self.per_minute:
+            return max(1, math.ceil(self._admitted[0][0] + self.WINDOW - now))
+        self._admitted.append((now, time.time()))
+        return None
+
+    def admitted(self) -> list[float]:
+        """The wall times (s since the epoch) of the requests admitted in the window."""
+        return [wall for _, wall in self._admitted]
+
+
 class StandIn:
     """The stand-in server: state, fault book and the asyncio server.
 
@@ -116,6 +149,8 @@ class StandIn:
         models: the model names it serves, exactly; None: DeepSeek's (any
             ``deepseek-*``). Any other model is answered 400 ``Model Not Exist``.
         tls: serve HTTPS with this server context (certificate loaded); None: HTTP.
+        requests_per_minute: its own limit: a chat request past this many in the last
+            60 s is answered 429 with ``Retry-After`` (0: none), as a provider's is.
     """
 
     def __init__(
@@ -130,8 +165,10 @@ class StandIn:
         name: str = "deepseek",
         models: Sequence[str] | None = None,
         tls: ssl.SSLContext | None = None,
+        requests_per_minute: int = 0,
     ) -> None:
         self.host = host
+        self.limiter = MinuteLimit(requests_per_minute)
         self.tls = tls
         self.name = name
         self.models = tuple(models) if models is not None else None
@@ -221,6 +258,7 @@ class StandIn:
         self.book.clear()
         self.book.add(self._initial_faults)
         self.book.fault_rate, self.book.delay_ms = self._initial
+        self.limiter.reset()
         self._outcomes.clear()
         self._tasks.clear()
         self._requests = 0
@@ -247,6 +285,8 @@ class StandIn:
             "openConnections": len(self._conns),
             "faultRate": self.book.fault_rate,
             "delayMs": self.book.delay_ms,
+            "requestsPerMinute": self.limiter.per_minute,
+            "admittedAt": self.limiter.admitted(),
         }
 
     def seen(self) -> dict[str, Any]:
@@ -368,6 +408,8 @@ class StandIn:
                         self.book.fault_rate = rate
                     if "delayMs" in data:
                         self.book.delay_ms = max(0, int(data["delayMs"]))
+                    if "requestsPerMinute" in data:
+                        self.limiter.per_minute = max(0, int(data["requestsPerMinute"] or 0))
             except (ValueError, TypeError, ValidationError) as exc:
                 return await send_json(writer, 400, error_body(400, f"Invalid faults: {exc}"))
             queued = self.book.add(faults)
@@ -506,6 +548,9 @@ class StandIn:
         except answers.PromptError as exc:
             prompt_error = str(exc)
         fault, outcome = await self._take_fault(call.task)
+        over = self.limiter.admit(time.monotonic()) if fault is None else None
+        if over is not None:  # past its own per-minute limit: 429, as a provider answers
+            fault = Fault(kind="status", status=429, retryAfter=str(over))
         if fault is not None and fault.kind not in CONTENT_FAULTS:
             self._record(entry, outcome_of(fault))
             return await send_wire_fault(fault, entry, reader, writer, self._stopping)

@@ -26,6 +26,7 @@ from api_gateway.deps import AdminPrincipal, Backend, Settings
 from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader
 from api_gateway.jobs import create_job
+from api_gateway.provider_schemas import ProvidersOut, provider_json
 from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import (
     AdminJobCreate,
@@ -233,6 +234,15 @@ async def admin_breaker(principal: AdminPrincipal, call: Backend) -> dict[str, A
     """The platform circuit breaker."""
     resp = await call(call.job.GetCircuitBreaker, rr.GetCircuitBreakerRequest())
     return convert.breaker_json(resp.breaker)
+
+
+@router.get("/ai/providers", response_model=ProvidersOut)
+async def admin_providers(principal: AdminPrincipal, call: Backend) -> dict[str, Any]:
+    """Every model provider: its limits, what the last minute used of them, the
+    attempts holding a lease on it, its pause after a 429 and its breaker
+    (reference §10.2)."""
+    resp = await call(call.job.ListProviders, rr.ListProvidersRequest())
+    return {"providers": [provider_json(p) for p in resp.providers]}
 
 
 @router.post("/ai/circuit-breaker/reset", response_model=BreakerOut)

@@ -411,6 +411,43 @@ def test_breakers_of_each_provider(console: Console, data: dict[str, Any]) -> No
     assert console.errors == []
 
 
+def test_providers_limits_usage_and_pauses(console: Console, data: dict[str, Any]) -> None:
+    """The providers panel (reference §10.2): each provider's usage against its limits,
+    a 429's pause, its breaker; the real answer first, then a stubbed one with limits."""
+    real = _api(console.system, "/admin/ai/providers")["providers"]
+    console.login(_admin(console.system))
+    console.go("#/overview")
+    console.expect("#providers tr[data-provider]").to_have_count(len(real))
+    answer = {
+        "providers": [
+            {"name": "deepseek",
+             "limits": {"requestsPerMinute": 60, "tokensPerMinute": None, "maxConcurrent": 4},
+             "usage": {"requestsLastMinute": 60, "tokensLastMinute": 1234, "inFlight": 3},
+             "pausedUntil": "2026-12-03T10:00:20.000Z",
+             "breaker": {"name": "deepseek", "state": "closed", "consecutiveFailures": 0,
+                         "openedAt": None, "halfOpenAt": None}},
+            {"name": "backup",
+             "limits": {"requestsPerMinute": None, "tokensPerMinute": None, "maxConcurrent": None},
+             "usage": {"requestsLastMinute": 2, "tokensLastMinute": 40, "inFlight": 0},
+             "pausedUntil": None,
+             "breaker": {"name": "backup", "state": "open", "consecutiveFailures": 5,
+                         "openedAt": None, "halfOpenAt": None}},
+        ]
+    }  # fmt: skip
+
+    def providers(route: Any) -> None:
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(answer))
+
+    console.page.route("**/admin/ai/providers", providers)
+    console.go("#/overview")
+    row = '#providers tr[data-provider="deepseek"]'
+    console.expect(f"{row}").to_contain_text("/ 60")
+    console.expect(f"{row} .warn").to_have_count(2)  # the minute is full, and the pause
+    console.expect(f"{row}").to_contain_text("paused until")
+    console.expect('#providers tr[data-provider="backup"]').to_contain_text("open")
+    assert console.errors == []
+
+
 def assert_png_not_blank(path: Path, min_bytes: int = 30_000) -> None:
     """A real PNG of the window's size with many distinct pixel values (not one flat colour)."""
     raw = path.read_bytes()

@@ -17,6 +17,7 @@ EXCLUDED_DIRS = frozenset(
     {"tests", "zhixi", ".venv", "node_modules", ".git", "build", "dist", ".hypothesis"}
 )
 
+
 def relative(path: Path) -> str:
     """``path`` relative to the repository root, with ``/``."""
     return path.relative_to(ROOT).as_posix()

@@ -250,8 +250,6 @@ def test_the_resolver(target: str, module: str | None, ok: bool) -> None:
 
 def test_every_reference_in_docstrings_and_comments_resolves() -> None:
     broken = [
-        str(ref)
-        for ref in _all_references()
-        if not resolves(ref.target, _module_name(ref.file))
+        str(ref) for ref in _all_references() if not resolves(ref.target, _module_name(ref.file))
     ]
     assert not broken, "references to names that do not exist:\n" + "\n".join(broken)

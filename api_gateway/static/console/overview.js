@@ -1,4 +1,5 @@
-// The runtime at a glance: jobs per minute and failure rate, the breakers, the workers, cost.
+// The runtime at a glance: jobs per minute and failure rate, the breakers, the providers'
+// limits and pauses, the workers, cost.
 import { api } from "./api.js";
 import { costChart, throughputChart } from "./charts.js";
 import { esc, pct, pill, usd, when } from "./format.js";
@@ -46,6 +47,23 @@ export function overviewView(params) {
     });
   }
 
+  function limitCell(used, limit) {
+    return limit == null ? `${esc(used)} <span class="dim">/ —</span>`
+      : `<span class="${used >= limit ? "warn" : ""}">${esc(used)}</span> <span class="dim">/ ${esc(limit)}</span>`;
+  }
+
+  async function loadProviders() {
+    const data = await api("/admin/ai/providers");
+    const rows = data.providers.map((p) => `<tr data-provider="${esc(p.name)}"><td>${esc(p.name)}</td>
+      <td class="num">${limitCell(p.usage.requestsLastMinute, p.limits.requestsPerMinute)}</td>
+      <td class="num">${limitCell(p.usage.tokensLastMinute, p.limits.tokensPerMinute)}</td>
+      <td class="num">${limitCell(p.usage.inFlight, p.limits.maxConcurrent)}</td>
+      <td class="nowrap">${p.pausedUntil ? '<span class="warn">paused until ' + when(p.pausedUntil) + "</span>" : '<span class="ok">—</span>'}</td>
+      <td>${pill(p.breaker.state)}</td></tr>`).join("");
+    el.querySelector("#providers").innerHTML = `<p class="dim">platform-key attempts of the last minute against each provider's limits (used / limit)</p>
+      <table><thead><tr><th>provider</th><th class="num">requests/min</th><th class="num">tokens/min</th><th class="num">in flight</th><th>429 pause</th><th>breaker</th></tr></thead><tbody>${rows}</tbody></table>`;
+  }
+
   async function loadWorkers() {
     const rt = await api("/admin/ai/runtime");
     const rows = rt.workers.map((w) => {
@@ -72,7 +90,7 @@ export function overviewView(params) {
   }
 
   async function refresh() {
-    const results = await Promise.allSettled([loadThroughput(), loadBreaker(), loadWorkers(), loadCosts()]);
+    const results = await Promise.allSettled([loadThroughput(), loadBreaker(), loadProviders(), loadWorkers(), loadCosts()]);
     const failed = results.filter((r) => r.status === "rejected");
     if (failed.length) throw failed[0].reason;
   }
@@ -87,6 +105,7 @@ export function overviewView(params) {
         <section id="workersPanel"><h2>Runtime workers</h2><div id="workers">…</div></section>
         <section id="breakerPanel"><h2>Circuit breakers</h2><div id="breakers">…</div></section>
       </div>
+      <section id="providersPanel"><h2>Model providers</h2><div id="providers">…</div></section>
       <section id="costsPanel"><h2>Cost per day (USD, last 14 days, UTC)</h2><div id="costs">…</div></section>`;
     root.querySelector("#hours").onchange = (e) => { location.hash = "#/overview?hours=" + e.target.value; };
     await refresh();
