@@ -15,7 +15,7 @@ import grpc
 
 
 class ErrorCode(StrEnum):
-    """Every error code of SPEC §4 and §9, spelled exactly as the spec spells it."""
+    """Every error code of SPEC §4, §9 and §10, spelled exactly as the spec spells it."""
 
     MODEL_TIMEOUT = "MODEL_TIMEOUT"
     MODEL_RATE_LIMIT = "MODEL_RATE_LIMIT"
@@ -48,6 +48,8 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    PROMPT_VERSION_EXISTS = "PROMPT_VERSION_EXISTS"
+    INVALID_PROMPT_TEMPLATE = "INVALID_PROMPT_TEMPLATE"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
@@ -76,7 +78,7 @@ BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: code → (HTTP status, gRPC status code), SPEC §4 and §9 ("New codes"). Fail-only
+#: code → (HTTP status, gRPC status code), SPEC §4, §9 and §10 ("New codes"). Fail-only
 #: codes are absent.
 TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.INVALID_SCHEMA: (422, grpc.StatusCode.INVALID_ARGUMENT),
@@ -99,6 +101,8 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
     ErrorCode.METHOD_NOT_ALLOWED: (405, grpc.StatusCode.UNIMPLEMENTED),
     ErrorCode.TOO_MANY_STREAMS: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.PROMPT_VERSION_EXISTS: (409, grpc.StatusCode.ALREADY_EXISTS),
+    ErrorCode.INVALID_PROMPT_TEMPLATE: (422, grpc.StatusCode.INVALID_ARGUMENT),
 }
 
 
