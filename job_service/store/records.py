@@ -91,6 +91,8 @@ class ResultFacts:
     model_name: str
     cancel_requested: bool
     started_at: datetime | None
+    #: the version the attempt ran: its model calls are logged under it (reference §10.4)
+    prompt_version: str | None = None
 
 
 #: :class:`ResultFacts`' columns, in the order SubmitResult's read selects them.
@@ -139,6 +141,8 @@ class InvocationRecord:
     provider_request_id: str | None
     cost_usd: Decimal
     created_at: datetime
+    #: the version the call's attempt ran (reference §10.4); None on older rows
+    prompt_version: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> InvocationRecord:

@@ -159,10 +159,15 @@ def test_the_shipped_templates_render_as_before_the_sandbox() -> None:
         trim_blocks=True,
     )
     for job_type in jobtypes.names():
-        for note in ("", "Note: the snapshot was shortened to fit; left out from the end: 3 blocks."):
+        for note in (
+            "",
+            "Note: the snapshot was shortened to fit; left out from the end: 3 blocks.",
+        ):
             ctx = {**sample_context(job_type), "truncation_note": note}
             t = plain.get_template(f"{job_type}.v1.j2")
-            before = tuple("".join(t.blocks[b](t.new_context(ctx))).strip() for b in ("system", "user"))
+            before = tuple(
+                "".join(t.blocks[b](t.new_context(ctx))).strip() for b in ("system", "user")
+            )
             assert render_messages(builtin_template(job_type), ctx) == before
         assert "include" not in builtin_source(job_type)
 
@@ -217,7 +222,7 @@ def test_a_render_is_bounded_in_time() -> None:
         "{% for i in range(100000) %}{% for j in range(3) %}{% endfor %}{% endfor %}"
     )
     started = time.monotonic()
-    with pytest.raises(AppError, match="line 2: .*(loops|longer)"):
+    with pytest.raises(AppError, match=r"line 2: .*(loops|longer)"):
         validate_upload(JOB_TYPE, source)
     assert time.monotonic() - started < 5
 
