@@ -1,10 +1,9 @@
 """The worker loop: claim, execute, report (SPEC §2.3, §2.6, §3, §5).
 
-One loop claims as many jobs as there are free slots (long poll with
-``wait_ms``; sleeps ``POLL_INTERVAL_MS`` after an empty answer that came back
-early). The claim also starts the jobs and carries their snapshots
-(``with_snapshots``), so a job needs no GetSnapshot of its own unless its
-snapshot did not fit in the answer (or job_service only locks; then the
+One loop claims as many jobs as there are free slots (long poll with ``wait_ms``; sleeps
+``POLL_INTERVAL_MS`` after an empty answer that came back early). The claim also starts the
+jobs and carries their snapshots (``with_snapshots``), so a job needs no GetSnapshot of its
+own unless its snapshot did not fit in the answer (or job_service only locks; then the
 snapshot read is the start). Each claimed job runs in its own task::
 
     snapshot (from the claim, else GetSnapshot; validated)
@@ -51,7 +50,7 @@ from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
 from runtime_worker.generation import ABORTED, Invocation, generate
 from runtime_worker.lease_keeper import LeaseKeeper
-from runtime_worker.prompts import render_prompt
+from runtime_worker.prompt_cache import PromptCache
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
 from runtime_worker.slots import PrefetchBound, SlotLine
@@ -218,6 +217,7 @@ class Worker:
         }
         self.spans = AttemptSpans(tracing)
         self.client = client
+        self.prompts = PromptCache(client.get_prompt_version)  # versions (reference §10.4)
         self.provider = provider
         self.capabilities = settings.capabilities
         self.keeper = LeaseKeeper(client, settings.HEARTBEAT_INTERVAL_SECONDS)
@@ -448,7 +448,7 @@ class Worker:
                 user_id=job.user_id or None,
             )
             params = {**snapshot.params, **struct_to_dict(job.params)}
-            prompt = render_prompt(run.job_type, snapshot, normalize_numbers(params))
+            prompt = await self.prompts.render(run, snapshot, normalize_numbers(params))
             try:
                 cred = await key_call
             except AppError as exc:
