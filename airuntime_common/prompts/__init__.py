@@ -85,7 +85,7 @@ def check_version_name(version: str, field: str = "version") -> str:
     Raises:
         AppError: INVALID_ARGUMENT.
     """
-    if not isinstance(version, str) or not VERSION_PATTERN.match(version):
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
         raise invalid_argument(
             "a prompt version is 1..64 characters of A-Z a-z 0-9 . _ -", field=field
         )
