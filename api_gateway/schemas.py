@@ -336,6 +336,8 @@ class InvocationOut(BaseModel):
     providerRequestId: str | None
     costUsd: float
     createdAt: str | None
+    #: the prompt version the call's attempt ran (reference §10.4)
+    promptVersion: str | None = None
 
 
 class AdminJobOut(JobOut):
