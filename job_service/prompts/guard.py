@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import insert, literal, select, update
 
+from airuntime_common import jobtypes
 from airuntime_common.prompts import full_version
 from airuntime_common.states import JobStatus
 from job_service import metrics
@@ -156,6 +157,8 @@ class PromptGuard:
         self.store = store
         self.registry = registry
         self.interval = interval
+        for name in jobtypes.names():  # every type's counter from 0: an alert reads increases
+            metrics.PROMPT_ROLLBACKS.labels(name)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Pass every :attr:`interval` until ``stop`` is set; a failed pass is logged
