@@ -226,7 +226,7 @@ class ResultBody(Body):
     """``POST /internal/runtime/jobs/{jobId}/result``."""
 
     attemptNo: int = AttemptNo
-    promptVersion: str = Field(default="", max_length=64)
+    promptVersion: str = Field(default="", max_length=128)
     outputSchemaVersion: str = Field(default="v1", max_length=16)
     output: dict[str, Any]
 

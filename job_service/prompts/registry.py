@@ -7,6 +7,7 @@ code (:func:`airuntime_common.prompts.builtin_source`) and never stored.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -124,7 +125,8 @@ class Registry:
         found = await self._stored(job_type, version)
         if found is not None:
             return _same_or_conflict(job_type, version, found, digest), False
-        validate_upload(job_type, template)
+        # off the event loop: a render may take up to the sandbox's time limit
+        await asyncio.to_thread(validate_upload, job_type, template)
         row = {
             "job_type": job_type,
             "version": version,

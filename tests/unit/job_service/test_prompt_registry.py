@@ -223,3 +223,21 @@ async def test_the_calls_log_the_version_their_attempt_ran(domain: JobDomain) ->
         (2, f"{JT}.v2"),
         (2, f"{JT}.v2"),
     ]
+
+
+async def test_the_longest_version_name_fits_every_column(domain: JobDomain) -> None:
+    from tests.unit.job_service.test_invocations_with_ending import call
+
+    longest = "v" + "x" * 63
+    await upload(domain, longest)
+    await route(domain, (longest, 1.0))
+    job = await new_job(domain, user_id="long")
+    assert job.prompt_version == f"{JT}.{longest}" and len(job.prompt_version) == 88
+    await domain.claim("w1", CAPS, 1, 0)
+    done = await domain.submit_result(
+        Lease(job.job_id, "w1", 1), prompt_version=job.prompt_version, output_schema_version="v1",
+        output=ANALYSIS_OUTPUT, calls=[call()],
+    )  # fmt: skip
+    assert done.status == "succeeded"
+    _, [logged] = await domain.history(job.job_id)
+    assert logged.prompt_version == job.prompt_version
