@@ -7,12 +7,13 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 BUF := node_modules/.bin/buf
 
-.PHONY: help install demo test test-fast lint typecheck proto proto-check buf-check run bench chaos clean
+.PHONY: help install demo test test-fast lint typecheck docs docs-check proto proto-check buf-check run bench chaos clean
 
 help:
 	@echo "make demo        run the whole flow on SQLite with the local DeepSeek stand-in"
 	@echo "make test        lint, type-check, proto checks and the whole test suite (SQLite + MariaDB if reachable)"
 	@echo "make run         start every service in the foreground (python -m launcher --dev)"
+	@echo "make docs        regenerate docs/configuration.md and build the docs site into site/ (offline)"
 	@echo "make proto       regenerate the Python stubs from protos/"
 	@echo "make bench       benchmarks against MariaDB, and the procrastinate peer on PostgreSQL (writes bench-results/)"
 	@echo "make chaos       fault harness: real processes on MariaDB, one fault at a time, SQL audit"
@@ -54,6 +55,16 @@ buf-check: $(BUF)
 	  echo "buf breaking against HEAD~1"; $(BUF) breaking --against '.git#ref=HEAD~1'; \
 	else echo "buf breaking: no previous commit with buf.yaml"; fi
 
+# The docs site (mkdocs-material, offline). `make docs` regenerates the configuration page
+# from the settings classes, then builds; `make test` only checks (a stale page fails).
+docs: $(STAMP) $(BUF)
+	$(BIN)/python scripts/gen_config_docs.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-check: $(STAMP) $(BUF)
+	$(BIN)/python scripts/gen_config_docs.py --check
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$$tmp"
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -65,7 +76,7 @@ typecheck: $(BENCH_STAMP)
 # answers on 127.0.0.1:3306 as root without a password (this machine's default); then
 # the MariaDB tests but the e2e ones run once more on the other MySQL driver (also after
 # a failure of the first run, so that both drivers' results are shown; either fails it).
-test: install lint typecheck proto-check buf-check
+test: install lint typecheck docs-check proto-check buf-check
 	@export TEST_MYSQL_URL="$${TEST_MYSQL_URL:-$$($(BIN)/python scripts/detect_mysql.py)}"; \
 	  echo "TEST_MYSQL_URL=$${TEST_MYSQL_URL:-<unset: MariaDB tests skipped>}"; \
 	  status=0; \
@@ -90,4 +101,4 @@ chaos: $(STAMP)
 	  $(BIN)/python -m chaos $(CHAOS_ARGS)
 
 clean:
-	rm -rf var bench-results .pytest_cache .mypy_cache .ruff_cache
+	rm -rf var bench-results site .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,7 @@ that ``EVENT_LOOP`` names:
 * ``uvloop`` (default): libuv's loop, where uvloop is installed (Linux and macOS;
   it is a dependency there). Its transports and timers cost less CPU per socket
   event than the standard library's, which matters on a path that is a chain of
-  short gRPC and MySQL round trips (see the README's benchmark section).
+  short gRPC and MySQL round trips (see docs/capacity.md).
 * ``asyncio``: the standard library's selector loop, e.g. to rule the loop out
   while chasing a bug.
 

@@ -263,7 +263,7 @@ def check_single_writer(connection: Any, env: Mapping[str, str] | None = None) -
     ``COMMIT`` that a write set from another node can abort half-way (the
     statements after the abort then commit on their own). Replicas writing to
     different nodes at once let jobs slip past a revoke and can commit a job's
-    success without its result (see the README). So a service connects through a
+    success without its result (see docs/operations/databases.md). So a service connects through a
     single-writer proxy (HAProxy: one server, the others ``backup``); an endpoint
     that is one of the cluster's own client addresses (``wsrep_incoming_addresses``)
     of a cluster of two or more nodes is refused, unless

@@ -15,7 +15,7 @@ import grpc
 
 
 class ErrorCode(StrEnum):
-    """Every error code of SPEC §4, §9 and §10, spelled exactly as the spec spells it."""
+    """Every error code of SPEC §4 and §9, spelled exactly as the spec spells it."""
 
     MODEL_TIMEOUT = "MODEL_TIMEOUT"
     MODEL_RATE_LIMIT = "MODEL_RATE_LIMIT"
@@ -48,8 +48,18 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    #: An upload names a prompt version that holds another template, or ``v1``
+    #: (reference §10.4).
     PROMPT_VERSION_EXISTS = "PROMPT_VERSION_EXISTS"
+    #: A prompt template breaks the sandbox's rules or does not render (reference
+    #: §10.4); the message names the line. Also a job ending (final) in the worker.
     INVALID_PROMPT_TEMPLATE = "INVALID_PROMPT_TEMPLATE"
+    #: A user's base URL broke a rule of reference §10.5 when stored (the message
+    #: names the rule; nothing is stored).
+    INVALID_BASE_URL = "INVALID_BASE_URL"
+    #: A job ending, final: the user's base URL was refused at call time (reference
+    #: §10.5), no connection opened; the credential is not marked invalid.
+    EGRESS_BLOCKED = "EGRESS_BLOCKED"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
@@ -78,7 +88,7 @@ BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: code → (HTTP status, gRPC status code), SPEC §4, §9 and §10 ("New codes"). Fail-only
+#: code → (HTTP status, gRPC status code), SPEC §4 and §9 ("New codes"). Fail-only
 #: codes are absent.
 TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.INVALID_SCHEMA: (422, grpc.StatusCode.INVALID_ARGUMENT),
@@ -103,6 +113,10 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.TOO_MANY_STREAMS: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     ErrorCode.PROMPT_VERSION_EXISTS: (409, grpc.StatusCode.ALREADY_EXISTS),
     ErrorCode.INVALID_PROMPT_TEMPLATE: (422, grpc.StatusCode.INVALID_ARGUMENT),
+    ErrorCode.INVALID_BASE_URL: (422, grpc.StatusCode.INVALID_ARGUMENT),
+    # a job ending; as a resolve's refusal (a base URL stored while USER_BASE_URLS was
+    # on, resolved after it was turned off) it answers as INVALID_CREDENTIAL does
+    ErrorCode.EGRESS_BLOCKED: (422, grpc.StatusCode.FAILED_PRECONDITION),
 }
 
 

@@ -7,7 +7,7 @@ plans, and the worker's prompts, token caps and output validation. Adding a
 job type is one :class:`JobTypeSpec` in :data:`BUILTIN`, its output model
 (:mod:`airuntime_common.outputs`), its result table (a model in
 ``job_service/learning/tables.py`` and a migration) and its prompt template
-(``airuntime_common/prompts/templates/<name>.v1.j2``); the README's "Adding a job type"
+(``airuntime_common/prompts/templates/<name>.v1.j2``); docs/job-types.md
 walks through it.
 
 On the wire a job type is a ``zhixi.airuntime.common.v1.JobType`` number

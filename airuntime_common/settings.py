@@ -142,15 +142,28 @@ class CommonSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=True)
 
+    #: The internal token every internal call carries (``x-internal-api-key``);
+    #: required by every service (the dev launcher generates one).
     RUNTIME_SERVICE_TOKEN: str = ""
+    #: Log level of the process's JSON log lines (``DEBUG``, ``INFO``, ``WARNING``…).
     LOG_LEVEL: str = "INFO"
     #: The process's event loop (:mod:`airuntime_common.aio`): ``uvloop`` or ``asyncio``.
     EVENT_LOOP: EventLoopName = DEFAULT_EVENT_LOOP
+    #: job_service's gRPC target: one address, a DNS name with several A records, or a
+    #: list such as ``ipv4:10.0.0.5:50051,10.0.0.6:50051``; calls go round robin.
     JOB_SERVICE_ADDR: str = "localhost:50051"
+    #: credential_service's gRPC target.
     CREDENTIAL_SERVICE_ADDR: str = "localhost:50052"
+    #: A runtime worker's status address; the dev launcher places its first worker's
+    #: status listener on its port.
     RUNTIME_WORKER_ADDR: str = "localhost:50053"
+    #: PEM certificate (chain) of this process's gRPC listener; with the key set too the
+    #: listener speaks only TLS.
     GRPC_TLS_CERT_FILE: str | None = None
+    #: PEM private key of this process's gRPC listener.
     GRPC_TLS_KEY_FILE: str | None = None
+    #: PEM CA that signed the listeners' certificates; set, every gRPC client of the
+    #: process dials TLS and verifies the server.
     GRPC_TLS_CA_FILE: str | None = None
 
 

@@ -27,11 +27,12 @@ the gateway's probes make no spans.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airuntime_common.settings import InvalidSetting
@@ -66,6 +67,9 @@ DEFAULT_EXCLUDED_URLS = "/healthz$,/readyz$,/metrics$"
 #: gRPC services that make no span (probes, ``grpcurl list``), plus any named in
 #: ``OTEL_PYTHON_GRPC_EXCLUDED_SERVICES``.
 UNTRACED_GRPC_PREFIXES = ("grpc.health.v1.", "grpc.reflection.")
+#: Streams whose calls are traced one by one (:meth:`Tracing.call_span`), not as a stream:
+#: a worker's ``RuntimeSession`` lives as long as the worker.
+CALL_TRACED_STREAMS = ("/zhixi.airuntime.job.v1.JobService/RuntimeSession",)
 #: gRPC codes that mark a server span as an error (OpenTelemetry's semantic
 #: conventions: the server's fault, not the caller's).
 SERVER_ERROR_CODES = frozenset(
@@ -338,6 +342,39 @@ class Tracing:
             sensitive_headers=list(self._sanitized),
         )
 
+    @contextlib.contextmanager
+    def call_span(
+        self, full_method: str, *, server: bool, trace_parent: str | None = None
+    ) -> Iterator[CallSpan]:
+        """The span of one call on a call-traced stream (:data:`CALL_TRACED_STREAMS`),
+        shaped as the gRPC instrumentation's span of the unary call would be: named
+        by the full method (``/zhixi.airuntime.job.v1.JobService/ClaimJobs``), kind
+        CLIENT or SERVER, ``rpc.*`` attributes.
+
+        Args:
+            full_method: the unary method the call stands for.
+            server: a server span (its parent: ``trace_parent``) or a client span (its
+                parent: the current span; :attr:`CallSpan.trace_parent` is what to send).
+            trace_parent: the caller's ``traceparent`` (server spans).
+
+        Yields:
+            The call's span; :meth:`CallSpan.finish` records how it ended.
+        """
+        from opentelemetry.trace import SpanKind
+
+        service, _, method = full_method.strip("/").partition("/")
+        parent = self.parent_context(trace_parent) if server else None
+        tracer = self.tracer(__name__)
+        with tracer.start_as_current_span(
+            full_method,
+            context=parent,
+            kind=SpanKind.SERVER if server else SpanKind.CLIENT,
+            attributes={"rpc.system": "grpc", "rpc.service": service, "rpc.method": method},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            yield CallSpan(span)
+
     def parent_context(self, trace_parent: str | None) -> Context | None:
         """The remote parent a stored ``traceparent`` names, or None (none, or invalid)."""
         normalized = parse_traceparent(trace_parent)
@@ -350,6 +387,33 @@ class Tracing:
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         """Export every ended span now; True when all were exported in time."""
         return bool(self.provider.force_flush(timeout_millis))
+
+
+class CallSpan:
+    """One call's span (:meth:`Tracing.call_span`)."""
+
+    def __init__(self, span: Any) -> None:
+        self.span = span
+
+    @property
+    def trace_parent(self) -> str:
+        """This span as a version-00 ``traceparent``, to send with the call."""
+        ctx = self.span.get_span_context()
+        return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+    def finish(self, code_name: str) -> None:
+        """Record the call's gRPC status (``"OK"``, ``"FAILED_PRECONDITION"``…): a failed
+        call's status names its code, never the server's message (as
+        :func:`_status_without_message`)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        if not _GRPC_CODE_NAMES:
+            _GRPC_CODE_NAMES.update(_grpc_code_names())
+        number = next((n for n, name in _GRPC_CODE_NAMES.items() if name == code_name), None)
+        if number is not None:
+            self.span.set_attribute("rpc.grpc.status_code", number)
+        if code_name != "OK":
+            self.span.set_status(Status(StatusCode.ERROR, code_name))
 
 
 def _status_without_message(span: Any, _details: Any) -> None:
@@ -380,6 +444,7 @@ def _grpc_filter() -> Callable[[Any], bool]:
     from opentelemetry.instrumentation.grpc import filters
 
     excluded = [filters.service_prefix(p) for p in UNTRACED_GRPC_PREFIXES]
+    excluded += [filters.full_method_name(m) for m in CALL_TRACED_STREAMS]
     names = os.environ.get("OTEL_PYTHON_GRPC_EXCLUDED_SERVICES", "")
     excluded += [filters.service_name(n.strip()) for n in names.split(",") if n.strip()]
     return filters.negate(filters.any_of(*excluded))

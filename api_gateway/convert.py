@@ -205,6 +205,7 @@ def credential_json(cred: Any) -> dict[str, Any]:
         "maskedKey": cred.masked_key,
         "status": _CREDENTIAL_STATUS.get(cred.status),
         "createdAt": ts(cred, "created_at"),
+        "baseUrl": cred.base_url or None,
     }
 
 

@@ -148,6 +148,25 @@ class AdminJobCreate(JobCreate):
     timeoutSeconds: int | None = Field(default=None, ge=10, le=3600)
 
 
+#: ``baseUrl``'s rules, as the OpenAPI document shows them (reference §10.5).
+BASE_URL_DESCRIPTION = (
+    "Optional (only when the deployment sets USER_BASE_URLS=true; otherwise a baseUrl is "
+    "400 INVALID_ARGUMENT): the user's own OpenAI-compatible endpoint for this key; the "
+    "worker sends POST {baseUrl}/chat/completions with this key and no other. A path such "
+    "as /v1 is allowed. Rules, each refused 422 INVALID_BASE_URL with details.rule naming "
+    "it and nothing stored: printable ASCII only (syntax); scheme https, http only for "
+    "addresses inside EGRESS_ALLOW_CIDRS (scheme); no user info (user_info), query (query) "
+    "or fragment (fragment); port 443 or one of USER_BASE_URL_PORTS (port); the host must "
+    "resolve (unresolvable) and EVERY address it resolves to must be globally routable: "
+    "never loopback, private, link-local (cloud metadata included), shared (100.64/10), "
+    "multicast, reserved, unspecified or documentation space, in any notation (decimal, "
+    "octal, hex and short IPv4; IPv4-mapped, -compatible, NAT64 and 6to4 IPv6), unless "
+    "inside EGRESS_ALLOW_CIDRS (address). The same rules run again before every model "
+    "call; a URL refused then ends the job EGRESS_BLOCKED (final; the key stays valid). "
+    "A PUT replaces the credential whole: without baseUrl, no base URL is kept."
+)
+
+
 class CredentialPut(Body):
     """``PUT /v1/me/model-credential``.
 
@@ -163,6 +182,13 @@ class CredentialPut(Body):
         description="a configured provider's name, e.g. deepseek; omitted: the first configured",
     )
     apiKey: str = Field(min_length=1, max_length=512)
+    baseUrl: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=2048,
+        description=BASE_URL_DESCRIPTION,
+        examples=["https://llm.example.com/v1"],
+    )
 
 
 class AuthorizationPut(Body):
@@ -287,7 +313,15 @@ class JobOut(BaseModel):
     lockUntil: str | None
     availableAt: str | None
     cancelRequested: bool
-    errorCode: str | None
+    errorCode: str | None = Field(
+        description="how the latest attempt ended, when it failed: MODEL_TIMEOUT, "
+        "MODEL_RATE_LIMIT, NETWORK_ERROR, TEMPORARY_PROVIDER_ERROR (a model 5xx, or a 3xx: "
+        "redirects are never followed), JOB_TIMEOUT, LEASE_EXPIRED and WORKER_SHUTDOWN are "
+        "retried; any other code is final, e.g. INVALID_SCHEMA, INVALID_CREDENTIAL, "
+        "INSUFFICIENT_BALANCE, MODEL_BAD_REQUEST, CANCELLED, EGRESS_BLOCKED (the user's "
+        "own baseUrl was refused by the egress rules before the call; no connection was "
+        "opened and the key stays valid)"
+    )
     errorMessage: str | None
     retriedFromJobId: str | None
     createdAt: str | None
@@ -509,6 +543,10 @@ class CredentialOut(BaseModel):
     maskedKey: str
     status: Literal["valid", "invalid"] | None
     createdAt: str | None
+    baseUrl: str | None = Field(
+        description="the user's own endpoint for this key as stored (normalized), or null: "
+        "the provider's configured one"
+    )
 
 
 class AuthorizationOut(BaseModel):
@@ -693,6 +731,14 @@ class ResolvedCredential(BaseModel):
     modelProvider: str
     modelName: str
     baseUrl: str
+    userBaseUrl: bool = Field(
+        description="baseUrl is the user's own endpoint (USER_BASE_URLS), not a configured "
+        "provider's: before EVERY call to it the caller resolves its host again and checks "
+        "the egress rules (as for PUT /v1/me/model-credential's baseUrl), connects only to "
+        "an address it checked (TLS verified against the host name, no proxy), follows no "
+        "redirect (3xx: TEMPORARY_PROVIDER_ERROR), sends it this key only, and ends the "
+        "attempt EGRESS_BLOCKED (final) when a rule refuses it"
+    )
 
 
 class ResultOut(BaseModel):

@@ -7,6 +7,7 @@ job rows, i.e. measured on the database clock (µs), never on this process's clo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import os
@@ -32,8 +33,9 @@ from airuntime_common.db import mysql_async_driver
 from airuntime_common.enums import API_KEY_MODE, JOB_TYPE, TARGET_TYPE
 from airuntime_common.grpc_server import insecure_or_tls_channel
 from airuntime_common.metadata import outgoing
+from airuntime_common.model_providers import STANDIN_PLATFORM_KEY
 from launcher import Launcher
-from launcher.plan import isolated_env
+from launcher.plan import build_plan, isolated_env
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc
 
@@ -146,16 +148,23 @@ class System:
                 ["runtime_worker"] if workers else []
             )
         var = Path(self._tmp.name)
-        self.launcher = Launcher(
+        plan = build_plan(
             env,
-            dev=True,
             var_dir=var,
-            log_dir=var / "logs",
-            echo=False,
+            dev=True,
             workers=workers,
             job_services=job_services,
             only=only,
         )
+        # The workers hold the (stand-in's) platform key, as a deployment's workers given
+        # DEEPSEEK_API_KEY do: a platform-key attempt then needs no resolve.
+        plan.services[:] = [
+            dataclasses.replace(s, env={**s.env, "DEEPSEEK_API_KEY": STANDIN_PLATFORM_KEY})
+            if s.kind == "runtime_worker"
+            else s
+            for s in plan.services
+        ]
+        self.launcher = Launcher(env, plan=plan, log_dir=var / "logs", echo=False)
         self.channel: grpc.aio.Channel | None = None
         self.stub: service_pb2_grpc.JobServiceStub | None = None
 

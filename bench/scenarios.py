@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import os
 import sys
 import time
 import traceback
@@ -235,19 +234,11 @@ def _throughput_params(p: Params) -> dict[str, Any]:
 
 
 def full_path_env(slots: int) -> dict[str, str]:
-    """The worker's environment for a full-path figure: ``slots`` slots, the platform key
-    held (``WORKER_PLATFORM_KEYS``, the seed's deployment: the runtime has
-    ``DEEPSEEK_API_KEY``; ``BENCH_WORKER_PLATFORM_KEYS=0`` resolves it per attempt) and
-    the job_service calls over one ``RuntimeSession`` stream (``BENCH_WORKER_RPC_SESSION=0``
-    sends one unary call each); ``BENCH_WORKER_PREFETCH`` = n holds n jobs ahead of the
-    slots (``WORKER_PREFETCH``, default 0). The throughput runs and the floor's capture share it, so
-    the floor replays the statements a throughput job runs."""
-    return {
-        "WORKER_CONCURRENCY": str(slots),
-        "WORKER_PLATFORM_KEYS": os.environ.get("BENCH_WORKER_PLATFORM_KEYS", "1"),
-        "WORKER_RPC_SESSION": os.environ.get("BENCH_WORKER_RPC_SESSION", "1"),
-        "WORKER_PREFETCH": os.environ.get("BENCH_WORKER_PREFETCH", "0"),
-    }
+    """The worker's environment for a full-path figure: ``slots`` slots (the launcher's
+    dev mode gives every service the stand-in's platform key, so the worker holds it, as
+    a worker given ``DEEPSEEK_API_KEY`` does). The throughput runs and the floor's capture
+    share it, so the floor replays the statements a throughput job runs."""
+    return {"WORKER_CONCURRENCY": str(slots)}
 
 
 async def throughput_run(p: Params, slots: int) -> dict[str, Any]:

@@ -10,14 +10,21 @@ provider its lease names (job_service chooses it when it grants the lease), with
 provider's base URL, platform key and model name; a user-key job for its key's
 provider. A key is only ever handed out with its own provider's base URL, so it is
 never sent to another provider.
+
+Users' own base URLs (reference §10.5, ``USER_BASE_URLS``): a user key may be stored
+with the user's own endpoint, checked by :mod:`airuntime_common.egress` before
+anything is written (422 ``INVALID_BASE_URL``), and handed out with that key only,
+flagged ``user_base_url`` so the worker checks it again before every call. A
+platform key is never answered with a user's URL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TypeVar
 
@@ -25,6 +32,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from airuntime_common.db import before_commit, retry_transient
+from airuntime_common.egress import (
+    RESOLVE_SECONDS,
+    EgressRefused,
+    ResolutionUnavailable,
+    Resolver,
+    Rule,
+    check_base_url,
+)
 from airuntime_common.errors import AppError, ErrorCode, invalid_argument
 from airuntime_common.logs import redact_text
 from airuntime_common.model_providers import ProviderConfig
@@ -74,6 +89,7 @@ class CredentialView:
     key_id: str
     created_at: datetime
     invalid_reason: str | None = None
+    base_url: str | None = None
 
     @classmethod
     def of(cls, row: ModelCredential) -> CredentialView:
@@ -87,6 +103,7 @@ class CredentialView:
             key_id=row.key_id,
             created_at=row.created_at,
             invalid_reason=row.invalid_reason,
+            base_url=row.base_url,
         )
 
 
@@ -111,7 +128,12 @@ class CheckResult:
 
 @dataclass(frozen=True)
 class ResolvedKey:
-    """A key resolved for a lease holder; ``api_key`` is hidden from ``repr``."""
+    """A key resolved for a lease holder; ``api_key`` is hidden from ``repr``.
+
+    Attributes:
+        user_base_url: ``base_url`` is the user's own (reference §10.5): the holder
+            checks it again before every call.
+    """
 
     api_key_mode: str
     credential_id: str
@@ -119,6 +141,7 @@ class ResolvedKey:
     model_name: str
     base_url: str
     api_key: str = field(repr=False)
+    user_base_url: bool = False
 
 
 @dataclass(frozen=True)
@@ -167,6 +190,8 @@ class CredentialStore:
         keyring: the master keys (current first).
         settings: platform key, stand-in flag, base URL.
         verifier: asks job_service about leases (needed only by :meth:`resolve`).
+        resolver: how a stored base URL's host is resolved (``(host, port)`` → address
+            texts); None: the system resolver (tests give their own).
     """
 
     def __init__(
@@ -175,11 +200,15 @@ class CredentialStore:
         keyring: Keyring,
         settings: CredentialSettings,
         verifier: LeaseVerifier | None = None,
+        resolver: Resolver | None = None,
     ) -> None:
         self._sm = sessionmaker
         self.keyring = keyring
         self._settings = settings
         self._verifier = verifier
+        #: how a base URL's host is resolved when stored (None: the system resolver)
+        self.resolver = resolver
+        self._egress = settings.egress_policy()
         self.providers = settings.providers()
         self._platform_keys = settings.platform_keys()
         for p in self.providers:
@@ -221,7 +250,9 @@ class CredentialStore:
 
     # --- user-facing key management -------------------------------------------------
 
-    async def put(self, user_id: str, provider: str, api_key: str) -> CredentialView:
+    async def put(
+        self, user_id: str, provider: str, api_key: str, base_url: str = ""
+    ) -> CredentialView:
         """Store (or replace) the user's key: always a new credential id, status valid.
 
         Args:
@@ -229,10 +260,16 @@ class CredentialStore:
             provider: a configured provider's name (``MODEL_PROVIDERS``; case and
                 surrounding blanks ignored); empty means the first configured one.
             api_key: the plaintext key, 8..512 printable ASCII characters.
+            base_url: the user's own endpoint for this key (reference §10.5), or empty:
+                the provider's. Stored normalized, after every rule of
+                :func:`airuntime_common.egress.check_base_url` passed (its host resolved
+                now, with the system resolver).
 
         Raises:
-            AppError: ``INVALID_ARGUMENT`` for a bad user id, an unconfigured provider
-                or a bad key.
+            AppError: ``INVALID_ARGUMENT`` for a bad user id, an unconfigured provider,
+                a bad key, or a base URL while ``USER_BASE_URLS`` is off;
+                ``INVALID_BASE_URL`` (``details.rule``) for a base URL that breaks a
+                rule. Nothing is stored then.
         """
         user_id = _validate_user_id(user_id)
         provider = (provider or "").strip().lower() or self.providers.first.name
@@ -242,10 +279,13 @@ class CredentialStore:
             )
         api_key = _validate_api_key(api_key)
         masked = mask_key(api_key)
+        url = await self._checked_base_url(base_url) if base_url else ""
 
         async def tx(session: AsyncSession) -> ModelCredential:
             credential_id = new_credential_id()
-            sealed = self.keyring.encrypt(api_key, user_id=user_id, credential_id=credential_id)
+            sealed = self.keyring.encrypt(
+                api_key, user_id=user_id, credential_id=credential_id, base_url=url
+            )
             now = _now()
             row = ModelCredential(
                 credential_id=credential_id,
@@ -257,6 +297,7 @@ class CredentialStore:
                 masked_key=masked,
                 status=STATUS_VALID,
                 invalid_reason=None,
+                base_url=url or None,
                 created_at=now,
                 updated_at=now,
             )
@@ -274,9 +315,38 @@ class CredentialStore:
                     ) from None
         log.info(
             "credential stored",
-            extra={"fields": {"userId": user_id, "credentialId": row.credential_id}},
+            extra={
+                "fields": {
+                    "userId": user_id,
+                    "credentialId": row.credential_id,
+                    "userBaseUrl": bool(url),
+                }
+            },
         )
         return CredentialView.of(row)
+
+    async def _checked_base_url(self, base_url: str) -> str:
+        """The normalized base URL, once every rule passed (reference §10.5).
+
+        Raises:
+            AppError: ``INVALID_ARGUMENT`` while ``USER_BASE_URLS`` is off,
+                ``INVALID_BASE_URL`` with ``details.rule`` for a broken rule (a host that
+                cannot be resolved now included).
+        """
+        if not self._settings.USER_BASE_URLS:
+            raise invalid_argument(
+                "baseUrl is not accepted: user base URLs are turned off (USER_BASE_URLS)",
+                field="baseUrl",
+            )
+        try:
+            async with asyncio.timeout(RESOLVE_SECONDS):
+                target = await check_base_url(base_url, self._egress, resolver=self.resolver)
+        except EgressRefused as exc:
+            raise _refused(exc.rule, exc.message) from None
+        except (ResolutionUnavailable, TimeoutError) as exc:
+            why = str(exc) or f"the host was not resolved within {RESOLVE_SECONDS:g}s"
+            raise _refused(Rule.UNRESOLVABLE, f"{why}; try again") from None
+        return target.base.url
 
     async def get(self, user_id: str) -> CredentialView:
         """The masked view of the user's key.
@@ -346,11 +416,19 @@ class CredentialStore:
                 row.credential_id,
                 f"the stored model key's provider {row.provider!r} is not configured",
             )
+        if row.base_url and not self._settings.USER_BASE_URLS:
+            return CheckResult(
+                False,
+                row.credential_id,
+                "the stored model key has a base URL and user base URLs are turned off "
+                "(USER_BASE_URLS): store the key again without baseUrl",
+            )
         try:
             self.keyring.decrypt(
                 Sealed(row.key_id, row.nonce, row.ciphertext),
                 user_id=row.user_id,
                 credential_id=row.credential_id,
+                base_url=row.base_url or "",
             )
         except AppError:
             return CheckResult(False, row.credential_id, "the stored model key cannot be decrypted")
@@ -401,7 +479,10 @@ class CredentialStore:
                 old = Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext))
                 try:
                     new = self.keyring.reseal(
-                        old, user_id=row.user_id, credential_id=row.credential_id
+                        old,
+                        user_id=row.user_id,
+                        credential_id=row.credential_id,
+                        base_url=row.base_url or "",
                     )
                 except AppError:
                     if await repository.mark_undecryptable(
@@ -467,7 +548,9 @@ class CredentialStore:
         serves its model and has a platform key), a user-key job the user's current
         key, whichever key the job recorded at create (a key stored since replaces it:
         SPEC §9.4, case P5), with its key's provider. Either way the answer carries
-        that provider's name, base URL and model name for the job's ``modelName``.
+        that provider's name, base URL and model name for the job's ``modelName``; a
+        user key stored with its own base URL is answered with that URL instead,
+        flagged ``user_base_url`` (reference §10.5; a platform key never is).
 
         Args:
             job_id, attempt_no: the lease; with ``runtime_instance_id`` the fencing token.
@@ -483,7 +566,9 @@ class CredentialStore:
                 job's model), ``no_credential`` (the user has no key),
                 ``credential_invalid`` (the model refused it), ``provider_not_configured``
                 (the user's key is for a provider no longer configured), or the vault's
-                reason for a key that cannot be decrypted.
+                reason for a key that cannot be decrypted; ``EGRESS_BLOCKED``
+                (``user_base_urls_off``): the user's key has a base URL and
+                ``USER_BASE_URLS`` is off (reference §10.5).
         """
         if not runtime_instance_id:
             raise invalid_argument(
@@ -563,12 +648,23 @@ class CredentialStore:
                 {"reason": "provider_not_configured", "credentialId": row.credential_id},
             )
         model = _served_model(own, job_model)
+        if row.base_url and not self._settings.USER_BASE_URLS:
+            raise AppError(
+                ErrorCode.EGRESS_BLOCKED,
+                "the stored model key's base URL is not used: user base URLs are turned "
+                "off (USER_BASE_URLS)",
+                {"reason": "user_base_urls_off", "credentialId": row.credential_id},
+            )
         plaintext = self.keyring.decrypt(
             Sealed(row.key_id, bytes(row.nonce), bytes(row.ciphertext)),
             user_id=row.user_id,
             credential_id=row.credential_id,
+            base_url=row.base_url or "",
         )
-        return _answer(lease, row.credential_id, plaintext, own, model)
+        answer = _answer(lease, row.credential_id, plaintext, own, model)
+        if row.base_url:  # the user's own endpoint, for this user's key only
+            return replace(answer, base_url=row.base_url, user_base_url=True)
+        return answer
 
     def _platform_provider(self, named: str, job_model: str) -> ProviderConfig:
         """The provider of a platform-key lease: the one it names, or (naming none)
@@ -590,6 +686,15 @@ class CredentialStore:
             f"no provider serving {job_model!r} has a platform key",
             {"reason": "no_platform_key"},
         )
+
+
+def _refused(rule: str, message: str) -> AppError:
+    """422 ``INVALID_BASE_URL`` naming the rule (reference §10.5, §10.6)."""
+    return AppError(
+        ErrorCode.INVALID_BASE_URL,
+        f"baseUrl refused ({rule}): {message}",
+        {"field": "baseUrl", "rule": str(rule)},
+    )
 
 
 def _served_model(provider: ProviderConfig, job_model: str) -> str:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from airuntime_common.db import collate_binary_on_create
+from airuntime_common.egress import MAX_URL_CHARS as MAX_BASE_URL_CHARS
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -87,6 +88,10 @@ class ModelCredential(CredentialBase):
         masked_key: ``sk-****abcd``, computed at write time.
         status: ``valid`` | ``invalid``.
         invalid_reason: why it was marked invalid (model rejected it, undecryptable…).
+        base_url: the user's own endpoint for this key (reference §10.5), normalized,
+            checked when stored; bound into the ciphertext's associated data, so a
+            row whose URL is changed in the database no longer opens. None: the
+            provider's configured endpoint.
         created_at, updated_at: naive UTC.
     """
 
@@ -105,5 +110,6 @@ class ModelCredential(CredentialBase):
     masked_key: Mapped[str] = mapped_column(String(32), nullable=False)
     status: Mapped[str] = mapped_column(String(16), nullable=False, default=STATUS_VALID)
     invalid_reason: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    base_url: Mapped[str | None] = mapped_column(String(MAX_BASE_URL_CHARS), nullable=True)
     created_at: Mapped[datetime] = mapped_column(Timestamp6, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Timestamp6, nullable=False)

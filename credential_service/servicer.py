@@ -78,6 +78,7 @@ def credential_to_proto(view: CredentialView) -> msg.Credential:
         status=_STATUS.get(view.status, msg.CREDENTIAL_STATUS_UNSPECIFIED),
         created_at=to_timestamp(view.created_at),
         key_id=view.key_id,
+        base_url=view.base_url or "",
     )
 
 
@@ -95,8 +96,11 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
     async def PutCredential(
         self, request: rr.PutCredentialRequest, context: Context
     ) -> rr.PutCredentialResponse:
-        """Store or replace a key → masked view with a new credential id."""
-        view = await self.store.put(request.user_id, request.provider, request.api_key)
+        """Store or replace a key (with the user's own base URL, if any) → masked view
+        with a new credential id."""
+        view = await self.store.put(
+            request.user_id, request.provider, request.api_key, request.base_url
+        )
         return rr.PutCredentialResponse(credential=credential_to_proto(view))
 
     @_rpc
@@ -182,4 +186,5 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
             model_provider=resolved.model_provider,
             model_name=resolved.model_name,
             base_url=resolved.base_url,
+            user_base_url=resolved.user_base_url,
         )

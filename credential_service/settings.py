@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from pydantic import Field, SecretStr
 
+from airuntime_common.egress import EgressSettings
 from airuntime_common.model_providers import (
     DEFAULT_API_KEY_ENV,
     STANDIN_PLATFORM_KEY,
@@ -32,8 +33,12 @@ from airuntime_common.settings import (
 #: ``DEEPSEEK_API_KEY`` is configured (dev launcher, demo, tests; SPEC §5).
 
 
-class CredentialSettings(ModelProvidersSettings, CommonSettings):
+class CredentialSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
     """Environment of credential_service.
+
+    ``USER_BASE_URLS``, ``USER_BASE_URL_PORTS`` and ``EGRESS_ALLOW_CIDRS`` (users' own
+    base URLs, reference §10.5) are :class:`~airuntime_common.egress.EgressSettings`'s;
+    the worker reads the same three and must be given the same values.
 
     Attributes:
         CREDENTIAL_DATABASE_URL: SQLAlchemy async URL of this service's database.

@@ -2,7 +2,9 @@
 
 * A fresh 96-bit random nonce for every encryption.
 * Associated data binds a ciphertext to its user id, credential id and key id, so a
-  ciphertext copied to another row (or relabelled with another key id) fails to open.
+  ciphertext copied to another row (or relabelled with another key id) fails to open;
+  and to the user's own base URL when the row has one (reference §10.5), so a URL
+  changed in the database makes the key unusable rather than sending it elsewhere.
 * The key id is stored on every row; the first configured key is the current one and
   every configured key can still decrypt, which is what makes rotation possible.
 * Every failure to open — tampering, wrong associated data, an unknown key id, a
@@ -99,11 +101,16 @@ def _decode_key(encoded: str) -> bytes | None:
         return None
 
 
-def associated_data(user_id: str, credential_id: str, key_id: str) -> bytes:
-    """The associated data binding a ciphertext to its row (unambiguous JSON array, UTF-8)."""
-    return json.dumps(
-        [_AD_DOMAIN, user_id, credential_id, key_id], ensure_ascii=False, separators=(",", ":")
-    ).encode("utf-8")
+def associated_data(user_id: str, credential_id: str, key_id: str, base_url: str = "") -> bytes:
+    """The associated data binding a ciphertext to its row (unambiguous JSON array, UTF-8).
+
+    ``base_url`` (the row's own endpoint, reference §10.5) is appended only when there
+    is one, so rows without one keep the associated data they were sealed with.
+    """
+    parts = [_AD_DOMAIN, user_id, credential_id, key_id]
+    if base_url:
+        parts.append(base_url)
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _undecryptable(credential_id: str, reason: str) -> AppError:
@@ -148,12 +155,15 @@ class Keyring:
     def __repr__(self) -> str:  # never show key material
         return f"Keyring(current={self.current_kid!r}, key_ids={list(self._ciphers)!r})"
 
-    def encrypt(self, plaintext: str, *, user_id: str, credential_id: str) -> Sealed:
+    def encrypt(
+        self, plaintext: str, *, user_id: str, credential_id: str, base_url: str = ""
+    ) -> Sealed:
         """Seal ``plaintext`` under the current key with a fresh random 96-bit nonce.
 
         Args:
             plaintext: the user's API key.
             user_id, credential_id: the row the ciphertext belongs to (bound as AD).
+            base_url: the row's own endpoint, if any (bound as AD too).
 
         Returns:
             The :class:`Sealed` triple to store.
@@ -161,12 +171,16 @@ class Keyring:
         kid = self.current_kid
         nonce = os.urandom(NONCE_BYTES)
         ciphertext = self._ciphers[kid].encrypt(
-            nonce, plaintext.encode("utf-8"), associated_data(user_id, credential_id, kid)
+            nonce,
+            plaintext.encode("utf-8"),
+            associated_data(user_id, credential_id, kid, base_url),
         )
         return Sealed(kid, nonce, ciphertext)
 
-    def decrypt(self, sealed: Sealed, *, user_id: str, credential_id: str) -> str:
-        """Open a stored ciphertext for the row ``(user_id, credential_id)``.
+    def decrypt(
+        self, sealed: Sealed, *, user_id: str, credential_id: str, base_url: str = ""
+    ) -> str:
+        """Open a stored ciphertext for the row ``(user_id, credential_id, base_url)``.
 
         Raises:
             AppError: ``INVALID_CREDENTIAL`` with ``details.reason`` one of
@@ -181,20 +195,22 @@ class Keyring:
             raw = cipher.decrypt(
                 bytes(sealed.nonce),
                 bytes(sealed.ciphertext),
-                associated_data(user_id, credential_id, sealed.key_id),
+                associated_data(user_id, credential_id, sealed.key_id, base_url),
             )
             return raw.decode("utf-8")
         except (InvalidTag, ValueError):
             raise _undecryptable(credential_id, "authentication_failed") from None
 
-    def reseal(self, sealed: Sealed, *, user_id: str, credential_id: str) -> Sealed:
+    def reseal(
+        self, sealed: Sealed, *, user_id: str, credential_id: str, base_url: str = ""
+    ) -> Sealed:
         """Decrypt with the row's key and encrypt again under the current key (rotation).
 
         Raises:
             AppError: ``INVALID_CREDENTIAL`` when the row cannot be opened.
         """
-        plaintext = self.decrypt(sealed, user_id=user_id, credential_id=credential_id)
-        return self.encrypt(plaintext, user_id=user_id, credential_id=credential_id)
+        row = {"user_id": user_id, "credential_id": credential_id, "base_url": base_url}
+        return self.encrypt(self.decrypt(sealed, **row), **row)
 
 
 def mask_key(api_key: str) -> str:

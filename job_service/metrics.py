@@ -29,13 +29,8 @@ PICKUP_LATENCY = Histogram(
 )
 RESULT_GROUP_SIZE = Histogram(
     "airt_result_group_size",
-    "Results per group-commit transaction (groups of two or more; lone results are not counted)",
-    buckets=(2, 4, 8, 16, 32, 64, 128, 200),
-)
-RESULT_GROUP_ALONE = Counter(
-    "airt_result_group_alone_total",
-    "Results of a group left to their own transaction (replay, refusal, invalid output, "
-    "cancel requested, breaker change, or the group's transaction failed)",
+    "Reports (results and fails) ended per completer transaction",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 200),
 )
 RUN_TIME = Histogram(
     "airt_job_run_seconds",

@@ -38,26 +38,45 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     is required: :func:`job_service.app.serve` refuses to start without it.
     """
 
+    #: The job database (SQLAlchemy async URL; ``mysql://`` runs on asyncmy).
     DATABASE_URL: DatabaseUrl = DEFAULT_JOB_DB
+    #: gRPC listen address; port 0 picks a free port.
     JOB_SERVICE_LISTEN: ListenAddress = "[::]:50051"
+    #: Prometheus port, on every interface; 0 turns metrics off.
     JOB_SERVICE_METRICS_PORT: int = Field(default=9101, ge=0, le=65535)
+    #: Lease length: a lock, claim or heartbeat holds the job this long.
     LOCK_LEASE_SECONDS: float = Field(default=60, gt=0, le=DAY)
+    #: How often the reaper sweeps expired leases and timed-out attempts.
     REAPER_INTERVAL_SECONDS: float = Field(default=5, gt=0, le=DAY)
+    #: The workers' poll interval (ms), for the health view only: a worker counts as
+    #: alive for three of them (at least ``WORKER_ALIVE_MIN_SECONDS``).
     POLL_INTERVAL_MS: int = Field(default=1000, ge=1, le=DAY * 1000)
+    #: Retry backoff: base × 2^(retryCount − 1), ±10 % jitter.
     RETRY_BACKOFF_BASE_SECONDS: float = Field(default=5, ge=0, le=DAY)
+    #: Retry backoff cap (before the jitter).
     RETRY_BACKOFF_MAX_SECONDS: float = Field(default=300, ge=0, le=DAY)
+    #: Default ``maxRetryCount`` of a new job (an admin may set 0..10 per job).
     MAX_RETRY_COUNT: int = Field(default=3, ge=0, le=10)
+    #: Default ``timeoutSeconds`` of a new job: one attempt's time budget, from its start.
     #: At most an hour, the longest ``timeoutSeconds`` a create may ask for.
     JOB_TIMEOUT_SECONDS: int = Field(default=120, ge=1, le=3600)
+    #: Default ``priority`` of a new job (0 = highest).
     DEFAULT_PRIORITY: int = Field(default=0, ge=0, le=1000)
+    #: Consecutive failing platform-key attempts that open a provider's breaker.
     BREAKER_FAILURE_THRESHOLD: int = Field(default=5, ge=1, le=COUNT_MAX)
+    #: How long a breaker stays open before it goes half-open.
     BREAKER_COOLDOWN_SECONDS: float = Field(default=60, ge=0, le=DAY)
+    #: Attempts a half-open breaker lets through as probes.
     BREAKER_HALF_OPEN_PROBES: int = Field(default=1, ge=1, le=COUNT_MAX)
+    #: Platform-key spend cap per UTC day (USD); past it creates are refused.
     PLATFORM_DAILY_BUDGET_USD: float = Field(default=50, ge=0, le=1e9)
+    #: Jobs one user may create per UTC day (0 = unlimited).
     USER_DAILY_JOB_QUOTA: int = Field(default=200, ge=0, le=COUNT_MAX)
+    #: Per-plan daily quotas by the token's ``plan`` claim, JSON (``{"pro":1000}``).
     PLAN_DAILY_JOB_QUOTAS: dict[str, Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(
         default_factory=dict
     )
+    #: USD per million tokens per provider model name, JSON; an unlisted model costs 0.
     MODEL_PRICES: dict[str, dict[str, float]] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_PRICES)
     )
@@ -85,12 +104,6 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: How long a hole in the event sequence (a transaction still to commit) is
     #: looked for again before it counts as rolled back (SPEC §9.1).
     WATCH_GAP_SECONDS: float = Field(default=5, ge=0, le=600)
-    #: Most results one transaction takes when results queue (group commit,
-    #: :mod:`job_service.services.grouping`); 1 commits each result alone.
-    RESULT_GROUP_MAX_SIZE: int = Field(default=32, ge=1, le=200)
-    #: Most result transactions (groups or lone results) a process runs at once;
-    #: results arriving while all are busy wait for the next group.
-    RESULT_GROUP_IN_FLIGHT: int = Field(default=2, ge=1, le=64)
 
     @field_validator("PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES", mode="before")
     @classmethod

@@ -1,4 +1,4 @@
-"""Mint a user or admin JWT for local use (README, curl, the demo).
+"""Mint a user or admin JWT for local use (docs/walkthrough.md, curl, the demo).
 
 ``python -m launcher.token --sub u1 --role admin [--plan pro] [--ttl 3600]``
 prints an HS256 token signed with ``JWT_SECRET`` (from the environment, an

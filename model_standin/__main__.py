@@ -12,7 +12,10 @@ Options (each also read from the environment):
 * ``--delay-ms`` (``STANDIN_DELAY_MS``, 0): delay before every answer;
 * ``--seed`` (``STANDIN_SEED``): seed of the random faults;
 * ``--faults`` (``STANDIN_FAULTS``): JSON list of scripted faults queued at start
-  (on every provider; change one provider's with its ``/_standin/faults``).
+  (on every provider; change one provider's with its ``/_standin/faults``);
+* ``--tls-cert`` / ``--tls-key`` (``STANDIN_TLS_CERT_FILE`` / ``STANDIN_TLS_KEY_FILE``):
+  serve HTTPS with this PEM certificate chain and key (e.g. a test CA's), to play a
+  provider that is reached over verified TLS.
 
 It prints one line of JSON per provider once listening:
 ``{"event": "standin_listening", "provider": name, "baseUrl": url}``.
@@ -28,6 +31,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 
 from pydantic import ValidationError
@@ -53,8 +57,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     seed = env.get("STANDIN_SEED")
     p.add_argument("--seed", type=int, default=int(seed) if seed else None)
     p.add_argument("--faults", default=env.get("STANDIN_FAULTS", ""), help="JSON list of faults")
+    p.add_argument("--tls-cert", default=env.get("STANDIN_TLS_CERT_FILE", ""))
+    p.add_argument("--tls-key", default=env.get("STANDIN_TLS_KEY_FILE", ""))
     p.add_argument("--log-level", default=env.get("LOG_LEVEL", "INFO"))
     args = p.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        p.error("--tls-cert and --tls-key go together")
     if not 0.0 <= args.fault_rate <= 1.0:
         p.error("--fault-rate must be within 0..1")
     if args.delay_ms < 0:
@@ -83,6 +91,7 @@ async def _run(args: argparse.Namespace, faults: list[Fault]) -> None:
             faults=faults,
             name=spec.name,
             models=spec.models,
+            tls=_tls(args.tls_cert, args.tls_key),
         )
         for spec in args.specs
     ]
@@ -103,6 +112,15 @@ async def _run(args: argparse.Namespace, faults: list[Fault]) -> None:
     finally:
         for server in servers:
             await server.stop()
+
+
+def _tls(cert: str, key: str) -> ssl.SSLContext | None:
+    """A server TLS context of ``cert`` and ``key`` (PEM files), or None (plain HTTP)."""
+    if not cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@ Fault kinds (``kind``):
 
 ====================  =========================================================
 ``status``            HTTP ``status`` with DeepSeek's error body; 429 carries
-                      ``Retry-After`` (``retryAfter``, default 1)
+                      ``Retry-After`` (``retryAfter``, default 1), a 3xx the
+                      ``Location`` of ``location`` (a redirect)
 ``delay``             wait ``ms`` milliseconds, then answer normally
 ``empty_content``     200, ``finish_reason=stop``, content of only spaces
 ``truncated``         200, ``finish_reason=length``, content cut mid-JSON
@@ -122,6 +123,7 @@ class Fault(BaseModel):
         fraction: share of the body sent by ``close_mid_body``, of the content
             kept by ``out_of_capacity`` (0..1).
         content: verbatim content for ``content``.
+        location: the ``Location`` header of a ``status`` answer (a redirect).
         foreignId: id cited by ``foreign_ids``.
         totalBytes: size of the content ``huge_body`` sends (bytes).
     """
@@ -139,6 +141,7 @@ class Fault(BaseModel):
     lines: int = Field(default=3, ge=0, le=10_000)
     fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     content: str = ""
+    location: str | None = Field(default=None, max_length=2048, pattern=r"^[!-~]+$")
     foreignId: str = "blk-not-in-snapshot"
     totalBytes: int = Field(default=500_000_000, ge=1, le=1_000_000_000_000)
 

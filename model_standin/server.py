@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import math
+import ssl
 import time
 import uuid
 from collections import Counter, deque
@@ -134,6 +135,7 @@ class StandIn:
         name: the provider it plays (reported by ``/_standin/stats`` and ``/seen``).
         models: the model names it serves, exactly; None: DeepSeek's (any
             ``deepseek-*``). Any other model is answered 400 ``Model Not Exist``.
+        tls: serve HTTPS with this server context (certificate loaded); None: HTTP.
     """
 
     def __init__(
@@ -147,8 +149,10 @@ class StandIn:
         faults: list[Fault] | list[dict[str, Any]] | None = None,
         name: str = "deepseek",
         models: Sequence[str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
         self.name = name
         self.models = tuple(models) if models is not None else None
         self._seen_keys: Counter[str] = Counter()
@@ -179,9 +183,9 @@ class StandIn:
 
     @property
     def base_url(self) -> str:
-        """``http://host:port`` — use it as DeepSeek's base URL."""
+        """``http://host:port`` (``https://`` with ``tls``) — use it as DeepSeek's base URL."""
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._port}"
+        return f"{'https' if self.tls is not None else 'http'}://{host}:{self._port}"
 
     async def start(self) -> None:
         """Bind and start serving."""
@@ -194,6 +198,7 @@ class StandIn:
             # a 500-slot worker opens hundreds of connections at once; asyncio's
             # default backlog of 100 drops the rest's SYNs (a 1 s retransmit each)
             backlog=LISTEN_BACKLOG,
+            ssl=self.tls,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         log.info("stand-in listening on %s", self.base_url)
@@ -540,7 +545,11 @@ class StandIn:
         self, req: Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         self._requests += 1
-        entry: dict[str, Any] = {"at": time.time(), "path": req.path}
+        entry: dict[str, Any] = {
+            "at": time.time(),
+            "path": req.path,
+            "host": req.headers.get("host"),
+        }
         self._log.append(entry)
         auth = req.headers.get("authorization", "")
         scheme, _, key = auth.partition(" ")
@@ -798,6 +807,8 @@ class StandIn:
             retry_after = fault.retry_after_header()
             if retry_after is not None:
                 headers.append(("Retry-After", retry_after))
+            if fault.location is not None:
+                headers.append(("Location", fault.location))
             return await self._send_json(
                 writer, fault.status, error_body(fault.status, fault.message), headers=headers
             )

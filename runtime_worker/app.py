@@ -67,7 +67,6 @@ class WorkerApp:
             heartbeat_retry_seconds=settings.HEARTBEAT_INTERVAL_SECONDS,
             ca_file=settings.GRPC_TLS_CA_FILE,
             tracing=self.tracing,
-            session=settings.WORKER_RPC_SESSION,
         )
         self.status_address = ""
         self.worker = Worker(

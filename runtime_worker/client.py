@@ -1,7 +1,7 @@
 """gRPC client of the worker to JobService and CredentialService (SPEC §3).
 
 Every call carries ``x-internal-api-key`` and ``x-runtime-instance-id``
-metadata and a deadline. Idempotent calls (StartJob, HeartbeatLeases — retried
+metadata and a deadline. Idempotent calls (HeartbeatLeases — retried
 for at most one heartbeat interval —, GetSnapshot,
 ResolveCredential, SubmitResult — idempotent by its key — and FailJob — a
 repeated fail answers 200) are retried with exponential backoff while the
@@ -11,10 +11,10 @@ restart in the middle of a call is survived. ClaimJobs is never retried (a
 lost answer would leak leases until they expire). Every failure is raised as
 :class:`~airuntime_common.errors.AppError`.
 
-With ``session`` the job_service runtime calls (claim, start, heartbeats, snapshot,
-result, fail, invocation logs) travel over one ``RuntimeSession`` stream
-(:mod:`runtime_worker.session`) instead of one unary call each; the rules above
-hold for them alike. Tracing on, they stay unary: each call is then its own span.
+The job_service runtime calls (claim, start, heartbeats, snapshot, result, fail,
+invocation logs) travel over one ``RuntimeSession`` stream
+(:mod:`runtime_worker.session`); the rules above hold for them as for unary calls,
+and with tracing on each is its own span.
 """
 
 from __future__ import annotations
@@ -79,8 +79,6 @@ class RuntimeClient:
         ca_file: CA bundle for TLS, or None for plaintext.
         tracing: the worker's tracing (None: the process's, if any): every call is then
             a client span of the current span and carries its ``traceparent``.
-        session: send the job_service runtime calls over one ``RuntimeSession`` stream
-            (``WORKER_RPC_SESSION``); ignored while tracing is on.
     """
 
     def __init__(
@@ -95,7 +93,6 @@ class RuntimeClient:
         heartbeat_retry_seconds: float = 5.0,
         ca_file: str | None = None,
         tracing: Tracing | None = None,
-        session: bool = False,
     ) -> None:
         self.instance_id = instance_id
         self._token = token
@@ -106,29 +103,22 @@ class RuntimeClient:
         self._cred_channel = insecure_or_tls_channel(credential_target, ca_file, tracing=tracing)
         self._jobs = job_grpc.JobServiceStub(self._job_channel)
         self._creds = cred_grpc.CredentialServiceStub(self._cred_channel)
-        traced = tracing is not None or _tracing.current() is not None
-        #: the RuntimeSession stream, or None: every call unary
-        self.session = (
-            RuntimeSession(self._jobs, metadata.outgoing(token, instance_id))
-            if session and not traced
-            else None
+        #: the RuntimeSession stream every job_service runtime call travels on
+        self.session = RuntimeSession(
+            self._jobs, metadata.outgoing(token, instance_id), tracing or _tracing.current()
         )
         self._methods: dict[str, Callable[..., Awaitable[Any]]] = {}
 
     def _job_method(self, name: str, field: str) -> Callable[..., Awaitable[Any]]:
-        """The JobService method ``name``: over the session (as its ``field``) when there
-        is one, else the unary stub's."""
+        """The JobService method ``name`` over the session (as its ``field``)."""
         found = self._methods.get(name)
         if found is None:
-            unary = getattr(self._jobs, name)
-            found = unary if self.session is None else self.session.method(field, unary)
-            self._methods[name] = found
+            found = self._methods[name] = self.session.method(field)
         return found
 
     async def close(self) -> None:
         """Close the session, then both channels."""
-        if self.session is not None:
-            await self.session.close()
+        await self.session.close()
         await self._job_channel.close()
         await self._cred_channel.close()
 
@@ -141,7 +131,6 @@ class RuntimeClient:
         retry: bool,
         deadline_s: float | None = None,
         retry_seconds: float | None = None,
-        before_retry: Callable[[], None] | None = None,
     ) -> T:
         md = metadata.outgoing(self._token, self.instance_id, uuid.uuid4().hex)
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
@@ -171,8 +160,6 @@ class RuntimeClient:
                     err.code,
                     extra={"fields": {"rpc": name, "code": err.code}},
                 )
-                if before_retry is not None:
-                    before_retry()
             await asyncio.sleep(min(delay, max(0.0, give_up_at - time.monotonic())))
             delay = min(delay * 2, 2.0) * random.uniform(0.8, 1.2)
 
@@ -203,15 +190,6 @@ class RuntimeClient:
             deadline_s=self._rpc_timeout + wait_ms / 1000.0,
         )
         return list(response.jobs), dict(response.snapshots)
-
-    async def start_job(self, job_id: str, attempt_no: int) -> Any:
-        """StartJob (idempotent for the holder). Returns ``StartJobResponse``."""
-        return await self._call(
-            self._job_method("StartJob", "start_job"),
-            rr.StartJobRequest(job_id=job_id, attempt_no=attempt_no),
-            name="StartJob",
-            retry=True,
-        )
 
     async def heartbeat_leases(self, leases: Sequence[tuple[str, int]]) -> list[Any]:
         """HeartbeatLeases for ``[(jobId, attemptNo)…]``, chunked by 500.
@@ -263,17 +241,11 @@ class RuntimeClient:
         output_schema_version: str,
         output: dict[str, Any],
         invocations: Sequence[Any] = (),
-        claim_next: rr.ClaimNext | None = None,
     ) -> Any:
         """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response.
 
         ``invocations`` (``ModelCall`` messages) are logged with the result; a retry
         that turns out a replay does not log them twice.
-
-        With ``claim_next`` the result's transaction also claims the next jobs
-        (``response.claimed_jobs``, ``response.snapshots``). Only the first try
-        carries the claim: a retry goes without it (a replay claims nothing), so
-        a lost answer never claims twice.
         """
         struct = Struct()
         struct.update(output)
@@ -285,14 +257,11 @@ class RuntimeClient:
             output=struct,
             invocations=list(invocations),
         )
-        if claim_next is not None:
-            request.claim_next.CopyFrom(claim_next)
         return await self._call(
             self._job_method("SubmitResult", "submit_result"),
             request,
             name="SubmitResult",
             retry=True,
-            before_retry=lambda: request.ClearField("claim_next"),
         )
 
     async def fail_job(

@@ -17,9 +17,11 @@ come faster than the stream sends them, as under load.
 
 When the stream breaks (job_service restarted, the network cut), every call in
 flight on it fails ``UNAVAILABLE`` (the retryable calls are then retried, as a
-unary call cut the same way would be) and the next call opens a new stream. A
-job_service that does not know the method (``UNIMPLEMENTED``) is remembered and
-every call goes unary from then on.
+unary call cut the same way would be) and the next call opens a new stream.
+
+With tracing on, each call is a client span shaped as the unary call's would be,
+and its ``traceparent`` travels in the call's message, so job_service's span of
+the call joins the caller's trace (:meth:`airuntime_common.tracing.Tracing.call_span`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import grpc
 
 from airuntime_common import metadata as md_keys
+from airuntime_common.tracing import Tracing
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
 
@@ -56,6 +59,19 @@ _CODES = {code.value[0]: code for code in grpc.StatusCode}
 Pending = dict[int, "asyncio.Future[rr.RuntimeSessionResponse]"]
 #: The most calls one batch message carries.
 MAX_CALLS_PER_MESSAGE = 64
+#: A call's field in ``RuntimeSessionRequest`` → the unary method it stands for.
+CALL_METHODS = {
+    field: f"/zhixi.airuntime.job.v1.JobService/{method}"
+    for field, method in (
+        ("claim_jobs", "ClaimJobs"),
+        ("start_job", "StartJob"),
+        ("heartbeat_leases", "HeartbeatLeases"),
+        ("get_snapshot", "GetSnapshot"),
+        ("submit_result", "SubmitResult"),
+        ("fail_job", "FailJob"),
+        ("record_invocation", "RecordInvocation"),
+    )
+}
 
 
 class _Stream:
@@ -83,16 +99,21 @@ class RuntimeSession:
     Args:
         stub: the JobService stub of the worker's channel.
         metadata: the stream's metadata (token, runtime instance id), sent once.
+        tracing: the worker's tracing: one client span per call. None: no spans.
     """
 
-    def __init__(self, stub: job_grpc.JobServiceStub, metadata: Sequence[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        stub: job_grpc.JobServiceStub,
+        metadata: Sequence[tuple[str, str]],
+        tracing: Tracing | None = None,
+    ) -> None:
         self._stub = stub
+        self._tracing = tracing
         self._metadata = (*tuple(metadata), (md_keys.SESSION_BATCH, "1"))
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
         self._open_lock = asyncio.Lock()
-        #: job_service answered UNIMPLEMENTED: calls go unary
-        self.unsupported = False
         #: streams opened so far (a reopen after a break counts)
         self.opened = 0
         #: messages written, and how many of them were batches (for tests and metrics)
@@ -158,8 +179,6 @@ class RuntimeSession:
                         future.set_result(one)
             error = _rpc_error(grpc.StatusCode.UNAVAILABLE, "the runtime session ended")
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                self.unsupported = True
             if exc.code() in STREAM_REFUSALS:
                 error = exc
             else:
@@ -173,7 +192,7 @@ class RuntimeSession:
                 self._stream = None
             if stream.writer is not None:
                 stream.writer.cancel()
-        if not self.unsupported and error.code() != grpc.StatusCode.CANCELLED:
+        if error.code() != grpc.StatusCode.CANCELLED:
             log.warning("runtime session ended: %s", error.details())
         for future in pending.values():
             if not future.done():
@@ -194,6 +213,28 @@ class RuntimeSession:
             grpc.aio.AioRpcError: the call's refusal (its rich status), UNAVAILABLE when
                 the stream broke, DEADLINE_EXCEEDED after ``deadline_s``.
         """
+        if self._tracing is None:
+            return await self._send(field, request, deadline_s, request_id, "")
+        with self._tracing.call_span(CALL_METHODS[field], server=False) as span:
+            try:
+                answer = await self._send(field, request, deadline_s, request_id, span.trace_parent)
+            except grpc.aio.AioRpcError as exc:
+                span.finish(exc.code().name)
+                raise
+            except asyncio.CancelledError:
+                span.finish("CANCELLED")
+                raise
+            span.finish("OK")
+            return answer
+
+    async def _send(
+        self,
+        field: str,
+        request: Any,
+        deadline_s: float | None,
+        request_id: str,
+        traceparent: str,
+    ) -> Any:
         stream = await self._current()
         call_id = next(self._ids)
         future: asyncio.Future[rr.RuntimeSessionResponse] = (
@@ -201,7 +242,9 @@ class RuntimeSession:
         )
         stream.pending[call_id] = future
         stream.outbox.append(
-            rr.RuntimeSessionRequest(id=call_id, request_id=request_id, **{field: request})
+            rr.RuntimeSessionRequest(
+                id=call_id, request_id=request_id, traceparent=traceparent, **{field: request}
+            )
         )
         stream.wake.set()
         try:
@@ -243,12 +286,9 @@ class RuntimeSession:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    def method(
-        self, field: str, unary: Callable[..., Awaitable[Any]]
-    ) -> Callable[..., Awaitable[Any]]:
-        """A callable shaped like the unary stub method ``unary`` (``(request, *, metadata,
-        timeout)``) that sends the call on this session, or unary once job_service is
-        known not to have ``RuntimeSession``."""
+    def method(self, field: str) -> Callable[..., Awaitable[Any]]:
+        """A callable shaped like the unary stub method of call ``field``
+        (``(request, *, metadata, timeout)``) that sends the call on this session."""
 
         async def call(
             request: Any,
@@ -256,16 +296,7 @@ class RuntimeSession:
             metadata: Any = (),
             timeout: float | None = None,  # noqa: ASYNC109 (the unary stub's signature)
         ) -> Any:
-            if not self.unsupported:
-                try:
-                    request_id = dict(metadata).get(md_keys.REQUEST_ID, "") or uuid.uuid4().hex
-                    return await self.call(
-                        field, request, deadline_s=timeout, request_id=request_id
-                    )
-                except grpc.aio.AioRpcError as exc:
-                    if not (self.unsupported and exc.code() == grpc.StatusCode.UNIMPLEMENTED):
-                        raise
-                    log.info("job_service has no RuntimeSession: runtime calls go unary")
-            return await unary(request, metadata=metadata, timeout=timeout)
+            request_id = dict(metadata).get(md_keys.REQUEST_ID, "") or uuid.uuid4().hex
+            return await self.call(field, request, deadline_s=timeout, request_id=request_id)
 
         return call

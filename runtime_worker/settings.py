@@ -6,7 +6,6 @@ and refuses a configuration that cannot keep its leases (case L2).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -15,9 +14,9 @@ from collections.abc import Mapping
 from pydantic import Field, SecretStr
 
 from airuntime_common import jobtypes
+from airuntime_common.egress import EgressSettings
 from airuntime_common.model_providers import (
     DEFAULT_API_KEY_ENV,
-    STANDIN_PLATFORM_KEY,
     ModelProvidersSettings,
     platform_keys_from,
 )
@@ -34,8 +33,10 @@ class InvalidSettings(MissingSetting):
     """A setting has a value the worker refuses to start with (exits with the message)."""
 
 
-class WorkerSettings(ModelProvidersSettings, CommonSettings):
-    """Every variable the worker reads.
+class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
+    """Every variable the worker reads (``USER_BASE_URLS``, ``USER_BASE_URL_PORTS`` and
+    ``EGRESS_ALLOW_CIDRS`` are :class:`~airuntime_common.egress.EgressSettings`'s, as
+    credential_service's).
 
     Attributes:
         POLL_INTERVAL_MS: sleep between claims when nothing was found (ms).
@@ -47,34 +48,15 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
         RUNTIME_WORKER_ADVERTISE_ADDR: address reported to job_service as ``status_address``;
             derived from the hostname and the bound port when empty.
         RUNTIME_INSTANCE_ID: this process's id (``x-runtime-instance-id``).
-        WORKER_PLATFORM_KEYS: the worker holds the platform keys itself (each provider's
-            ``apiKeyEnv`` in its own environment, as the seed's deployment gives the
-            runtime ``DEEPSEEK_API_KEY``): a platform-key attempt on a provider whose key
-            it holds runs on it without a ResolveCredential round trip (the claim names
-            the provider; the lease is the worker's own claim). User keys always resolve.
-        DEEPSEEK_API_KEY: the default provider's platform key (with ``WORKER_PLATFORM_KEYS``).
-        ALLOW_PLATFORM_KEY_STANDIN: dev/demo/test only, as credential_service's: with
-            ``WORKER_PLATFORM_KEYS``, a provider without a key uses the stand-in's.
+        DEEPSEEK_API_KEY: the default provider's platform key. A provider whose platform
+            key is in this worker's environment (its ``apiKeyEnv``, as the seed's
+            deployment gives the runtime ``DEEPSEEK_API_KEY``) runs its platform-key
+            attempts on that key without a ResolveCredential round trip (the claim
+            names the provider; the lease is the worker's own claim); without it, the
+            attempt resolves its key. User keys always resolve.
         WORKER_CAPABILITIES: comma list of job types this worker takes; unset: every
             registered job type (:mod:`airuntime_common.jobtypes`).
         LONG_POLL_WAIT_MS: ``wait_ms`` of ClaimJobs (0..20000, ms).
-        CLAIM_BATCH_WINDOW_MS: with jobs in flight and fewer free slots than a
-            quarter of ``WORKER_CONCURRENCY``, how long the claim loop waits for more
-            slots to free before claiming (ms; 0 = claim for every freed slot). An
-            idle worker always claims at once.
-        CLAIM_WITH_RESULT: a result also claims the job for the slot it frees, in
-            its own call and transaction (SubmitResult ``claim_next``).
-        WORKER_PREFETCH: jobs claimed ahead of the slots (0..50; default 0): they wait,
-            leased and started (their time budget counting from the claim), for a slot
-            to free, and a slot frees when its model work ends, its result reporting
-            meanwhile. For short jobs: one slot then keeps results in flight while the
-            next jobs run; a held job waits for the model calls ahead of it in line
-            (about n / WORKER_CONCURRENCY of them), so with long calls leave it at 0.
-        WORKER_PREFETCH_MAX_WAIT_MS: the longest a job held ahead should wait for a slot
-            (ms; 0 = no bound): once the worker has seen model work end, it holds at
-            most ``WORKER_PREFETCH_MAX_WAIT_MS × WORKER_CONCURRENCY / mean work time``
-            jobs ahead (never more than ``WORKER_PREFETCH``), so a worker set up for
-            short jobs stops holding jobs ahead when its model calls turn long.
         SHUTDOWN_GRACE_SECONDS: time in-flight jobs get to finish on SIGTERM/Drain (s).
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
@@ -83,10 +65,6 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
             ``WORKER_CONCURRENCY`` × this in answer bodies.
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
         RPC_RETRY_SECONDS: how long idempotent internal calls retry on UNAVAILABLE (s).
-        WORKER_RPC_SESSION: send the job_service runtime calls over one long-lived
-            ``RuntimeSession`` stream (default true); false, or tracing on, one unary
-            call each. A job_service without the stream is detected and called unary.
-        MODEL_PRICES: optional JSON price table (informational; job_service computes cost).
         WORKER_METRICS_PORT: Prometheus port, 0 = off.
     """
 
@@ -97,15 +75,9 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
     RUNTIME_WORKER_LISTEN: ListenAddress = "[::]:50053"
     RUNTIME_WORKER_ADVERTISE_ADDR: str = ""
     RUNTIME_INSTANCE_ID: str = Field(default_factory=default_instance_id)
-    WORKER_PLATFORM_KEYS: bool = False
     DEEPSEEK_API_KEY: SecretStr | None = None
-    ALLOW_PLATFORM_KEY_STANDIN: bool = False
     WORKER_CAPABILITIES: str | None = None
     LONG_POLL_WAIT_MS: int = Field(default=10000, ge=0, le=20000)
-    CLAIM_BATCH_WINDOW_MS: int = Field(default=20, ge=0, le=1000)
-    CLAIM_WITH_RESULT: bool = True
-    WORKER_PREFETCH: int = Field(default=0, ge=0, le=50)
-    WORKER_PREFETCH_MAX_WAIT_MS: int = Field(default=1000, ge=0, le=600_000)
     SHUTDOWN_GRACE_SECONDS: float = Field(default=20.0, ge=0, le=DAY)
     MODEL_CALL_MAX_SECONDS: float = Field(default=110.0, gt=0, le=DAY)
     MODEL_MAX_RESPONSE_BYTES: int = Field(
@@ -113,25 +85,18 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
     )
     RPC_TIMEOUT_SECONDS: float = Field(default=10.0, gt=0, le=DAY)
     RPC_RETRY_SECONDS: float = Field(default=30.0, ge=0, le=DAY)
-    WORKER_RPC_SESSION: bool = True
-    MODEL_PRICES: str | None = None
     WORKER_METRICS_PORT: int = Field(default=9103, ge=0, le=65535)
 
     def platform_keys(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
-        """The platform keys this worker holds, by provider name (empty unless
-        ``WORKER_PLATFORM_KEYS``): each provider's ``apiKeyEnv`` (``DEEPSEEK_API_KEY`` is
-        this settings' value), else the stand-in key where that is allowed."""
-        if not self.WORKER_PLATFORM_KEYS:
-            return {}
+        """The platform keys this worker holds, by provider name: each provider whose
+        ``apiKeyEnv`` is set in its environment (``DEEPSEEK_API_KEY`` is this settings'
+        value). A provider whose key only credential_service holds (or its stand-in key,
+        ``ALLOW_PLATFORM_KEY_STANDIN``) is resolved per attempt."""
         source = dict(os.environ if env is None else env)
         source.pop(DEFAULT_API_KEY_ENV, None)
         if self.DEEPSEEK_API_KEY is not None:
             source[DEFAULT_API_KEY_ENV] = self.DEEPSEEK_API_KEY.get_secret_value()
-        keys = platform_keys_from(self.providers(), source)
-        if self.ALLOW_PLATFORM_KEY_STANDIN:
-            for provider in self.providers():
-                keys.setdefault(provider.name, STANDIN_PLATFORM_KEY)
-        return keys
+        return platform_keys_from(self.providers(), source)
 
     @property
     def capabilities(self) -> list[str]:
@@ -151,7 +116,7 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
         Raises:
             MissingSetting: ``RUNTIME_SERVICE_TOKEN`` is empty.
             InvalidSettings: heartbeat interval above a third of the lease, unknown or
-                empty capabilities, or a ``MODEL_PRICES`` that is not a JSON object.
+                empty capabilities.
         """
         if not self.RUNTIME_SERVICE_TOKEN:
             raise MissingSetting("refusing to start: RUNTIME_SERVICE_TOKEN is required (SPEC §7)")
@@ -168,10 +133,3 @@ class WorkerSettings(ModelProvidersSettings, CommonSettings):
                 f"refusing to start: WORKER_CAPABILITIES has unknown job types {unknown} "
                 f"or none; allowed: {', '.join(jobtypes.names())}"
             )
-        if self.MODEL_PRICES:
-            try:
-                ok = isinstance(json.loads(self.MODEL_PRICES), dict)
-            except ValueError:
-                ok = False
-            if not ok:
-                raise InvalidSettings("refusing to start: MODEL_PRICES must be a JSON object")

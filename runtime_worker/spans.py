@@ -38,7 +38,7 @@ from runtime_worker.providers.base import ModelError, ModelProvider, ModelReques
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
-    from runtime_worker.worker import CallWindow
+    from runtime_worker.attempt import CallWindow
 
 T = TypeVar("T")
 

@@ -217,6 +217,7 @@ async def resolve_credential(
         "modelProvider": resp.model_provider,
         "modelName": resp.model_name,
         "baseUrl": resp.base_url,
+        "userBaseUrl": resp.user_base_url,
     }
 
 

@@ -610,16 +610,36 @@ async def erase_me(principal: UserPrincipal, call: Backend) -> Response:
     return Response(status_code=204)
 
 
-@router.put("/me/model-credential", response_model=CredentialOut)
+@router.put(
+    "/me/model-credential",
+    response_model=CredentialOut,
+    responses={
+        400: {
+            "model": ErrorBody,
+            "description": "INVALID_ARGUMENT: a malformed body or provider; a baseUrl "
+            "while the deployment has USER_BASE_URLS off",
+        },
+        422: {
+            "model": ErrorBody,
+            "description": "INVALID_BASE_URL: the baseUrl broke a rule (details.rule: "
+            "syntax, scheme, user_info, query, fragment, port, unresolvable or address); "
+            "nothing was stored",
+        },
+    },
+)
 async def put_model_credential(
     principal: UserPrincipal, call: Backend, body: CredentialPut
 ) -> dict[str, Any]:
-    """Store (or replace) the caller's key for a configured provider (SPEC §9.4);
-    answers the masked view only."""
+    """Store (or replace) the caller's key for a configured provider (SPEC §9.4), with
+    the caller's own endpoint when ``baseUrl`` is given (reference §10.5: checked now and
+    before every model call); answers the masked view only."""
     resp = await call(
         call.credential.PutCredential,
         cred_rr.PutCredentialRequest(
-            user_id=principal.user_id, provider=body.provider or "", api_key=body.apiKey
+            user_id=principal.user_id,
+            provider=body.provider or "",
+            api_key=body.apiKey,
+            base_url=body.baseUrl or "",
         ),
     )
     return convert.credential_json(resp.credential)

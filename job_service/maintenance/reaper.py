@@ -28,7 +28,7 @@ from sqlalchemy import and_, literal, or_
 
 from airuntime_common.errors import ErrorCode
 from job_service import metrics
-from job_service.lifecycle import EXPIRED, PENDING, Op, end_attempt
+from job_service.lifecycle import EXPIRED, PENDING, TERMINAL, Op, end_attempt
 from job_service.services.core import Core
 from job_service.store import statements as st
 from job_service.store.batch import FenceBroken, new_batch, run_one
@@ -139,6 +139,10 @@ class Reaper:
         batch = new_batch(db)
         expire.queue_fenced(batch, "expire")  # the job moved meanwhile: leave it
         then.queue_fenced(batch, "end")  # same transaction, row locked: cannot be refused
+        if row.user_id.startswith(st.PSEUDONYM_PREFIX) and ending.ending.to_state in TERMINAL:
+            # its user was erased while it was leased: it goes now (reference §9.2)
+            for statement in st.forget_erased_jobs([(job_id, row.user_id)]):
+                batch.add(statement)
         try:
             await batch.run()
         except FenceBroken as broken:

@@ -5,7 +5,7 @@ and are combined here: :mod:`.jobs` (users' and admins' jobs), :mod:`.runtime`
 (the runtime contract), :mod:`.session` (the same calls over one stream),
 :mod:`.learning` (the learner's data and results),
 :mod:`.admin` (costs, the breaker, runtime health), :mod:`.prompts` (the prompt
-registry, reference §10.4) and :mod:`.watch` (job changes, SPEC §9.1). Request checks and the
+registry, reference §10.4) and :mod:`.watch` (job changes, reference §9.1). Request checks and the
 error mapping shared by all are in :mod:`.common`.
 """
 

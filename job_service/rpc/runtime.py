@@ -37,7 +37,7 @@ from job_service.rpc.common import (
 from job_service.rpc.convert import _enum, from_struct, job_to_proto, to_struct
 from job_service.services.claiming import check_poll_args
 from job_service.services.domain import JobDomain
-from job_service.services.inputs import ClaimNext, LeaseHolderView
+from job_service.services.inputs import LeaseHolderView
 from job_service.services.ports import SnapshotView
 from job_service.store.records import JobRecord
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -245,36 +245,22 @@ class RuntimeRpcs:
         text_field(request.prompt_version, "promptVersion", MAX_PROMPT_VERSION)
         text_field(request.output_schema_version, "outputSchemaVersion", MAX_OUTPUT_SCHEMA_VERSION)
         calls = calls_of(request.invocations)
-        claim_next = None
-        if request.HasField("claim_next"):
-            nxt = request.claim_next
-            caps = capabilities_of(nxt.capabilities)
-            text_field(nxt.status_address, "claimNext.statusAddress", MAX_STATUS_ADDRESS)
-            claim_next = ClaimNext(caps, nxt.limit)
+        # ``claim_next`` (deprecated) is ignored: a result never claims; the worker's
+        # claim loop fills the slot the result frees (reference §3)
         outcome = await self.domain.submit_result(
             lease,
             prompt_version=request.prompt_version or None,
             output_schema_version=request.output_schema_version or "v1",
             output=from_struct(request.output, "output"),
             calls=calls,
-            claim_next=claim_next,
         )
-        if claim_next is not None:
-            await self.domain.seen(
-                lease.instance_id,
-                claim_next.capabilities,
-                request.claim_next.status_address or None,
-            )
-        out = rr.SubmitResultResponse(
+        return rr.SubmitResultResponse(
             job_id=outcome.job_id,
             status=_enum(JOB_STATUS.to_proto(outcome.status)),
             result_id=outcome.result_id,
             output_hash=outcome.output_hash,
             replayed=outcome.replayed,
-            claimed_jobs=[self._leased(j) for j in outcome.claimed],
         )
-        self._claimed_snapshots(outcome.claimed, outcome.snapshots, out.snapshots)
-        return out
 
     @rpc
     async def FailJob(self, request: rr.FailJobRequest, context: Ctx) -> rr.FailJobResponse:

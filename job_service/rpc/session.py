@@ -15,7 +15,9 @@ small, so that overhead was a large part of a job's CPU. The unary RPCs and the
 REST shim stay for every other runtime.
 
 A call's duration is observed in ``airt_grpc_server_handling_seconds`` under its own
-method's label (``JobService/ClaimJobs``…), as the unary call's would be.
+method's label (``JobService/ClaimJobs``…), as the unary call's would be; with
+tracing on, each call is a server span named by its unary method, the caller's
+``traceparent`` (the message's) its parent.
 
 Batches: the server's initial metadata says it takes batched calls
 (``x-runtime-session-batch: 1``): a ``batch`` message carries calls (and cancels)
@@ -34,11 +36,12 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
 from airuntime_common import metadata as md_keys
+from airuntime_common import tracing as _tracing
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import abort
 from airuntime_common.grpc_server import RPC_SECONDS
@@ -139,17 +142,32 @@ class CallRefused(grpc.aio.AbortError):  # type: ignore[misc]
         )
 
 
-class CallContext:
-    """The servicer context of one call on a session: the stream's metadata and peer,
-    and an ``abort`` that refuses this call only (:class:`CallRefused`)."""
+class _Metadatum(NamedTuple):
+    """One metadata item, as a servicer context's ``invocation_metadata`` yields them."""
 
-    def __init__(self, stream: Ctx) -> None:
+    key: str
+    value: str
+
+
+class CallContext:
+    """The servicer context of one call on a session: the stream's metadata and peer
+    (with the call's own ``traceparent``, as a unary call's metadata carries it), and
+    an ``abort`` that refuses this call only (:class:`CallRefused`)."""
+
+    def __init__(self, stream: Ctx, traceparent: str = "") -> None:
         self._stream = stream
+        self._traceparent = traceparent
         self.code: grpc.StatusCode | None = None
 
     def invocation_metadata(self) -> Any:
-        """The stream's metadata (``x-runtime-instance-id``…)."""
-        return self._stream.invocation_metadata()
+        """The stream's metadata (``x-runtime-instance-id``…) and the call's ``traceparent``."""
+        md = tuple(self._stream.invocation_metadata() or ())
+        if not self._traceparent:
+            return md
+        return (
+            *(item for item in md if item.key != _tracing.TRACEPARENT),
+            _Metadatum(_tracing.TRACEPARENT, self._traceparent),
+        )
 
     def peer(self) -> str:
         """The stream's peer."""
@@ -273,9 +291,28 @@ class SessionRpcs:
         context: Ctx,
         answers: asyncio.Queue[Answer],
     ) -> None:
+        method_name = SESSION_CALLS[kind]
+        tracing = _tracing.current()
+        if tracing is None:
+            await self._answer(request, kind, context, answers)
+            return
+        full = f"/zhixi.airuntime.job.v1.JobService/{method_name}"
+        trace_parent = request.traceparent or None
+        with tracing.call_span(full, server=True, trace_parent=trace_parent) as span:
+            span.finish(await self._answer(request, kind, context, answers))
+
+    async def _answer(
+        self,
+        request: rr.RuntimeSessionRequest,
+        kind: str,
+        context: Ctx,
+        answers: asyncio.Queue[Answer],
+    ) -> str:
+        """Run one call through its servicer method and queue its answer; the name of the
+        gRPC status it ended with."""
         field, method_name = kind, SESSION_CALLS[kind]
         method: Callable[[Any, Any], Awaitable[Any]] = getattr(self, method_name)
-        call_context = CallContext(context)
+        call_context = CallContext(context, request.traceparent)
         started = time.perf_counter()
         token = bind(requestId=request.request_id or None)
         status = "OK"
@@ -293,3 +330,4 @@ class SessionRpcs:
                 time.perf_counter() - started
             )
             log_context.reset(token)
+        return status

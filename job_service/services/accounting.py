@@ -17,7 +17,7 @@ from job_service.services.inputs import ModelCallInput
 from job_service.store import statements as st
 from job_service.store.batch import StatementBatch, new_batch
 from job_service.store.engine import DbExec
-from job_service.store.records import JobRecord, ResultFacts
+from job_service.store.records import EndingFacts, JobRecord
 from job_service.store.tables import PLATFORM_SPEND_SHARDS
 
 log = logging.getLogger("job_service.accounting")
@@ -67,7 +67,7 @@ class Accounting:
         self.core = core
 
     def call_rows(
-        self, job: JobRecord | ResultFacts, attempt_no: int, calls: Sequence[ModelCallInput]
+        self, job: JobRecord | EndingFacts, attempt_no: int, calls: Sequence[ModelCallInput]
     ) -> list[dict[str, Any]]:
         """The invocation log rows of ``calls`` of ``job``'s attempt ``attempt_no``; a call's
         empty model/provider/key mode is the job's, its cost from ``MODEL_PRICES``, its
@@ -118,7 +118,7 @@ class Accounting:
     def queue_calls(
         self,
         batch: StatementBatch,
-        job: JobRecord | ResultFacts,
+        job: JobRecord | EndingFacts,
         attempt_no: int,
         calls: Sequence[ModelCallInput],
         *,

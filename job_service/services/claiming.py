@@ -23,8 +23,7 @@ from job_service.maintenance.scheduler import RECHECK_SECONDS
 from job_service.services.core import Core, observe_pickup, runtime_actor
 from job_service.services.ports import SnapshotView
 from job_service.store import statements as st
-from job_service.store.batch import Outcome, StatementBatch, new_batch, run_one
-from job_service.store.cache import Sql
+from job_service.store.batch import StatementBatch, new_batch, run_one
 from job_service.store.engine import DbExec
 from job_service.store.records import JobRecord, job_of
 from job_service.store.transitions import (
@@ -50,36 +49,6 @@ class Claimed:
 
     jobs: list[JobRecord] = field(default_factory=list)
     snapshots: dict[str, SnapshotView] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ClaimPlan:
-    """A claim decided, not yet queued (:meth:`Claiming.plan_claim`).
-
-    Attributes:
-        instance_id: the claiming runtime instance.
-        ids: the picked job ids, in the pick's order.
-        start: lock and start (a claim with start) or lock only.
-        providers: ``{jobId: provider}`` of the jobs whose provider the lock changes.
-        snapshot_ids: ``{jobId: snapshotId}`` to read (a claim with start).
-    """
-
-    instance_id: str
-    ids: list[str]
-    start: bool
-    providers: dict[str, str]
-    snapshot_ids: dict[str, str]
-
-
-@dataclass(frozen=True)
-class QueuedClaim:
-    """A claim queued on a batch: where its outcomes are (:meth:`Claiming.claimed_from`)."""
-
-    plan: ClaimPlan
-    read: int
-    views: dict[str, SnapshotView]
-    #: the batch index of the read of the snapshots not cached, and its row → view
-    reads: tuple[int, Callable[[Sequence[Any]], SnapshotView]] | None
 
 
 def check_poll_args(capabilities: Sequence[str], limit: int, wait_ms: int) -> int:
@@ -164,85 +133,40 @@ class Claiming:
                     self.core.claimed_snapshots.put(job.job_id, job.snapshot_id)
         return result
 
-    def pick_sql(self, caps: list[str], n: int) -> Sql:
-        """The claim's pick (``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB), for a batch."""
-        return st.claim_pick.sql(self.core.clock, {"caps": caps, "n": n})
-
     async def claim_in(
-        self,
-        db: DbExec,
-        instance_id: str,
-        caps: list[str],
-        n: int,
-        *,
-        start: bool,
-        picked: Sequence[Sequence[Any]] | None = None,
+        self, db: DbExec, instance_id: str, caps: list[str], n: int, *, start: bool
     ) -> Claimed:
-        """A claim's statements inside the caller's transaction (module doc): the pick
-        (unless ``picked`` holds its rows), then one batch.
+        """A claim's statements inside the caller's transaction (module doc): the pick,
+        each platform-key job's provider for this attempt (:meth:`providers_of`), then
+        one batch with the moves, their events and the reads of the rows and snapshots.
 
         Args:
             caps: the capabilities, sorted and without repeats.
             n: how many jobs at most (checked by :func:`check_poll_args`).
             start: also start each job and read its snapshot.
-            picked: the pick's rows when the caller already ran it; None runs it here.
 
-        The COMMIT is left to the caller: a plain claim run again would lock other
-        jobs, so its COMMIT goes alone.
+        The COMMIT is left to the caller: a claim run again would lock other jobs,
+        so its COMMIT goes alone.
         """
-        if picked is None:
-            picked = (await run_one(db, self.pick_sql(caps, n))).rows
-        plan = await self.plan_claim(db, instance_id, picked, start=start)
-        if plan is None:
-            return Claimed()
-        batch = new_batch(db)
-        queued = self.queue_claim(batch, plan)
-        return self.claimed_from(await batch.run(), queued)
-
-    async def plan_claim(
-        self,
-        db: DbExec,
-        instance_id: str,
-        picked: Sequence[Sequence[Any]],
-        *,
-        start: bool,
-    ) -> ClaimPlan | None:
-        """What a claim of the ``picked`` rows (:data:`statements.claim_pick`'s, locked by
-        the caller's transaction) will move: the jobs, their new attempt's provider
-        (:meth:`providers_of`, which may read and write the breaker rows now) and,
-        with ``start``, their snapshots. None when nothing was picked.
-
-        The plan's statements then go on any batch of the same transaction
-        (:meth:`queue_claim`), after the caller's own: a result's claim rides in
-        the result's batch."""
+        clock = self.core.clock
+        pick = st.claim_pick.sql(clock, {"caps": caps, "n": n})
+        picked = (await run_one(db, pick)).rows
         if not picked:
-            return None
+            return Claimed()
         ids = [str(row[0]) for row in picked]
         snapshot_ids = {str(row[0]): str(row[1]) for row in picked if row[1]} if start else {}
-        moves = await self.providers_of(db, picked)
-        return ClaimPlan(instance_id, ids, start, moves, snapshot_ids)
-
-    def queue_claim(self, batch: StatementBatch, plan: ClaimPlan) -> QueuedClaim:
-        """Queue ``plan``'s lock (and start) with their events, the read of the rows it
-        moved and of the snapshots not cached; :meth:`claimed_from` reads them back."""
-        read = self._queue_moves(
-            batch, plan.ids, plan.instance_id, start=plan.start, providers=plan.providers
-        )
-        snaps = self.core.learning.snapshots_read(sorted(set(plan.snapshot_ids.values())))
-        reads = (batch.add(snaps.sql), snaps.from_row) if snaps.sql is not None else None
-        return QueuedClaim(plan, read, dict(snaps.views), reads)
-
-    def claimed_from(self, out: Sequence[Outcome], queued: QueuedClaim) -> Claimed:
-        """The jobs a queued claim moved (in the pick's order) and their snapshots, from
-        the outcomes of the batch it rode in."""
-        claimed = [job_of(row) for row in out[queued.read].rows]
-        views = dict(queued.views)
-        if queued.reads is not None:
-            index, from_row = queued.reads
-            for row in out[index].rows:
-                view = from_row(row)
+        providers = await self.providers_of(db, picked)
+        batch = new_batch(db)
+        read = self._queue_moves(batch, ids, instance_id, start=start, providers=providers)
+        snaps = self.core.learning.snapshots_read(sorted(set(snapshot_ids.values())))
+        snaps_at = batch.add(snaps.sql) if snaps.sql is not None else None
+        out = await batch.run()
+        claimed = [job_of(row) for row in out[read].rows]
+        views = dict(snaps.views)
+        if snaps_at is not None:
+            for row in out[snaps_at].rows:
+                view = snaps.from_row(row)
                 views[view.snapshot_id] = view
-        snapshot_ids = queued.plan.snapshot_ids
         by_job = {
             job.job_id: views[snapshot_ids[job.job_id]]
             for job in claimed

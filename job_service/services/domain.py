@@ -46,7 +46,6 @@ from job_service.services.core import Core
 from job_service.services.erasure import Erased, Erasure
 from job_service.services.inputs import (
     AuthorizationView,
-    ClaimNext,
     CreateJobInput,
     LeaseAnswer,
     LeaseHolderView,
@@ -96,7 +95,7 @@ class JobDomain:
         self.authorization = Authorization(self.core, self.admission)
         self.claiming = Claiming(self.core)
         self.leases = Leases(self.core)
-        self.completion = Completion(self.core, self.claiming, self.accounting)
+        self.completion = Completion(self.core, self.accounting)
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
         self.console = Console(self.core)
@@ -277,7 +276,6 @@ class JobDomain:
         output_schema_version: str,
         output: Any,
         calls: Sequence[ModelCallInput] = (),
-        claim_next: ClaimNext | None = None,
     ) -> SubmitOutcome:
         """:meth:`Completion.submit_result`."""
         return await self.completion.submit_result(
@@ -286,7 +284,6 @@ class JobDomain:
             output_schema_version=output_schema_version,
             output=output,
             calls=calls,
-            claim_next=claim_next,
         )
 
     async def fail(

@@ -1,45 +1,43 @@
-"""Group commit: concurrent requests of one kind run together, one transaction a group.
+"""Group commit: requests that queue while others commit run together, one transaction a group.
 
-A job service under load receives results faster than it commits them one by one:
-each transaction pays a connection checkout, its round trips, the server's
-statements of the claim that rides on it, and the COMMIT's log flush. A
-:class:`GroupCommit` lets at most ``max_in_flight`` groups run at a time; a
-request that arrives while they are all busy waits for the next group, which
-takes every waiting request (up to ``max_size``). Alone, a request runs on its
-own path at once: groups form only when requests queue, so one slot's latency
-is unchanged and a loaded service does fewer, larger transactions.
+A job service under load receives reports faster than it commits them one by
+one: each transaction pays a connection checkout, its round trips and the
+COMMIT's log flush. A :class:`GroupCommit` lets at most ``max_in_flight`` groups
+run at a time; a request that arrives while they are all busy waits for the
+next group, which takes every waiting request (up to ``max_size``). A request
+that finds a free turn runs at once, as a group of one: groups form only when
+requests queue, so one worker's latency is unchanged and a loaded service
+does fewer, larger transactions.
 
-A group's body decides which of its requests it can take (the common case) and
-leaves the others (``None``) to their own path, run after the group's
-transaction has ended; when the group's body raises, every request of the group
-runs on its own path, so each gets the answer or error it would have had alone.
+There is one body for every group, whatever its size: it takes 1..N requests
+and answers each. Two requests with the same key (the same job) never share a
+group: the later one waits for the next. When the body raises, every request
+of its group gets that error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-log = logging.getLogger("job_service.grouping")
+#: A request waiting for its group, and the future its caller awaits.
+_Waiting = tuple[T, "asyncio.Future[R]"]
 
 
 class GroupCommit(Generic[T, R]):
     """Coalesces concurrent requests into groups (module doc).
 
     Args:
-        run_group: runs a group of two or more requests in one transaction; returns
-            one answer per request, ``None`` for a request it left to ``run_one``.
-        run_one: runs one request on its own (its own transaction); its answer or
-            error is the caller's.
+        run: runs a group of one or more requests in one transaction; returns one
+            answer per request, in order.
+        key: a request's key; requests with equal keys never share a group.
         max_size: most requests in one group (≥ 1).
-        max_in_flight: most groups (or lone requests) running at once (≥ 1).
-        observe: called after each group of two or more with its size and how many
-            of its requests ran alone (metrics).
+        max_in_flight: most groups running at once (≥ 1).
+        observe: called after each group with its size (metrics).
 
     Raises:
         ValueError: a bound below 1.
@@ -47,17 +45,17 @@ class GroupCommit(Generic[T, R]):
 
     def __init__(
         self,
-        run_group: Callable[[list[T]], Awaitable[Sequence[R | None]]],
-        run_one: Callable[[T], Awaitable[R]],
+        run: Callable[[list[T]], Awaitable[Sequence[R]]],
         *,
+        key: Callable[[T], Hashable],
         max_size: int,
         max_in_flight: int,
-        observe: Callable[[int, int], None] | None = None,
+        observe: Callable[[int], None] | None = None,
     ) -> None:
         if max_size < 1 or max_in_flight < 1:
             raise ValueError("max_size and max_in_flight must be at least 1")
-        self._run_group = run_group
-        self._run_one = run_one
+        self._run = run
+        self._key = key
         self._observe = observe
         self.max_size = max_size
         self.max_in_flight = max_in_flight
@@ -67,31 +65,45 @@ class GroupCommit(Generic[T, R]):
 
     @property
     def in_flight(self) -> int:
-        """Groups (or lone requests) running now."""
+        """Groups running now."""
         return self._in_flight
 
     async def submit(self, item: T) -> R:
-        """Run ``item``, in a group when others wait with it; its answer.
+        """Run ``item`` in the next group; its answer.
+
+        A request that finds a free turn and nobody waiting runs at once in the
+        caller's task (a group of one).
 
         Raises:
-            Exception: what ``run_one`` raises for it (a group never raises to a caller).
+            Exception: what the group's body raised.
         """
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         if self._in_flight < self.max_in_flight and not self._waiting:
             self._in_flight += 1
-            try:
-                return await self._run_one(item)
-            finally:
-                self._in_flight -= 1
-                self._start()
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._waiting.append((item, future))
-        self._start()
+            await self._flush([(item, future)])
+        else:
+            self._waiting.append((item, future))
+            self._start()
         return await future
+
+    def _take(self) -> list[tuple[T, asyncio.Future[R]]]:
+        """The next group: waiting requests in order, one per key, at most ``max_size``."""
+        group: list[tuple[T, asyncio.Future[R]]] = []
+        left: list[tuple[T, asyncio.Future[R]]] = []
+        keys: set[Hashable] = set()
+        for waiting in self._waiting:
+            key = self._key(waiting[0])
+            if len(group) < self.max_size and key not in keys:
+                keys.add(key)
+                group.append(waiting)
+            else:
+                left.append(waiting)
+        self._waiting = left
+        return group
 
     def _start(self) -> None:
         while self._waiting and self._in_flight < self.max_in_flight:
-            group = self._waiting[: self.max_size]
-            del self._waiting[: self.max_size]
+            group = self._take()
             self._in_flight += 1
             task = asyncio.create_task(self._flush(group))
             self._tasks.add(task)
@@ -99,36 +111,21 @@ class GroupCommit(Generic[T, R]):
 
     async def _flush(self, group: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
-            answers: Sequence[R | None] = [None] * len(group)
-            if len(group) > 1:
-                try:
-                    answers = await self._run_group([item for item, _ in group])
-                except Exception:  # each request then runs alone: its own answer or error
-                    log.debug("group of %d fell back to one transaction each", len(group))
-                    answers = [None] * len(group)
-            alone = []
-            for (item, future), answer in zip(group, answers, strict=True):
-                if answer is None:
-                    alone.append(self._alone(item, future))
-                elif not future.done():
+            answers = await self._run([item for item, _ in group])
+            for (_, future), answer in zip(group, answers, strict=True):
+                if not future.done():
                     future.set_result(answer)
-            if len(group) > 1 and self._observe is not None:
-                self._observe(len(group), len(alone))
-            if alone:
-                await asyncio.gather(*alone)
-        finally:
+            if self._observe is not None:
+                self._observe(len(group))
+        except BaseException as exc:
             for _, future in group:
-                if not future.done():  # this task was cancelled (shutdown)
-                    future.cancel()
+                if not future.done():
+                    if isinstance(exc, Exception):
+                        future.set_exception(exc)
+                    else:  # this task was cancelled (shutdown)
+                        future.cancel()
+            if not isinstance(exc, Exception):
+                raise
+        finally:
             self._in_flight -= 1
             self._start()
-
-    async def _alone(self, item: T, future: asyncio.Future[R]) -> None:
-        try:
-            answer = await self._run_one(item)
-        except Exception as exc:
-            if not future.done():
-                future.set_exception(exc)
-            return
-        if not future.done():
-            future.set_result(answer)

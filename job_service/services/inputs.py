@@ -12,8 +12,6 @@ from datetime import datetime
 from typing import Any
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.services.ports import SnapshotView
-from job_service.store.records import JobRecord
 
 #: Most tokens one model call may log per count (prompt, completion, cache hits):
 #: ten million, far above any context window, so a broken count (2^53) cannot be
@@ -145,31 +143,13 @@ class ModelCallInput:
 
 @dataclass(frozen=True)
 class SubmitOutcome:
-    """Answer of a result submission (SPEC §3 result)."""
+    """Answer of a result submission (reference §3 result)."""
 
     job_id: str
     status: str
     result_id: str
     output_hash: str
     replayed: bool
-    #: with ``claim_next``: the jobs claimed in the result's transaction (running,
-    #: leased to the caller) and their snapshots by job id
-    claimed: list[JobRecord] = field(default_factory=list)
-    snapshots: dict[str, SnapshotView] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ClaimNext:
-    """A claim riding on a result (SubmitResult ``claim_next``): ClaimJobs with
-    snapshots, no long poll, in the result's transaction.
-
-    Attributes:
-        capabilities: job types the caller runs (closed enum, SPEC §2.6).
-        limit: jobs wanted, ≥ 1 (at most 50 are claimed, as by ClaimJobs).
-    """
-
-    capabilities: list[str]
-    limit: int
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Final
 
 from job_service.settings import JobServiceSettings
-
-#: Prefix of a pseudonym (so an erased user's rows are recognisable as such).
-PSEUDONYM_PREFIX: Final = "erased-"
+from job_service.store.statements import PSEUDONYM_PREFIX
 
 
 def pseudonym_key(settings: JobServiceSettings) -> bytes:

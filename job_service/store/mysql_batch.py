@@ -349,46 +349,12 @@ class MultiStatementBatch(StatementBatch):
 
     async def _execute(self, queue: list[Queued]) -> list[Outcome]:
         conn = await self._connection()
-        dialect = conn.dialect
         # On a Galera node the COMMIT goes alone: a write set from another node can
         # abort the transaction while the batch runs, and the server then runs the
         # statements after the abort in a new transaction that the batch's COMMIT
         # would commit (MariaDB 10.11; SPEC §9.6). The 1213 of the abort is raised at
         # that COMMIT, and the caller's block rolls the leftover back.
-        galera = bool(conn.info.get(GALERA))
-        items: list[_Item] = []
-        indexes: list[int] = []  # statement number → position in ``items``
-        merged: dict[int, int] = {}  # id of a merged shape → its item's position
-        shapes = [
-            None if e.sql is None else _compiled(dialect, e.sql.key, e.sql.statement, e.sql.params)
-            for e in queue
-        ]
-        for n, entry in enumerate(queue):
-            compiled = shapes[n]
-            if entry.fence is not None:
-                text = FENCE_SQL.format(rows=entry.fence_rows)
-                items.append(_Item(None, {}, text, fence=entry.fence, fence_rows=entry.fence_rows))
-            elif entry.sql is None or compiled is None:
-                if not galera:
-                    items.append(_Item(None, {}, "COMMIT"))
-            else:
-                sql = entry.sql
-                if (
-                    entry.merge
-                    and _merging(compiled, sql.params)
-                    and not _reads_row_count(queue, shapes, n + 1)
-                ):
-                    at = merged.get(id(compiled))
-                    if at is not None:
-                        items[at].rows.append(sql.params)
-                        indexes.append(at)
-                        continue
-                    merged[id(compiled)] = len(items)
-                    indexes.append(len(items))
-                    items.append(_Item(compiled, sql.params, rows=[sql.params]))
-                    continue
-                indexes.append(len(items))
-                items.append(_Item(compiled, sql.params))
+        items, indexes = _items(conn.dialect, queue, galera=bool(conn.info.get(GALERA)))
         if not items:
             return []
         raw = await conn.get_raw_connection()
@@ -403,38 +369,7 @@ class MultiStatementBatch(StatementBatch):
             else _render(item.compiled, item.params, escape)
             for item in items
         ]
-        results: list[Outcome] = []
-        cursor = await _quiet_cursor(driver)
-        try:
-            await cursor.execute(";\n".join(texts))
-            results.append(await _collect(cursor, items[0]))
-            while await cursor.nextset():
-                results.append(await _collect(cursor, items[len(results)]))
-        except _DRIVER_ERRORS as exc:
-            at = len(results)  # the server stopped at the statement that failed
-            failed = items[at] if at < len(items) else None
-            if failed is not None and failed.fence is not None and exc.args[:1] == (FENCE_ERROR,):
-                raise FenceBroken(failed.fence, failed.fence_rows) from None
-            disconnect = dialect.is_disconnect(exc, raw, cursor)
-            if disconnect:
-                # as SQLAlchemy does for its own statements: the pool forgets
-                # every connection opened before this one (a restarted server
-                # dropped them all), then this connection is discarded
-                conn.sync_engine.pool._invalidate(raw, exc)
-                await conn.invalidate(exc)
-            # the statement, not the whole batch: its values may be large user data
-            where = f"statement {at + 1} of {len(texts)} of a batch: " if failed else "a batch: "
-            shown = texts[at] if failed is not None else texts[-1]
-            raise DBAPIError.instance(
-                where + (shown if len(shown) <= 300 else shown[:300] + " …"),
-                None,
-                exc,
-                next(base for base in _DRIVER_ERRORS if isinstance(exc, base)),
-                connection_invalidated=disconnect,
-                dialect=dialect,
-            ) from exc
-        finally:
-            await cursor.close()
+        results = await _send(conn, raw, driver, items, texts)
         if items[-1].text == "COMMIT":
             mark_committed(driver)
             # The server has committed: no transaction is open. asyncmy keeps the
@@ -443,6 +378,88 @@ class MultiStatementBatch(StatementBatch):
             # (airuntime_common.db._reset_if_in_transaction).
             driver.server_status &= ~SERVER_STATUS_IN_TRANS
         return [results[i] for i in indexes]
+
+
+def _items(dialect: Dialect, queue: list[Queued], *, galera: bool) -> tuple[list[_Item], list[int]]:
+    """The batch's entries as the texts to send: each statement compiled (merged
+    single-row INSERTs of one shape as one item), each fence its SQL, the COMMIT
+    (left out on Galera); and, per statement, the position of its item."""
+    items: list[_Item] = []
+    indexes: list[int] = []  # statement number → position in ``items``
+    merged: dict[int, int] = {}  # id of a merged shape → its item's position
+    shapes = [
+        None if e.sql is None else _compiled(dialect, e.sql.key, e.sql.statement, e.sql.params)
+        for e in queue
+    ]
+    for n, entry in enumerate(queue):
+        compiled = shapes[n]
+        if entry.fence is not None:
+            text = FENCE_SQL.format(rows=entry.fence_rows)
+            items.append(_Item(None, {}, text, fence=entry.fence, fence_rows=entry.fence_rows))
+        elif entry.sql is None or compiled is None:
+            if not galera:
+                items.append(_Item(None, {}, "COMMIT"))
+        elif (
+            entry.merge
+            and _merging(compiled, entry.sql.params)
+            and not _reads_row_count(queue, shapes, n + 1)
+        ):
+            at = merged.get(id(compiled))
+            if at is None:
+                at = merged[id(compiled)] = len(items)
+                items.append(_Item(compiled, entry.sql.params))
+            items[at].rows.append(entry.sql.params)
+            indexes.append(at)
+        else:
+            indexes.append(len(items))
+            items.append(_Item(compiled, entry.sql.params))
+    return items, indexes
+
+
+async def _send(
+    conn: AsyncConnection, raw: Any, driver: Any, items: list[_Item], texts: list[str]
+) -> list[Outcome]:
+    """Send ``texts`` as one multi-statement query; one outcome per item.
+
+    Raises:
+        FenceBroken: a fence stopped the batch.
+        sqlalchemy.exc.DBAPIError: a statement's error (the rest not run), or a lost
+            connection (``connection_invalidated``; the pool forgets it).
+    """
+    dialect = conn.dialect
+    results: list[Outcome] = []
+    cursor = await _quiet_cursor(driver)
+    try:
+        await cursor.execute(";\n".join(texts))
+        results.append(await _collect(cursor, items[0]))
+        while await cursor.nextset():
+            results.append(await _collect(cursor, items[len(results)]))
+    except _DRIVER_ERRORS as exc:
+        at = len(results)  # the server stopped at the statement that failed
+        failed = items[at] if at < len(items) else None
+        if failed is not None and failed.fence is not None and exc.args[:1] == (FENCE_ERROR,):
+            raise FenceBroken(failed.fence, failed.fence_rows) from None
+        disconnect = dialect.is_disconnect(exc, raw, cursor)
+        if disconnect:
+            # as SQLAlchemy does for its own statements: the pool forgets
+            # every connection opened before this one (a restarted server
+            # dropped them all), then this connection is discarded
+            conn.sync_engine.pool._invalidate(raw, exc)
+            await conn.invalidate(exc)
+        # the statement, not the whole batch: its values may be large user data
+        where = f"statement {at + 1} of {len(texts)} of a batch: " if failed else "a batch: "
+        shown = texts[at] if failed is not None else texts[-1]
+        raise DBAPIError.instance(
+            where + (shown if len(shown) <= 300 else shown[:300] + " …"),
+            None,
+            exc,
+            next(base for base in _DRIVER_ERRORS if isinstance(exc, base)),
+            connection_invalidated=disconnect,
+            dialect=dialect,
+        ) from exc
+    finally:
+        await cursor.close()
+    return results
 
 
 def _reads_row_count(queue: list[Queued], shapes: list[_Compiled | None], n: int) -> bool:

@@ -70,13 +70,14 @@ class JobRecord:
 
 
 @dataclass(frozen=True)
-class ResultFacts:
-    """The columns of a job that SubmitResult reads (SPEC §2.3 result, §2.5): those
-    its checks, business rows, invocation log and metrics use, not the whole row.
+class EndingFacts:
+    """The columns of a job that the completer reads to end an attempt (reference §2.3
+    result and fail, §2.5): those its checks, business rows, invocation logs and
+    metrics use, not the whole row.
 
     The driver parses a field description for every column of an answer, in
     Python, for about as long as the server takes to run the statement; the
-    locking read of a result is one of the two wide reads of every job, and a
+    completer's locking read is one of the two wide reads of every job, and a
     narrow one costs the job service about 0.6 ms less per result than
     ``select(jobs)`` (35 columns) on the benchmark machine.
     """
@@ -91,12 +92,15 @@ class ResultFacts:
     model_name: str
     cancel_requested: bool
     started_at: datetime | None
+    retry_count: int
+    max_retry_count: int
+    credential_id: str | None
     #: the version the attempt ran: its model calls are logged under it (reference §10.4)
     prompt_version: str | None = None
 
 
-#: :class:`ResultFacts`' columns, in the order SubmitResult's read selects them.
-RESULT_FACTS: tuple[str, ...] = tuple(f.name for f in fields(ResultFacts))
+#: :class:`EndingFacts`' columns, in the order the completer's read selects them.
+ENDING_FACTS: tuple[str, ...] = tuple(f.name for f in fields(EndingFacts))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -37,9 +37,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from airuntime_common.states import LEASED, LIVE, TERMINAL, JobStatus
 from job_service.learning.tables import AiResult
-from job_service.store.cache import Statement
+from job_service.store.cache import Sql, Statement
 from job_service.store.clock import DbClock
-from job_service.store.records import RESULT_FACTS
 from job_service.store.tables import (
     admission_locks,
     authorizations,
@@ -59,6 +58,9 @@ from job_service.store.transitions import (
 
 #: Accepted results (``ai_results``).
 results = cast(Table, AiResult.__table__)
+#: Prefix of an erased user's pseudonym: the ``userId`` of the jobs an erasure kept
+#: until their attempt ended (reference §9.2).
+PSEUDONYM_PREFIX: Final = "erased-"
 
 
 def _for_update(clock: DbClock, stmt: Any, **kw: Any) -> Any:
@@ -84,12 +86,6 @@ def get_job_and_lease(clock: DbClock) -> Any:
     return select(jobs, lease_guard_bound(clock).label("lease_held")).where(
         jobs.c.job_id == bindparam("l_job_id", type_=String())
     )
-
-
-@Statement
-def get_leased_for_update(clock: DbClock) -> Any:
-    """The job when the bound lease (``l_*``) is live on it, locked: FailJob's read."""
-    return _for_update(clock, select(jobs).where(lease_guard_bound(clock)))
 
 
 @Statement
@@ -274,6 +270,42 @@ def erase_jobs(
     return out
 
 
+def forget_erased_jobs(ended: Sequence[tuple[str, str]]) -> list[Sql]:
+    """The writes that remove jobs an erasure kept once their last attempt has ended
+    (reference §9.2): ``ended`` is ``(jobId, pseudonym)`` of each (its ``userId``). Their
+    model calls keep tokens and cost under the pseudonym, as the erasure left the
+    others'; then their events and the jobs themselves go. Built per call."""
+    by_pseudonym: dict[str, list[str]] = {}
+    for job_id, name in ended:
+        by_pseudonym.setdefault(name, []).append(job_id)
+    out: list[Sql] = []
+    for name, ids in by_pseudonym.items():
+        out.append(
+            _one_off(
+                update(invocations)
+                .where(invocations.c.job_id.in_(ids))
+                .values(job_id=name, credential_id=None)
+            )
+        )
+    ids = [job_id for job_id, _ in ended]
+    out.append(_one_off(delete(events).where(events.c.job_id.in_(ids))))
+    out.append(
+        _one_off(
+            delete(jobs).where(
+                jobs.c.job_id.in_(ids),
+                jobs.c.user_id.startswith(PSEUDONYM_PREFIX),
+                jobs.c.status.in_(sorted(TERMINAL)),
+            )
+        )
+    )
+    return out
+
+
+def _one_off(stmt: Any) -> Sql:
+    """A statement built for one call (not cached), as a batch entry."""
+    return Sql(None, lambda: stmt, {})
+
+
 @Statement
 def platform_spent_today(clock: DbClock) -> Any:
     """The day's platform-key spend: its running total's rows, by primary key
@@ -432,65 +464,6 @@ def held_leases(clock: DbClock, instance_id: str, refs: list[tuple[str, int]]) -
 
 
 # ------------------------------------------------------------- completion
-
-
-@Statement
-def submit_read(clock: DbClock) -> Any:
-    """SubmitResult's locking read (bound: ``l_*`` and ``r_key``): the
-    :class:`~job_service.store.records.ResultFacts` columns, then ``lease_held``,
-    ``prior_result_id`` (a result with this idempotency key), ``db_now`` and the
-    breaker's peek (``breaker_state``, ``breaker_failures``)."""
-    from job_service.maintenance.breaker import peek_columns
-
-    stmt = select(
-        *(jobs.c[name] for name in RESULT_FACTS),
-        lease_guard_bound(clock).label("lease_held"),
-        select(results.c.result_id)
-        .where(results.c.idempotency_key == bindparam("r_key", type_=String()))
-        .scalar_subquery()
-        .label("prior_result_id"),
-        clock.now().label("db_now"),
-        *peek_columns(),
-    ).where(jobs.c.job_id == bindparam("l_job_id", type_=String()))
-    return _for_update(clock, stmt)
-
-
-@Statement
-def submit_read_many(clock: DbClock) -> Any:
-    """A result group's locking read (bound: ``ids`` list): per job, the
-    :class:`~job_service.store.records.ResultFacts` columns, then its lease columns
-    (``locked_by``, ``attempt_no``, ``live``: 1 when ``lockUntil ≥ now``), ``db_now``
-    and the breaker's peek (``breaker_state``, ``breaker_failures``). The lease check
-    of :func:`~job_service.store.transitions.lease_guard_bound` is made on these
-    columns by :func:`job_service.services.grouping.lease_held`."""
-    from job_service.maintenance.breaker import peek_columns
-
-    live = and_(jobs.c.lock_until.is_not(None), jobs.c.lock_until >= clock.now())
-    stmt = select(
-        *(jobs.c[name] for name in RESULT_FACTS),
-        jobs.c.locked_by,
-        jobs.c.attempt_no,
-        case((live, 1), else_=0).label("live"),
-        clock.now().label("db_now"),
-        *peek_columns(),
-    ).where(jobs.c.job_id.in_(bindparam("ids", expanding=True)))
-    return _for_update(clock, stmt)
-
-
-@Statement
-def results_by_keys(clock: DbClock) -> Any:
-    """``(resultId, idempotencyKey)`` of the results with one of the bound ``keys``."""
-    return select(results.c.result_id, results.c.idempotency_key).where(
-        results.c.idempotency_key.in_(bindparam("keys", expanding=True))
-    )
-
-
-@Statement
-def results_of_job(clock: DbClock) -> Any:
-    """``(resultId, idempotencyKey, outputHash)`` of the job's (``r_job_id``) results."""
-    return select(results.c.result_id, results.c.idempotency_key, results.c.output_hash).where(
-        results.c.job_id == bindparam("r_job_id", type_=String())
-    )
 
 
 @Statement

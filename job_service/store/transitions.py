@@ -135,8 +135,7 @@ def holder_guard_bound(clock: DbClock) -> ColumnElement[bool]:
     The guard of a holder-only transition applied to several jobs at once by the
     transaction that has just locked them (claim with start): their ``attemptNo``
     is the one that transaction granted, so the instance and the live lease are
-    the whole fencing token there (SPEC §3). For jobs leased before the
-    transaction, :func:`transition_many_sql` adds the attempt (``attempt_no``).
+    the whole fencing token there (SPEC §3).
     """
 
     def build() -> ColumnElement[bool]:
@@ -215,7 +214,6 @@ def events_from_rows(
     params: dict[str, Any],
     if_matched: bool = False,
     then: tuple[str, str] | None = None,
-    provider: bool = True,
 ) -> Sql:
     """The event of every row a claim (or lock) just moved, read from the rows themselves
     (their new ``attemptNo``, the provider the attempt was given; ``at`` is the column
@@ -232,9 +230,8 @@ def events_from_rows(
     first step's of all rows before the second step's, as two statements would
     have appended them.
 
-    ``provider``: each event carries its row's ``model_provider`` (a claim's: the
-    provider the attempt was given); False for a transition whose single-row
-    event (:func:`event_row`) carries none, e.g. a result group's succeeds.
+    Each event carries its row's ``model_provider`` (the provider the attempt was
+    given, reference §9.4).
     """
     steps = [(from_status, to_status, at)]
     if then is not None:
@@ -252,7 +249,7 @@ def events_from_rows(
                 bindparam("e_actor", type_=String()),
                 jobs.c.attempt_no,
                 jobs.c[column],
-                *([jobs.c.model_provider] if provider else []),
+                jobs.c.model_provider,
             ).where(
                 jobs.c.job_id.in_(bindparam("ids", expanding=True)),
                 jobs.c.status == final,
@@ -262,8 +259,7 @@ def events_from_rows(
                 part = part.where(text("changes() = 1" if clock.is_sqlite else "ROW_COUNT() = 1"))
             parts.append(part)
         source = parts[0] if len(parts) == 1 else union_all(*parts)
-        columns = [*EVENT_COLUMNS, "model_provider"] if provider else list(EVENT_COLUMNS)
-        return insert(events).from_select(columns, source)
+        return insert(events).from_select([*EVENT_COLUMNS, "model_provider"], source)
 
     key = (
         "events_from_rows",
@@ -273,7 +269,6 @@ def events_from_rows(
         at,
         if_matched,
         then,
-        provider,
     )
     return Sql(key, build, {**params, "e_actor": str(params["e_actor"])[:MAX_ACTOR]})
 
@@ -481,7 +476,6 @@ def transition_many_sql(
     values: dict[str, Any],
     where: ColumnElement[bool] | None = None,
     holder: str | None = None,
-    attempt_no: int | None = None,
     from_state: str | None = None,
     then: Op | None = None,
 ) -> Sql:
@@ -490,11 +484,8 @@ def transition_many_sql(
 
     Args:
         holder: for a holder-only transition, the instance that must hold each
-            job's lease (:func:`holder_guard_bound`). Alone, only for jobs the same
-            transaction has just locked to it.
-        attempt_no: with ``holder``, the attempt each job's lease must be of: the
-            whole fencing token (SPEC §3), as :func:`lease_guard` checks it for one
-            job; for jobs leased before this transaction (a result group's).
+            job's lease (:func:`holder_guard_bound`): only for jobs the same
+            transaction has just locked to it (their attempt is the one it granted).
         from_state: narrows the from-states to the one the caller read.
         then: a second transition the same UPDATE makes, from ``op``'s to-state
             (a claim with start: LOCK then START). The guard is ``op``'s; a
@@ -503,15 +494,13 @@ def transition_many_sql(
             columns).
 
     Raises:
-        ValueError: a holder-only transition without ``holder``, an ``attempt_no``
-            without it, a ``from_state`` ``op`` does not leave, or a ``then``
-            that does not leave ``op``'s to-state (programming errors).
+        ValueError: a holder-only transition without ``holder``, a ``from_state``
+            ``op`` does not leave, or a ``then`` that does not leave ``op``'s
+            to-state (programming errors).
     """
     t = TRANSITIONS[op]
     if t.holder_only and holder is None:
         raise ValueError(f"{op} needs a lease")
-    if attempt_no is not None and holder is None:
-        raise ValueError("attempt_no needs holder")
     states = tuple(sorted(t.from_states if from_state is None else t.from_states & {from_state}))
     if not states:
         raise ValueError(f"{op} does not leave {from_state}")
@@ -537,13 +526,9 @@ def transition_many_sql(
             conds.append(where)
         if holder_where is not None:
             conds.append(holder_where)
-        if attempt_no is not None:
-            conds.append(jobs.c.attempt_no == bindparam("m_attempt_no", type_=Integer()))
         return update(jobs).where(and_(*conds)).values(**_set_clause(sets, bound=bound))
 
     holder_params: dict[str, Any] = {} if holder is None else {"m_instance_id": holder}
-    if attempt_no is not None:
-        holder_params["m_attempt_no"] = attempt_no
     if shape is None or where_id is None:
         return Sql(None, lambda: build(False), holder_params)
     key = (
@@ -554,7 +539,6 @@ def transition_many_sql(
         states,
         where_id,
         holder is not None,
-        attempt_no is not None,
         shape,
     )
     return Sql(

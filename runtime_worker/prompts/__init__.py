@@ -1,4 +1,4 @@
-"""Rendering an attempt's prompt (SPEC §5; reference §10.4).
+"""Rendering an attempt's prompt (reference §5, §10.4).
 
 A job's ``promptVersion`` is ``"<jobType>.<version>"``, e.g. ``quiz_generation.v1``.
 Version ``v1`` of each type is the shipped template

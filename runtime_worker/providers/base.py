@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from airuntime_common.egress import CheckedTarget
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -33,6 +35,9 @@ class ModelRequest:
         timeout_seconds: OVERALL deadline of the call, connect to last body byte (s).
         timeout_is_job_deadline: the deadline is the job's own remaining time budget,
             so a timeout means ``JOB_TIMEOUT`` rather than ``MODEL_TIMEOUT``.
+        pinned: ``base_url`` is a user's own and passed the egress rules (reference
+            §10.5): connect to these checked addresses only, never looking the name up
+            again, without a proxy. Set by :mod:`runtime_worker.egress` only.
     """
 
     model: str
@@ -42,6 +47,7 @@ class ModelRequest:
     base_url: str
     timeout_seconds: float
     timeout_is_job_deadline: bool = False
+    pinned: CheckedTarget | None = None
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ gives its code. Retryability and breaker effect follow from the code alone
 | HTTP 401/403 | INVALID_CREDENTIAL |
 | HTTP 402 | INSUFFICIENT_BALANCE |
 | HTTP 400/422, any other 4xx | MODEL_BAD_REQUEST |
+| HTTP 3xx (a redirect is never followed: reference §10.5) | TEMPORARY_PROVIDER_ERROR |
+| a user's base URL refused by the egress rules, no connection opened (reference §10.5) | EGRESS_BLOCKED |
 | envelope OK, content blank | INVALID_SCHEMA |
 | envelope OK, finish_reason=length | INVALID_SCHEMA |
 | envelope OK, content not JSON / fails the output schema | INVALID_SCHEMA |
@@ -56,6 +58,8 @@ class Fault(StrEnum):
     HTTP_400 = "http_400"
     HTTP_422 = "http_422"
     HTTP_OTHER_4XX = "http_other_4xx"
+    REDIRECT = "redirect"
+    EGRESS_REFUSED = "egress_refused"
     BLANK_CONTENT = "blank_content"
     TRUNCATED = "truncated"
     SCHEMA_MISMATCH = "schema_mismatch"
@@ -83,6 +87,8 @@ TABLE: dict[Fault, ErrorCode] = {
     Fault.HTTP_400: ErrorCode.MODEL_BAD_REQUEST,
     Fault.HTTP_422: ErrorCode.MODEL_BAD_REQUEST,
     Fault.HTTP_OTHER_4XX: ErrorCode.MODEL_BAD_REQUEST,
+    Fault.REDIRECT: ErrorCode.TEMPORARY_PROVIDER_ERROR,
+    Fault.EGRESS_REFUSED: ErrorCode.EGRESS_BLOCKED,
     Fault.BLANK_CONTENT: ErrorCode.INVALID_SCHEMA,
     Fault.TRUNCATED: ErrorCode.INVALID_SCHEMA,
     Fault.SCHEMA_MISMATCH: ErrorCode.INVALID_SCHEMA,
@@ -117,13 +123,16 @@ REASKABLE: frozenset[Fault] = frozenset(
 def fault_for_status(status: int) -> Fault | None:
     """The fault of a non-2xx HTTP status; None for 2xx (not a fault by itself).
 
-    Unknown 4xx → ``HTTP_OTHER_4XX``, unknown 5xx (and any other non-2xx) →
-    ``HTTP_OTHER_5XX`` (a provider answering oddly is treated as temporary).
+    Unknown 4xx → ``HTTP_OTHER_4XX``, 3xx → ``REDIRECT`` (never followed), unknown 5xx
+    (and any other non-2xx) → ``HTTP_OTHER_5XX`` (a provider answering oddly is
+    treated as temporary).
     """
     if 200 <= status < 300:
         return None
     if status in _STATUS_FAULTS:
         return _STATUS_FAULTS[status]
+    if 300 <= status < 400:
+        return Fault.REDIRECT
     if 400 <= status < 500:
         return Fault.HTTP_OTHER_4XX
     return Fault.HTTP_OTHER_5XX

@@ -8,6 +8,12 @@ The body is read with a byte cap (``MODEL_MAX_RESPONSE_BYTES``, case P3;
 :mod:`runtime_worker.providers.body`): past it the call fails at once and the
 connection is closed, whatever the provider goes on sending.
 Failures are classified by :mod:`runtime_worker.providers.classify`.
+
+A request to a user's own base URL comes pinned (``ModelRequest.pinned``, set by
+:mod:`runtime_worker.egress` after the egress rules passed, reference §10.5): it goes
+through a session of its own, to the checked addresses and nowhere else (the URL's
+host is the address; ``Host`` and the TLS server name are the URL's host name; the
+session's resolver refuses every lookup), with no proxy from the environment.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import ssl
 import time
 import zlib
@@ -25,8 +32,10 @@ from typing import Any
 import aiohttp
 import certifi
 import yarl
+from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.helpers import get_env_proxy_for_url
 
+from airuntime_common.egress import CheckedTarget
 from airuntime_common.logs import redact_text
 from runtime_worker.providers.base import ModelError, ModelRequest, ModelResponse, Usage
 from runtime_worker.providers.body import (
@@ -123,7 +132,8 @@ class DeepSeekProvider:
         client: an ``aiohttp.ClientSession`` to use for every call (its caller sets
             its cookies, redirects, TLS, proxies and tracing, and closes it); when
             omitted the provider makes its own on its first call (closed by
-            :meth:`aclose`).
+            :meth:`aclose`). Pinned calls (users' base URLs) never use it: they go
+            through the provider's own pinned session (:meth:`_pinned`).
         max_connections: connections the provider's own session may hold, all kept
             alive between calls. Each in-flight job makes one call at a time, so
             the worker passes its ``WORKER_CONCURRENCY``: fewer would queue calls
@@ -149,10 +159,13 @@ class DeepSeekProvider:
     ``Set-Cookie`` from one user's call must not go out with another's), follows
     no redirect (the key goes to the configured base URL only), verifies TLS with
     one shared context (certifi's roots, or ``SSL_CERT_FILE``) and takes a proxy
-    from ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (read once per endpoint).
+    from ``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY`` (read once per endpoint) for a
+    configured provider's endpoint, never for a user's (pinned) one.
     """
 
     name = "deepseek"
+    #: honours ``ModelRequest.pinned`` (the egress guard refuses a provider that does not)
+    accepts_pinned = True
 
     def __init__(
         self,
@@ -169,6 +182,8 @@ class DeepSeekProvider:
         self.max_connections = max_connections
         self._own_client = client is None
         self._session = client
+        #: the calls to users' own base URLs (reference §10.5): always this provider's own
+        self._pinned_session: aiohttp.ClientSession | None = None
         self._trace_configs: list[aiohttp.TraceConfig] = []
         # (scheme, host, port) -> the proxy from the environment, or None
         self._proxies: dict[tuple[str, str | None, int | None], tuple[Any, Any]] = {}
@@ -216,11 +231,39 @@ class DeepSeekProvider:
             self._proxies[key] = found
         return found
 
+    def _pinned(self) -> aiohttp.ClientSession:
+        """The session of pinned calls (users' base URLs), made on the first one.
+
+        Its own pool, apart from the providers': a connection is keyed by the address
+        it went to and the TLS server name it verified (aiohttp's ``ConnectionKey``), so
+        a kept-alive one is reused only for that checked address and that name. No
+        proxy, ``~/.netrc`` or cookie is ever taken, no lookup is ever made.
+        """
+        if self._pinned_session is None:
+            self._pinned_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections,
+                    limit_per_host=0,
+                    ssl=_tls_context(),
+                    resolver=_NoLookup(),
+                    use_dns_cache=False,
+                ),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+                trust_env=False,
+                trace_configs=self._trace_configs or None,
+            )
+        return self._pinned_session
+
     async def aclose(self) -> None:
-        """Close the HTTP session if this provider created it."""
+        """Close the HTTP session if this provider created it, and the pinned calls' one."""
         if self._own_client and self._session is not None:
             await self._session.close()
             self._session = None
+        if self._pinned_session is not None:
+            await self._pinned_session.close()
+            self._pinned_session = None
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One chat completion call under one overall deadline.
@@ -244,7 +287,6 @@ class DeepSeekProvider:
         Raises:
             ModelError: the call timed out, could not connect, or broke before a status.
         """
-        url = yarl.URL(request.base_url.rstrip("/") + "/chat/completions")
         body = {
             "model": request.model,
             "messages": request.messages,
@@ -259,22 +301,24 @@ class DeepSeekProvider:
             # the body is counted as it arrives: compressed, its size says nothing
             "Accept-Encoding": "identity",
         }
-        session = self._client()
-        proxy, proxy_auth = self._proxy(url) if self._own_client else (None, None)
+        data = json.dumps(body).encode()
         answer = _Answer()
         try:
             async with asyncio.timeout(request.timeout_seconds):
-                async with session.post(
-                    url,
-                    data=json.dumps(body).encode(),
-                    headers=headers,
-                    allow_redirects=False,
-                    proxy=proxy,
-                    proxy_auth=proxy_auth,
-                ) as resp:
-                    answer.status = resp.status
-                    answer.headers = resp.headers
-                    await self._read_body(resp, answer)
+                if request.pinned is not None:
+                    await self._post_pinned(request.pinned, data, headers, answer)
+                else:
+                    url = yarl.URL(request.base_url.rstrip("/") + "/chat/completions")
+                    proxy, proxy_auth = self._proxy(url) if self._own_client else (None, None)
+                    await self._post(
+                        self._client(),
+                        url,
+                        data,
+                        headers,
+                        answer,
+                        proxy=proxy,
+                        proxy_auth=proxy_auth,
+                    )
         except TimeoutError as exc:  # incl. aiohttp's own (a passed-in session's timeouts)
             if isinstance(exc, aiohttp.ConnectionTimeoutError):
                 raise _connect_error(exc, start) from exc
@@ -295,6 +339,61 @@ class DeepSeekProvider:
                 latency_ms=_elapsed_ms(start),
             ) from exc
         return answer
+
+    async def _post(
+        self,
+        session: aiohttp.ClientSession,
+        url: yarl.URL,
+        data: bytes,
+        headers: dict[str, str],
+        answer: _Answer,
+        **options: Any,
+    ) -> None:
+        """One POST, never following a redirect; its status, headers and capped body
+        go into ``answer``."""
+        async with session.post(
+            url, data=data, headers=headers, allow_redirects=False, **options
+        ) as resp:
+            answer.status = resp.status
+            answer.headers = resp.headers
+            await self._read_body(resp, answer)
+
+    async def _post_pinned(
+        self, target: CheckedTarget, data: bytes, headers: dict[str, str], answer: _Answer
+    ) -> None:
+        """The POST to a user's base URL, to its checked addresses only (reference §10.5).
+
+        The addresses are tried in the resolver's order while connecting to one fails
+        (nothing was sent to it); TLS is verified against the URL's host name, which
+        ``Host`` carries too.
+
+        Raises:
+            aiohttp.ClientConnectorError: no checked address could be connected to (the
+                last one's error), or TLS failed.
+        """
+        base = target.base
+        headers = {**headers, "Host": base.host_header}
+        tls_name = base.host if base.scheme == "https" else None
+        session = self._pinned()
+        failed: aiohttp.ClientConnectorError | None = None
+        for address in target.addresses:
+            host = f"[{address}]" if address.version == 6 else str(address)
+            url = yarl.URL.build(
+                scheme=base.scheme,
+                host=host,
+                port=base.port,
+                path=f"{base.path}/chat/completions",
+                encoded=True,
+            )
+            try:
+                await self._post(session, url, data, headers, answer, server_hostname=tls_name)
+                return
+            except aiohttp.ClientSSLError:
+                raise
+            except aiohttp.ClientConnectorError as exc:
+                failed = exc
+        assert failed is not None  # a checked target has at least one address
+        raise failed
 
     async def _read_body(self, resp: aiohttp.ClientResponse, answer: _Answer) -> None:
         """Read the body into ``answer`` within the byte cap: an error answer's
@@ -330,6 +429,20 @@ def _connect_error(exc: Exception, start: float) -> ModelError:
         f"cannot connect to the model endpoint: {type(exc).__name__}",
         latency_ms=_elapsed_ms(start),
     )
+
+
+class _NoLookup(AbstractResolver):
+    """The pinned session's resolver: refuses every name lookup, since a pinned call
+    connects to an address checked beforehand and a second lookup could answer
+    another (DNS rebinding)."""
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        raise OSError(f"no name lookup on a pinned call ({host!r})")
+
+    async def close(self) -> None:
+        return None
 
 
 _TLS: ssl.SSLContext | None = None

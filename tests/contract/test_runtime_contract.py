@@ -413,6 +413,7 @@ async def test_resolve_gives_the_key_to_the_lease_holder_only(stack: RuntimeStac
         "modelProvider": "deepseek",
         "modelName": "deepseek-chat",
         "baseUrl": "http://127.0.0.1:9/v1",
+        "userBaseUrl": False,  # a configured provider's endpoint, not a user's own
     }
     # a user-key job resolves to the user's own key while it is stored
     credential_id = await stack.put_key("sk-user-own-key-9876")

@@ -15,11 +15,10 @@ import grpc
 import pytest
 
 from airuntime_common import metadata
-from airuntime_common.enums import JOB_STATUS, JOB_TYPE
+from airuntime_common.enums import JOB_TYPE
 from airuntime_common.errors import ErrorCode
 from airuntime_common.grpc_errors import from_rpc_error
 from airuntime_common.grpc_server import RPC_SECONDS
-from runtime_worker.client import RuntimeClient
 from runtime_worker.session import RuntimeSession
 from tests.contract.conftest import TOKEN, RuntimeStack
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
@@ -111,7 +110,6 @@ async def test_a_wrong_token_refuses_the_stream(stack: RuntimeStack) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await session.call("claim_jobs", _claim(), deadline_s=5)
     assert from_rpc_error(refused.value).code == ErrorCode.UNAUTHENTICATED
-    assert not session.unsupported
 
 
 async def test_a_broken_stream_fails_its_calls_unavailable(stack: RuntimeStack) -> None:
@@ -125,36 +123,6 @@ async def test_a_broken_stream_fails_its_calls_unavailable(stack: RuntimeStack) 
         await claim
     assert broken.value.code() == grpc.StatusCode.UNAVAILABLE
     assert session._stream is None
-
-
-class _OnlyStartJob(job_grpc.JobServiceServicer):  # type: ignore[misc]
-    """A job_service of an older release: no RuntimeSession."""
-
-    async def StartJob(self, request: Any, context: Any) -> rr.StartJobResponse:
-        return rr.StartJobResponse(status=JOB_STATUS.to_proto("running"))  # type: ignore[arg-type]
-
-
-async def test_without_the_method_calls_go_unary() -> None:
-    server = grpc.aio.server()
-    job_grpc.add_JobServiceServicer_to_server(_OnlyStartJob(), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    client = RuntimeClient(
-        job_target=f"127.0.0.1:{port}",
-        credential_target=f"127.0.0.1:{port}",
-        token=TOKEN,
-        instance_id="w1",
-        session=True,
-    )
-    try:
-        assert client.session is not None
-        first = await client.start_job("job-1", 1)
-        second = await client.start_job("job-1", 1)
-        assert first.status == second.status == JOB_STATUS.to_proto("running")
-        assert client.session.unsupported and client.session.opened == 1
-    finally:
-        await client.close()
-        await server.stop(0)
 
 
 @pytest.mark.parametrize(

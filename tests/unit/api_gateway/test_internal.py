@@ -49,6 +49,7 @@ async def test_resolve_is_no_store_and_carries_the_key(
         "modelProvider": "deepseek",
         "modelName": "deepseek-chat",
         "baseUrl": "http://127.0.0.1:9/v1",
+        "userBaseUrl": False,
     }
     call = backends.credential.last("ResolveCredential")
     assert (call.request.job_id, call.request.attempt_no) == ("job-1", 2)

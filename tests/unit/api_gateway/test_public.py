@@ -440,6 +440,7 @@ async def test_model_credential_routes_never_return_the_key(
         "maskedKey": "sk-****1234",
         "status": "valid",
         "createdAt": "2026-11-30T12:00:00.123Z",
+        "baseUrl": None,
     }
     assert "sk-secret" not in put.text
     req = backends.credential.last("PutCredential").request

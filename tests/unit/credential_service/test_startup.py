@@ -173,12 +173,12 @@ def test_migrate_command_is_idempotent(
     from credential_service.migrate import alembic_config
 
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head == "0002_binary_collation"
+    assert head == "0003_user_base_url"
     assert db.execute("select version_num from credential_alembic_version").fetchall() == [(head,)]
     cols = {r[1] for r in db.execute("pragma table_info(ai_model_credentials)")}
     assert cols == {
         "credential_id", "user_id", "provider", "key_id", "nonce", "ciphertext",
-        "masked_key", "status", "invalid_reason", "created_at", "updated_at",
+        "masked_key", "status", "invalid_reason", "created_at", "updated_at", "base_url",
     }  # fmt: skip
 
 

@@ -118,6 +118,11 @@ class FakeLearning:
     async def snapshot_stored(self, db: Any, snapshot_id: str) -> bool:
         return snapshot_id in self.snapshots
 
+    async def erase_user(self, db: Any, user_id: str, job_ids: Sequence[str]) -> None:
+        """The user's learning data goes: here, every snapshot of their jobs."""
+        for snapshot in [s for s in self.snapshots.values() if s.payload.get("userId") == user_id]:
+            del self.snapshots[snapshot.snapshot_id]
+
     def generation_plan(self, clock: Any, **kw: Any) -> Sql | None:
         if kw["job_type"] in ("quiz_generation", "flashcard_generation"):
             self.plans.append(kw["job_id"])

@@ -19,6 +19,7 @@ from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.grpc_errors import abort
 from airuntime_common.grpc_server import GrpcServer
 from airuntime_common.timeutil import to_timestamp, utcnow
+from job_service.rpc.session import SessionRpcs
 from runtime_worker.providers.base import ModelRequest, ModelResponse, Usage
 from runtime_worker.settings import WorkerSettings
 from zhixi.airuntime.credential.v1 import request_response_pb2 as cred_rr
@@ -293,8 +294,8 @@ class FakeBackend:
     #: method name → an event the call waits for after it is logged
     hold: dict[str, asyncio.Event] = field(default_factory=dict)
     #: ClaimJobs with ``with_snapshots`` answers the snapshots (as job_service does);
-    #: off, it answers the jobs alone (a job_service that only locks)
-    answer_snapshots: bool = False
+    #: off, an answer with no room for them (the worker reads each with GetSnapshot)
+    answer_snapshots: bool = True
     #: FailJob requests refused as job_service would refuse them
     refused_fails: list[Any] = field(default_factory=list)
     #: seconds ClaimJobs waits after claiming (and starting) its jobs before answering
@@ -365,7 +366,10 @@ class FakeBackend:
             await abort(context, AppError(ErrorCode.LOCK_NOT_HELD, "lease not held"))
 
 
-class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
+class FakeJobService(SessionRpcs, job_grpc.JobServiceServicer):  # type: ignore[misc]
+    """The runtime calls, unary and over ``RuntimeSession`` (job_service's own session
+    servicer, running these methods)."""
+
     def __init__(self, backend: FakeBackend) -> None:
         self.b = backend
 
@@ -378,11 +382,12 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
         jobs = self.b.queue[: request.limit]
         del self.b.queue[: request.limit]
         out = rr.ClaimJobsResponse(jobs=jobs)
-        if request.with_snapshots and self.b.answer_snapshots:
+        if request.with_snapshots:
             for job in out.jobs:  # started by the claim, as job_service does
                 job.status = JOB_STATUS.to_proto("running")
                 job.started_at.CopyFrom(to_timestamp(utcnow()))
-                out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
+                if self.b.answer_snapshots:
+                    out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
         if self.b.claim_answer_delay:  # claimed and started; the answer is slow to leave
             await asyncio.sleep(self.b.claim_answer_delay)
         return out
@@ -438,14 +443,6 @@ class FakeJobService(job_grpc.JobServiceServicer):  # type: ignore[misc]
             result_id="r1",
             output_hash="h",
         )
-        if request.HasField("claim_next"):  # claimed and started, as ClaimJobs with snapshots
-            n = request.claim_next.limit
-            out.claimed_jobs.extend(self.b.queue[:n])
-            del self.b.queue[:n]
-            for job in out.claimed_jobs:
-                job.status = JOB_STATUS.to_proto("running")
-                job.started_at.CopyFrom(to_timestamp(utcnow()))
-                out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
         return out
 
     async def FailJob(self, request: Any, context: Any) -> Any:

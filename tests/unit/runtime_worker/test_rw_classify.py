@@ -39,6 +39,8 @@ EXPECTED = {
     Fault.HTTP_400: (ErrorCode.MODEL_BAD_REQUEST, False, False),
     Fault.HTTP_422: (ErrorCode.MODEL_BAD_REQUEST, False, False),
     Fault.HTTP_OTHER_4XX: (ErrorCode.MODEL_BAD_REQUEST, False, False),
+    Fault.REDIRECT: (ErrorCode.TEMPORARY_PROVIDER_ERROR, True, True),
+    Fault.EGRESS_REFUSED: (ErrorCode.EGRESS_BLOCKED, False, False),
     Fault.BLANK_CONTENT: (ErrorCode.INVALID_SCHEMA, False, False),
     Fault.TRUNCATED: (ErrorCode.INVALID_SCHEMA, False, False),
     Fault.SCHEMA_MISMATCH: (ErrorCode.INVALID_SCHEMA, False, False),
@@ -75,7 +77,9 @@ def test_row(fault: Fault) -> None:
         (400, Fault.HTTP_400),
         (422, Fault.HTTP_422),
         (404, Fault.HTTP_OTHER_4XX),
-        (302, Fault.HTTP_OTHER_5XX),
+        (302, Fault.REDIRECT),
+        (307, Fault.REDIRECT),
+        (301, Fault.REDIRECT),
     ],
 )
 def test_status_to_fault(status: int, fault: Fault | None) -> None:

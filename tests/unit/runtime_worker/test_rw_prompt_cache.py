@@ -115,7 +115,7 @@ async def test_the_worker_renders_each_jobs_version_fetching_it_once(
     apps.append(app)
     await b.wait_for(lambda: len(b.results) == 6, within=10)
     assert b.names().count("GetPromptVersion") == 1
-    assert app.worker.prompts.fetches == 1
+    assert app.worker.attempts.prompts.fetches == 1
     by_job = {r.job_id: r.prompt_version for r in b.results}
     assert by_job == {f"job-{i}": f"{JT}.v2" if i % 2 else f"{JT}.v1" for i in range(6)}
     systems = [r.messages[0]["content"] for r in provider.requests]

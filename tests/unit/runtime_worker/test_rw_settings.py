@@ -76,7 +76,6 @@ def test_a_response_cap_out_of_range_is_refused(
         ({"HEARTBEAT_INTERVAL_SECONDS": 21}, "HEARTBEAT_INTERVAL_SECONDS"),
         ({"WORKER_CAPABILITIES": "quiz_generation,poetry"}, "WORKER_CAPABILITIES"),
         ({"WORKER_CAPABILITIES": " , "}, "WORKER_CAPABILITIES"),
-        ({"MODEL_PRICES": "[1]"}, "MODEL_PRICES"),
     ],
 )
 def test_refused(overrides: dict[str, object], match: str) -> None:

@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+zhixi/airuntime/credential/v1/message.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n\nCredential\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\x12\n\nmasked_key\x18\x04 \x01(\t\x12?\n\x06status\x18\x05 \x01(\x0e\x32/.zhixi.airuntime.credential.v1.CredentialStatus\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06key_id\x18\x07 \x01(\t*q\n\x10\x43redentialStatus\x12!\n\x1d\x43REDENTIAL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43REDENTIAL_STATUS_VALID\x10\x01\x12\x1d\n\x19\x43REDENTIAL_STATUS_INVALID\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+zhixi/airuntime/credential/v1/message.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xed\x01\n\nCredential\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0f\n\x07user_id\x18\x02 \x01(\t\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\x12\n\nmasked_key\x18\x04 \x01(\t\x12?\n\x06status\x18\x05 \x01(\x0e\x32/.zhixi.airuntime.credential.v1.CredentialStatus\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06key_id\x18\x07 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x08 \x01(\t*q\n\x10\x43redentialStatus\x12!\n\x1d\x43REDENTIAL_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n\x17\x43REDENTIAL_STATUS_VALID\x10\x01\x12\x1d\n\x19\x43REDENTIAL_STATUS_INVALID\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zhixi.airuntime.credential.v1.message_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CREDENTIALSTATUS']._serialized_start=333
-  _globals['_CREDENTIALSTATUS']._serialized_end=446
+  _globals['_CREDENTIALSTATUS']._serialized_start=351
+  _globals['_CREDENTIALSTATUS']._serialized_end=464
   _globals['_CREDENTIAL']._serialized_start=112
-  _globals['_CREDENTIAL']._serialized_end=331
+  _globals['_CREDENTIAL']._serialized_end=349
 # @@protoc_insertion_point(module_scope)

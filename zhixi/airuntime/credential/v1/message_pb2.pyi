@@ -19,7 +19,7 @@ CREDENTIAL_STATUS_VALID: CredentialStatus
 CREDENTIAL_STATUS_INVALID: CredentialStatus
 
 class Credential(_message.Message):
-    __slots__ = ("credential_id", "user_id", "provider", "masked_key", "status", "created_at", "key_id")
+    __slots__ = ("credential_id", "user_id", "provider", "masked_key", "status", "created_at", "key_id", "base_url")
     CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Credential(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
     credential_id: str
     user_id: str
     provider: str
@@ -34,4 +35,5 @@ class Credential(_message.Message):
     status: CredentialStatus
     created_at: _timestamp_pb2.Timestamp
     key_id: str
-    def __init__(self, credential_id: _Optional[str] = ..., user_id: _Optional[str] = ..., provider: _Optional[str] = ..., masked_key: _Optional[str] = ..., status: _Optional[_Union[CredentialStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ...) -> None: ...
+    base_url: str
+    def __init__(self, credential_id: _Optional[str] = ..., user_id: _Optional[str] = ..., provider: _Optional[str] = ..., masked_key: _Optional[str] = ..., status: _Optional[_Union[CredentialStatus, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., key_id: _Optional[str] = ..., base_url: _Optional[str] = ...) -> None: ...

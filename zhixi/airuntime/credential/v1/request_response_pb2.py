@@ -26,7 +26,7 @@ from zhixi.airuntime.common.v1 import message_pb2 as zhixi_dot_airuntime_dot_com
 from zhixi.airuntime.credential.v1 import message_pb2 as zhixi_dot_airuntime_dot_credential_dot_v1_dot_message__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4zhixi/airuntime/credential/v1/request_response.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\'zhixi/airuntime/common/v1/message.proto\x1a+zhixi/airuntime/credential/v1/message.proto\"J\n\x14PutCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\"V\n\x15PutCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"\'\n\x14GetCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"V\n\x15GetCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"*\n\x17\x44\x65leteCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteCredentialResponse\".\n\x1b\x45raseUserCredentialsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"/\n\x1c\x45raseUserCredentialsResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x05\">\n\x18ResolveCredentialRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_no\x18\x02 \x01(\x05\"\xbe\x01\n\x19ResolveCredentialResponse\x12;\n\x0c\x61pi_key_mode\x18\x01 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\x12\x16\n\x0emodel_provider\x18\x04 \x01(\t\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\"E\n\x1cMarkCredentialInvalidRequest\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x1dMarkCredentialInvalidResponse\"\'\n\x11RotateKeysRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\"8\n\x12RotateKeysResponse\x12\x0f\n\x07rotated\x18\x01 \x01(\x05\x12\x11\n\tremaining\x18\x02 \x01(\x05\"f\n\x16\x43heckCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12;\n\x0c\x61pi_key_mode\x18\x02 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\"c\n\x17\x43heckCredentialResponse\x12\x0e\n\x06usable\x18\x01 \x01(\x08\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tproviders\x18\x04 \x03(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n4zhixi/airuntime/credential/v1/request_response.proto\x12\x1dzhixi.airuntime.credential.v1\x1a\'zhixi/airuntime/common/v1/message.proto\x1a+zhixi/airuntime/credential/v1/message.proto\"\\\n\x14PutCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12\x10\n\x08provider\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x04 \x01(\t\"V\n\x15PutCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"\'\n\x14GetCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"V\n\x15GetCredentialResponse\x12=\n\ncredential\x18\x01 \x01(\x0b\x32).zhixi.airuntime.credential.v1.Credential\"*\n\x17\x44\x65leteCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"\x1a\n\x18\x44\x65leteCredentialResponse\".\n\x1b\x45raseUserCredentialsRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\"/\n\x1c\x45raseUserCredentialsResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x05\">\n\x18ResolveCredentialRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nattempt_no\x18\x02 \x01(\x05\"\xd5\x01\n\x19ResolveCredentialResponse\x12;\n\x0c\x61pi_key_mode\x18\x01 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61pi_key\x18\x03 \x01(\t\x12\x16\n\x0emodel_provider\x18\x04 \x01(\t\x12\x12\n\nmodel_name\x18\x05 \x01(\t\x12\x10\n\x08\x62\x61se_url\x18\x06 \x01(\t\x12\x15\n\ruser_base_url\x18\x07 \x01(\x08\"E\n\x1cMarkCredentialInvalidRequest\x12\x15\n\rcredential_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x1f\n\x1dMarkCredentialInvalidResponse\"\'\n\x11RotateKeysRequest\x12\x12\n\nbatch_size\x18\x01 \x01(\x05\"8\n\x12RotateKeysResponse\x12\x0f\n\x07rotated\x18\x01 \x01(\x05\x12\x11\n\tremaining\x18\x02 \x01(\x05\"f\n\x16\x43heckCredentialRequest\x12\x0f\n\x07user_id\x18\x01 \x01(\t\x12;\n\x0c\x61pi_key_mode\x18\x02 \x01(\x0e\x32%.zhixi.airuntime.common.v1.ApiKeyMode\"c\n\x17\x43heckCredentialResponse\x12\x0e\n\x06usable\x18\x01 \x01(\x08\x12\x15\n\rcredential_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tproviders\x18\x04 \x03(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,35 +34,35 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'zhixi.airuntime.credential.
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PUTCREDENTIALREQUEST']._serialized_start=173
-  _globals['_PUTCREDENTIALREQUEST']._serialized_end=247
-  _globals['_PUTCREDENTIALRESPONSE']._serialized_start=249
-  _globals['_PUTCREDENTIALRESPONSE']._serialized_end=335
-  _globals['_GETCREDENTIALREQUEST']._serialized_start=337
-  _globals['_GETCREDENTIALREQUEST']._serialized_end=376
-  _globals['_GETCREDENTIALRESPONSE']._serialized_start=378
-  _globals['_GETCREDENTIALRESPONSE']._serialized_end=464
-  _globals['_DELETECREDENTIALREQUEST']._serialized_start=466
-  _globals['_DELETECREDENTIALREQUEST']._serialized_end=508
-  _globals['_DELETECREDENTIALRESPONSE']._serialized_start=510
-  _globals['_DELETECREDENTIALRESPONSE']._serialized_end=536
-  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_start=538
-  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_end=584
-  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_start=586
-  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_end=633
-  _globals['_RESOLVECREDENTIALREQUEST']._serialized_start=635
-  _globals['_RESOLVECREDENTIALREQUEST']._serialized_end=697
-  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_start=700
-  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_end=890
-  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_start=892
-  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_end=961
-  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_start=963
-  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_end=994
-  _globals['_ROTATEKEYSREQUEST']._serialized_start=996
-  _globals['_ROTATEKEYSREQUEST']._serialized_end=1035
-  _globals['_ROTATEKEYSRESPONSE']._serialized_start=1037
-  _globals['_ROTATEKEYSRESPONSE']._serialized_end=1093
-  _globals['_CHECKCREDENTIALREQUEST']._serialized_start=1095
-  _globals['_CHECKCREDENTIALREQUEST']._serialized_end=1197
-  _globals['_CHECKCREDENTIALRESPONSE']._serialized_start=1199
-  _globals['_CHECKCREDENTIALRESPONSE']._serialized_end=1298
+  _globals['_PUTCREDENTIALREQUEST']._serialized_end=265
+  _globals['_PUTCREDENTIALRESPONSE']._serialized_start=267
+  _globals['_PUTCREDENTIALRESPONSE']._serialized_end=353
+  _globals['_GETCREDENTIALREQUEST']._serialized_start=355
+  _globals['_GETCREDENTIALREQUEST']._serialized_end=394
+  _globals['_GETCREDENTIALRESPONSE']._serialized_start=396
+  _globals['_GETCREDENTIALRESPONSE']._serialized_end=482
+  _globals['_DELETECREDENTIALREQUEST']._serialized_start=484
+  _globals['_DELETECREDENTIALREQUEST']._serialized_end=526
+  _globals['_DELETECREDENTIALRESPONSE']._serialized_start=528
+  _globals['_DELETECREDENTIALRESPONSE']._serialized_end=554
+  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_start=556
+  _globals['_ERASEUSERCREDENTIALSREQUEST']._serialized_end=602
+  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_start=604
+  _globals['_ERASEUSERCREDENTIALSRESPONSE']._serialized_end=651
+  _globals['_RESOLVECREDENTIALREQUEST']._serialized_start=653
+  _globals['_RESOLVECREDENTIALREQUEST']._serialized_end=715
+  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_start=718
+  _globals['_RESOLVECREDENTIALRESPONSE']._serialized_end=931
+  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_start=933
+  _globals['_MARKCREDENTIALINVALIDREQUEST']._serialized_end=1002
+  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_start=1004
+  _globals['_MARKCREDENTIALINVALIDRESPONSE']._serialized_end=1035
+  _globals['_ROTATEKEYSREQUEST']._serialized_start=1037
+  _globals['_ROTATEKEYSREQUEST']._serialized_end=1076
+  _globals['_ROTATEKEYSRESPONSE']._serialized_start=1078
+  _globals['_ROTATEKEYSRESPONSE']._serialized_end=1134
+  _globals['_CHECKCREDENTIALREQUEST']._serialized_start=1136
+  _globals['_CHECKCREDENTIALREQUEST']._serialized_end=1238
+  _globals['_CHECKCREDENTIALRESPONSE']._serialized_start=1240
+  _globals['_CHECKCREDENTIALRESPONSE']._serialized_end=1339
 # @@protoc_insertion_point(module_scope)

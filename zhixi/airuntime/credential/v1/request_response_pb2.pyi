@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PutCredentialRequest(_message.Message):
-    __slots__ = ("user_id", "provider", "api_key")
+    __slots__ = ("user_id", "provider", "api_key", "base_url")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_FIELD_NUMBER: _ClassVar[int]
     API_KEY_FIELD_NUMBER: _ClassVar[int]
+    BASE_URL_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     provider: str
     api_key: str
-    def __init__(self, user_id: _Optional[str] = ..., provider: _Optional[str] = ..., api_key: _Optional[str] = ...) -> None: ...
+    base_url: str
+    def __init__(self, user_id: _Optional[str] = ..., provider: _Optional[str] = ..., api_key: _Optional[str] = ..., base_url: _Optional[str] = ...) -> None: ...
 
 class PutCredentialResponse(_message.Message):
     __slots__ = ("credential",)
@@ -67,20 +69,22 @@ class ResolveCredentialRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ...) -> None: ...
 
 class ResolveCredentialResponse(_message.Message):
-    __slots__ = ("api_key_mode", "credential_id", "api_key", "model_provider", "model_name", "base_url")
+    __slots__ = ("api_key_mode", "credential_id", "api_key", "model_provider", "model_name", "base_url", "user_base_url")
     API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
     CREDENTIAL_ID_FIELD_NUMBER: _ClassVar[int]
     API_KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_PROVIDER_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    USER_BASE_URL_FIELD_NUMBER: _ClassVar[int]
     api_key_mode: _message_pb2.ApiKeyMode
     credential_id: str
     api_key: str
     model_provider: str
     model_name: str
     base_url: str
-    def __init__(self, api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., api_key: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., base_url: _Optional[str] = ...) -> None: ...
+    user_base_url: bool
+    def __init__(self, api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., api_key: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., base_url: _Optional[str] = ..., user_base_url: _Optional[bool] = ...) -> None: ...
 
 class MarkCredentialInvalidRequest(_message.Message):
     __slots__ = ("credential_id", "reason")

@@ -773,9 +773,10 @@ class VerifyLeasesResponse(_message.Message):
     def __init__(self, verdicts: _Optional[_Iterable[_Union[LeaseVerdict, _Mapping]]] = ...) -> None: ...
 
 class RuntimeSessionRequest(_message.Message):
-    __slots__ = ("id", "request_id", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "cancel", "batch")
+    __slots__ = ("id", "request_id", "traceparent", "claim_jobs", "start_job", "heartbeat_leases", "get_snapshot", "submit_result", "fail_job", "record_invocation", "cancel", "batch")
     ID_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     CLAIM_JOBS_FIELD_NUMBER: _ClassVar[int]
     START_JOB_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_LEASES_FIELD_NUMBER: _ClassVar[int]
@@ -787,6 +788,7 @@ class RuntimeSessionRequest(_message.Message):
     BATCH_FIELD_NUMBER: _ClassVar[int]
     id: int
     request_id: str
+    traceparent: str
     claim_jobs: ClaimJobsRequest
     start_job: StartJobRequest
     heartbeat_leases: HeartbeatLeasesRequest
@@ -796,7 +798,7 @@ class RuntimeSessionRequest(_message.Message):
     record_invocation: RecordInvocationRequest
     cancel: int
     batch: RuntimeSessionBatch
-    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., claim_jobs: _Optional[_Union[ClaimJobsRequest, _Mapping]] = ..., start_job: _Optional[_Union[StartJobRequest, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesRequest, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotRequest, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultRequest, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobRequest, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationRequest, _Mapping]] = ..., cancel: _Optional[int] = ..., batch: _Optional[_Union[RuntimeSessionBatch, _Mapping]] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., request_id: _Optional[str] = ..., traceparent: _Optional[str] = ..., claim_jobs: _Optional[_Union[ClaimJobsRequest, _Mapping]] = ..., start_job: _Optional[_Union[StartJobRequest, _Mapping]] = ..., heartbeat_leases: _Optional[_Union[HeartbeatLeasesRequest, _Mapping]] = ..., get_snapshot: _Optional[_Union[GetSnapshotRequest, _Mapping]] = ..., submit_result: _Optional[_Union[SubmitResultRequest, _Mapping]] = ..., fail_job: _Optional[_Union[FailJobRequest, _Mapping]] = ..., record_invocation: _Optional[_Union[RecordInvocationRequest, _Mapping]] = ..., cancel: _Optional[int] = ..., batch: _Optional[_Union[RuntimeSessionBatch, _Mapping]] = ...) -> None: ...
 
 class RuntimeSessionBatch(_message.Message):
     __slots__ = ("calls",)

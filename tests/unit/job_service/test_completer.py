@@ -1,5 +1,5 @@
-"""Group commit of results: results that queue go in one transaction, and each gets the
-answer it would have had alone (SPEC §2.3 result, §2.5 idempotency, §3 claim_next)."""
+"""The completer: reports (results and fails) that queue end in one transaction, through
+one body for 1..N reports, and each gets its own answer (reference §2.3, §2.4, §2.5)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from job_service import metrics
 from job_service.lifecycle import Lease
 from job_service.services.domain import JobDomain
 from job_service.services.grouping import GroupCommit
-from job_service.services.inputs import ClaimNext, ModelCallInput
+from job_service.services.inputs import ModelCallInput
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT, new_job
 
 CAPS = ["learning_state_analysis"]
@@ -45,13 +45,8 @@ def _groups_seen() -> tuple[float, float]:
     return count, total
 
 
-def _alone_seen() -> float:
-    """Results of groups left to their own transaction so far."""
-    return float(metrics.RESULT_GROUP_ALONE._value.get())
-
-
 def _one_at_a_time(domain: JobDomain) -> None:
-    """One result transaction at a time: whatever arrives while it runs is one group."""
+    """One completer transaction at a time: whatever arrives while it runs is one group."""
     domain.completion.groups.max_in_flight = 1
 
 
@@ -69,38 +64,20 @@ async def _settled(*calls: Any) -> list[Any]:
     return list(await asyncio.gather(*calls, return_exceptions=True))
 
 
-async def test_queued_results_commit_as_one_group_and_share_its_claim(domain: JobDomain) -> None:
+async def test_queued_results_commit_as_one_group(domain: JobDomain) -> None:
     _one_at_a_time(domain)
-    made = [await new_job(domain) for _ in range(20)]
+    await asyncio.gather(*(new_job(domain) for _ in range(10)))
     running, _ = await domain.claim_started("w1", CAPS, 10, 0)
     assert len(running) == 10
     groups0, results0 = _groups_seen()
-    alone0 = _alone_seen()
     outcomes = await _settled(
-        *(
-            _submit(
-                domain,
-                Lease(job.job_id, "w1", 1),
-                calls=[_call()],
-                claim_next=ClaimNext(CAPS, 1),
-            )
-            for job in running
-        )
+        *(_submit(domain, Lease(job.job_id, "w1", 1), calls=[_call()]) for job in running)
     )
     groups1, results1 = _groups_seen()
-    # the first ran alone at once, the nine that queued behind it went together
-    assert (groups1 - groups0, results1 - results0) == (1, 9)
-    assert _alone_seen() == alone0  # all nine taken by the group itself
+    # the first ran at once as a group of one, the nine that queued behind it together
+    assert (groups1 - groups0, results1 - results0) == (2, 10)
     assert all(o.status == "succeeded" and not o.replayed for o in outcomes)
     assert len({o.result_id for o in outcomes}) == 10
-    claimed = [job for o in outcomes for job in o.claimed]
-    assert all(len(o.claimed) == 1 for o in outcomes)
-    assert len({job.job_id for job in claimed}) == 10  # no job handed out twice
-    assert {job.job_id for job in claimed} == {j.job_id for j in made} - {j.job_id for j in running}
-    for o in outcomes:
-        [job] = o.claimed
-        assert job.status == "running" and job.locked_by == "w1"
-        assert o.snapshots[job.job_id].snapshot_id == job.snapshot_id
     for job in running:
         done = await domain.get(job.job_id)
         assert done.status == "succeeded" and done.lock_until is None
@@ -109,40 +86,58 @@ async def test_queued_results_commit_as_one_group_and_share_its_claim(domain: Jo
         assert len(invocations) == 1
 
 
-async def test_each_result_of_a_group_gets_its_own_answer(domain: JobDomain) -> None:
+async def test_each_report_of_a_group_gets_its_own_answer(domain: JobDomain) -> None:
     _one_at_a_time(domain)
-    jobs = [await new_job(domain) for _ in range(6)]
-    await domain.claim_started("w1", CAPS, 6, 0)
-    first, plain, replayed, intruder, invalid, conflict = (Lease(j.job_id, "w1", 1) for j in jobs)
+    jobs = [await new_job(domain) for _ in range(8)]
+    await domain.claim_started("w1", CAPS, 8, 0)
+    first, plain, replayed, intruder, invalid, conflict, failing, cancelled = (
+        Lease(j.job_id, "w1", 1) for j in jobs
+    )
     before = await _submit(domain, replayed)
     other = await _submit(domain, conflict)
+    await domain.cancel(cancelled.job_id, user_id=None, actor="admin")
     groups0, results0 = _groups_seen()
-    alone0 = _alone_seen()
     answers = await _settled(
         _submit(domain, first),
         _submit(domain, plain, calls=[_call()]),
-        _submit(domain, plain, calls=[_call()]),  # the same result twice in one group
+        _submit(domain, plain, calls=[_call()]),  # the same result twice: the next group's
         _submit(domain, replayed),
         _submit(domain, Lease(intruder.job_id, "intruder", 1)),
-        _submit(domain, invalid, output={"summary": 5}),
+        _submit(domain, invalid, output={"summary": 5}, calls=[_call()]),
         _submit(domain, conflict, output={**ANALYSIS_OUTPUT, "summary": "another"}),
+        domain.fail(failing, error_code="MODEL_TIMEOUT", error_message="slow", calls=[_call()]),
+        _submit(domain, cancelled),  # a result committed before the cancel is seen wins
     )
     groups1, results1 = _groups_seen()
-    assert (groups1 - groups0, results1 - results0) == (1, 6)
-    assert _alone_seen() - alone0 == 5  # all but the plain result went alone
-    twice_a, twice_b, again, refused, bad, clash = answers[1:]
+    # alone at once, then one group of seven, then the repeat of ``plain`` alone
+    assert (groups1 - groups0, results1 - results0) == (3, 9)
+    twice_a, twice_b, again, refused, bad, clash, retried, won = answers[1:]
     assert twice_a.status == twice_b.status == "succeeded"
     assert twice_a.result_id == twice_b.result_id
-    assert sorted([twice_a.replayed, twice_b.replayed]) == [False, True]
+    assert (twice_a.replayed, twice_b.replayed) == (False, True)
     assert (again.replayed, again.result_id) == (True, before.result_id)
     assert isinstance(refused, AppError) and refused.code == ErrorCode.LOCK_NOT_HELD
     assert isinstance(bad, AppError) and bad.code == ErrorCode.INVALID_SCHEMA
     assert isinstance(clash, AppError) and clash.code == ErrorCode.RESULT_ALREADY_EXISTS
+    assert (retried.status, retried.retry_count, retried.error_code) == (
+        "pending",
+        1,
+        "MODEL_TIMEOUT",
+    )
+    assert won.status == "succeeded" and not won.replayed
     assert other.status == "succeeded"
-    assert (await domain.get(invalid.job_id)).status == "failed"
+    failed = await domain.get(invalid.job_id)
+    assert (failed.status, failed.error_code) == ("failed", "INVALID_SCHEMA")
     assert (await domain.get(intruder.job_id)).status == "running"  # the holder may still
     _, invocations = await domain.history(plain.job_id)
     assert len(invocations) == 1  # the replay logged none
+    for lease in (invalid, failing):
+        events, invocations = await domain.history(lease.job_id)
+        assert len(invocations) == 1  # logged with the ending
+        assert events[-1].actor == "runtime:w1" and events[-1].error_code in (
+            "INVALID_SCHEMA",
+            "MODEL_TIMEOUT",
+        )
 
 
 async def test_a_lapsed_lease_in_a_group_is_refused_and_the_rest_commit(
@@ -169,66 +164,74 @@ async def test_a_lapsed_lease_in_a_group_is_refused_and_the_rest_commit(
 
 
 async def test_group_commit_runs_a_lone_request_at_once_and_groups_what_queues() -> None:
-    ran: list[list[int] | int] = []
+    ran: list[list[int]] = []
     gate = asyncio.Event()
 
-    async def one(item: int) -> int:
-        ran.append(item)
-        if item == 0:
-            await gate.wait()
-        return item * 10
-
-    async def group(items: list[int]) -> list[int | None]:
+    async def run(items: list[int]) -> list[int]:
         ran.append(list(items))
-        return [None if i % 2 else i * 10 for i in items]  # odd ones go alone
+        if items == [0]:
+            await gate.wait()
+        return [i * 10 for i in items]
 
-    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=3, max_in_flight=1)
+    gc: GroupCommit[int, int] = GroupCommit(run, key=lambda i: i, max_size=3, max_in_flight=1)
     calls = [asyncio.ensure_future(gc.submit(i)) for i in range(6)]
     await asyncio.sleep(0)
-    assert ran == [0] and gc.in_flight == 1
+    assert ran == [[0]] and gc.in_flight == 1
     gate.set()
     assert await asyncio.gather(*calls) == [0, 10, 20, 30, 40, 50]
-    assert ran[1] == [1, 2, 3] and [4, 5] in ran
+    assert ran[1:] == [[1, 2, 3], [4, 5]]
     assert gc.in_flight == 0
 
 
-async def test_a_group_that_fails_answers_each_request_alone() -> None:
+async def test_requests_of_one_key_never_share_a_group() -> None:
+    ran: list[list[str]] = []
     gate = asyncio.Event()
 
-    async def one(item: int) -> int:
-        if item == 0:
+    async def run(items: list[str]) -> list[str]:
+        ran.append(list(items))
+        if items == ["x"]:
             await gate.wait()
-        if item == 2:
-            raise AppError(ErrorCode.LOCK_NOT_HELD, "no", None)
-        return item
+        return items
 
-    async def group(items: list[int]) -> list[int | None]:
+    gc: GroupCommit[str, str] = GroupCommit(run, key=lambda s: s[0], max_size=10, max_in_flight=1)
+    calls = [asyncio.ensure_future(gc.submit(i)) for i in ("x", "a1", "b", "a2", "c", "a3")]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.gather(*calls)
+    assert ran == [["x"], ["a1", "b", "c"], ["a2"], ["a3"]]
+
+
+async def test_a_group_that_fails_gives_each_request_its_error() -> None:
+    gate = asyncio.Event()
+
+    async def run(items: list[int]) -> list[int]:
+        if items == [0]:
+            await gate.wait()
+            return [0]
         raise RuntimeError("the group's transaction failed")
 
-    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=10, max_in_flight=1)
+    gc: GroupCommit[int, int] = GroupCommit(run, key=lambda i: i, max_size=10, max_in_flight=1)
     calls = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
     await asyncio.sleep(0)
     gate.set()
     got = await asyncio.gather(*calls, return_exceptions=True)
-    assert got[0] == 0 and got[1] == 1 and got[3] == 3
-    assert isinstance(got[2], AppError) and got[2].code == ErrorCode.LOCK_NOT_HELD
+    assert got[0] == 0
+    assert all(isinstance(g, RuntimeError) for g in got[1:])
+    assert gc.in_flight == 0
 
 
 async def test_a_caller_that_goes_away_leaves_its_group_whole() -> None:
     gate = asyncio.Event()
     done: list[int] = []
 
-    async def one(item: int) -> int:
-        if item == 0:
+    async def run(items: list[int]) -> list[int]:
+        if items == [0]:
             await gate.wait()
-        return item
-
-    async def group(items: list[int]) -> list[int | None]:
         await asyncio.sleep(0.01)
         done.extend(items)
         return list(items)
 
-    gc: GroupCommit[int, int] = GroupCommit(group, one, max_size=10, max_in_flight=1)
+    gc: GroupCommit[int, int] = GroupCommit(run, key=lambda i: i, max_size=10, max_in_flight=1)
     calls = [asyncio.ensure_future(gc.submit(i)) for i in range(4)]
     await asyncio.sleep(0)
     calls[2].cancel()
@@ -236,86 +239,26 @@ async def test_a_caller_that_goes_away_leaves_its_group_whole() -> None:
     got = await asyncio.gather(*calls, return_exceptions=True)
     assert got[0] == 0 and got[1] == 1 and got[3] == 3
     assert isinstance(got[2], asyncio.CancelledError)
+    assert sorted(done) == [0, 1, 2, 3]  # the group still ended its third request
     assert gc.in_flight == 0
 
 
 def test_bounds_below_one_are_refused() -> None:
-    async def one(item: int) -> int:
-        return item
-
-    async def group(items: list[int]) -> list[int | None]:
+    async def run(items: list[int]) -> list[int]:
         return list(items)
 
     with pytest.raises(ValueError):
-        GroupCommit(group, one, max_size=0, max_in_flight=1)
+        GroupCommit(run, key=lambda i: i, max_size=0, max_in_flight=1)
     with pytest.raises(ValueError):
-        GroupCommit(group, one, max_size=1, max_in_flight=0)
+        GroupCommit(run, key=lambda i: i, max_size=1, max_in_flight=0)
 
 
-async def test_claims_of_one_group_never_hand_out_a_job_twice(domain: JobDomain) -> None:
-    """Callers with overlapping capabilities in one group: their picks run in one
-    transaction before any lock and skip no row it locked itself, so they see the same
-    first rows; the claims share them out, each job once, and leave none behind."""
+async def test_a_groups_endings_write_what_each_would_alone(domain: JobDomain) -> None:
+    """A group ends its jobs with one UPDATE per transition, each job under its own
+    fencing token and with its own columns, and the very event a report alone appends."""
     _one_at_a_time(domain)
-    holders = ["w1", "w1", "w1", "w2"]
-    running = []
-    for holder in holders:
-        await new_job(domain)
-        running += (await domain.claim_started(holder, CAPS, 1, 0))[0]
-    waiting = [await new_job(domain) for _ in range(5)]
-    # the first goes alone and claims nothing; the other three queue as one group
-    wants = [None, ClaimNext(CAPS, 2), ClaimNext([*CAPS, "quiz_generation"], 2), ClaimNext(CAPS, 2)]
-    answers = await _settled(
-        *(
-            _submit(domain, Lease(job.job_id, holder, 1), claim_next=want)
-            for job, holder, want in zip(running, holders, wants, strict=True)
-        )
-    )
-    assert all(getattr(a, "status", None) == "succeeded" for a in answers), answers
-    claimed = [(job.job_id, job.locked_by) for a in answers for job in a.claimed]
-    ids = [job_id for job_id, _ in claimed]
-    assert len(ids) == len(set(ids))  # no job handed out twice
-    assert set(ids) == {job.job_id for job in waiting}  # and none left behind
-    assert [len(a.claimed) for a in answers] == [0, 2, 2, 1]
-    for a, holder in zip(answers, holders, strict=True):
-        assert all(job.locked_by == holder and job.status == "running" for job in a.claimed)
-    for job_id, holder in claimed:
-        got = await domain.get(job_id)
-        assert (got.status, got.locked_by, got.attempt_no) == ("running", holder, 1)
-        events, _ = await domain.history(job_id)
-        assert [e.to_status for e in events] == ["pending", "locked", "running"]
-
-
-async def test_a_group_whose_results_are_refused_leaves_its_picks_pending(
-    domain: JobDomain,
-) -> None:
-    _one_at_a_time(domain)
-    jobs = [await new_job(domain) for _ in range(3)]
-    await domain.claim_started("w1", CAPS, 3, 0)
-    waiting = [await new_job(domain) for _ in range(3)]
-    answers = await _settled(
-        *(
-            _submit(
-                domain,
-                Lease(job.job_id, "w1", 1),
-                output={"summary": 5},
-                claim_next=ClaimNext(CAPS, 1),
-            )
-            for job in jobs
-        )
-    )
-    assert all(isinstance(a, AppError) and a.code == ErrorCode.INVALID_SCHEMA for a in answers)
-    for job in waiting:
-        got = await domain.get(job.job_id)
-        assert (got.status, got.locked_by, got.attempt_no) == ("pending", None, 0)
-
-
-async def test_a_groups_succeeds_write_what_each_would_alone(domain: JobDomain) -> None:
-    """A group's succeeds go as one UPDATE per run of holder, attempt, state and values;
-    each job still gets its own columns and the very event a result alone appends."""
-    _one_at_a_time(domain)
-    holders = ["w1", "w1", "w1", "w2", "w2"]
-    versions = ["v1", "v1", "v2", "v1", "v1"]
+    holders = ["w1", "w1", "w1", "w2", "w2", "w2"]
+    versions = ["v1", "v1", "v2", "v1", "v1", "v1"]
     running = []
     for holder in holders:
         await new_job(domain)
@@ -330,35 +273,43 @@ async def test_a_groups_succeeds_write_what_each_would_alone(domain: JobDomain) 
                 output=ANALYSIS_OUTPUT,
                 calls=[_call()],
             )
-            for job, holder, version in zip(running, holders, versions, strict=True)
-        )
+            for job, holder, version in zip(running[:5], holders, versions, strict=False)
+        ),
+        domain.fail(
+            Lease(running[5].job_id, "w2", 1),
+            error_code="MODEL_BAD_REQUEST",
+            error_message="ours",
+            calls=[_call()],
+        ),
     )
-    assert all(getattr(a, "status", None) == "succeeded" for a in answers), answers
+    assert all(getattr(a, "status", None) in ("succeeded", "failed") for a in answers), answers
     groups1, results1 = _groups_seen()
-    assert (groups1 - groups0, results1 - results0) == (1, 4)  # the first went alone
+    assert (groups1 - groups0, results1 - results0) == (2, 6)  # the first went alone
     ends = []
     for job, holder, version in zip(running, holders, versions, strict=True):
         got = await domain.get(job.job_id)
-        assert got.status == "succeeded" and got.lock_until is None
-        assert got.prompt_version == f"learning_state_analysis.{version}"
+        assert got.status in ("succeeded", "failed") and got.lock_until is None
+        if got.status == "succeeded":
+            assert got.prompt_version == f"learning_state_analysis.{version}"
         assert got.finished_at == got.updated_at
         events, invocations = await domain.history(job.job_id)
-        assert [e.to_status for e in events] == ["pending", "locked", "running", "succeeded"]
+        assert [e.to_status for e in events][:3] == ["pending", "locked", "running"]
         end = events[-1]
         assert end.at == got.updated_at
         assert (end.actor, end.attempt_no) == (f"runtime:{holder}", 1)
         assert len(invocations) == 1
         ends.append((end.from_status, end.to_status, end.error_code, end.model_provider))
-    # the lone result's event and the group's are alike
-    assert ends == [("running", "succeeded", None, None)] * len(running)
+    assert ends == [("running", "succeeded", None, None)] * 5 + [
+        ("running", "failed", "MODEL_BAD_REQUEST", None)
+    ]
 
 
-async def test_a_lease_that_lapses_inside_a_group_breaks_its_fence_and_each_runs_alone(
+async def test_a_lease_that_lapses_inside_a_group_breaks_its_fence_and_the_set_runs_again(
     domain: JobDomain, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The group's read finds every lease live; one lapses before the UPDATE of its run.
-    That UPDATE matches fewer rows than the run has, its fence breaks, nothing of the
-    group is kept, and each result is answered alone: the lapsed one refused."""
+    """The group's read finds every lease live; one lapses before the UPDATE. The UPDATE
+    matches fewer rows than it has jobs, its fence breaks, nothing of the group is
+    kept, and the set runs again: its read refuses the lapsed lease, the rest commit."""
     from sqlalchemy import update
 
     from job_service.store.tables import jobs as jobs_table
@@ -373,17 +324,17 @@ async def test_a_lease_that_lapses_inside_a_group_breaks_its_fence_and_each_runs
             .where(jobs_table.c.job_id == lapsing)
             .values(lock_until=domain.clock.plus(0.5))
         )
-    completion = domain.completion
-    prepare = completion._prepare
+    learning = domain.core.learning
+    prepare = learning.prepare_result
     waited: list[str] = []
 
-    async def slow_prepare(db: Any, facts: Any, sub: Any) -> Any:
-        if facts.job_id == lapsing and not waited:
-            waited.append(facts.job_id)
+    async def slow_prepare(db: Any, **kw: Any) -> Any:
+        if kw["job_id"] == lapsing and not waited:
+            waited.append(kw["job_id"])
             await asyncio.sleep(1.0)  # the lease lapses while the group is open
-        return await prepare(db, facts, sub)
+        return await prepare(db, **kw)
 
-    monkeypatch.setattr(completion, "_prepare", slow_prepare)
+    monkeypatch.setattr(learning, "prepare_result", slow_prepare)
     answers = await _settled(
         *(_submit(domain, Lease(j.job_id, "w1", 1), calls=[_call()]) for j in jobs)
     )
@@ -400,4 +351,23 @@ async def test_a_lease_that_lapses_inside_a_group_breaks_its_fence_and_each_runs
     for job in (jobs[1], jobs[3]):
         events, invocations = await domain.history(job.job_id)
         assert [e.to_status for e in events] == ["pending", "locked", "running", "succeeded"]
-        assert len(invocations) == 1  # written once, by its own transaction
+        assert len(invocations) == 1  # written once
+
+
+async def test_a_platform_success_after_failures_in_one_group_resets_the_breaker(
+    domain: JobDomain,
+) -> None:
+    """Breaker feeding inside one set goes in report order, each on the row as the set's
+    earlier endings left it: two failures, then a success, leave it closed at 0."""
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(4)]
+    await domain.claim_started("w1", CAPS, 4, 0)
+    leases = [Lease(j.job_id, "w1", 1) for j in jobs]
+    await _settled(
+        _submit(domain, leases[0]),
+        domain.fail(leases[1], error_code="MODEL_TIMEOUT", error_message="slow"),
+        domain.fail(leases[2], error_code="TEMPORARY_PROVIDER_ERROR", error_message="503"),
+        _submit(domain, leases[3]),
+    )
+    view = await domain.breaker_view()
+    assert (view.state, view.consecutive_failures) == ("closed", 0)
