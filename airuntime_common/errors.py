@@ -48,6 +48,12 @@ class ErrorCode(StrEnum):
     UNAVAILABLE = "UNAVAILABLE"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     TOO_MANY_STREAMS = "TOO_MANY_STREAMS"
+    #: An upload names a prompt version that holds another template, or ``v1``
+    #: (reference §10.4).
+    PROMPT_VERSION_EXISTS = "PROMPT_VERSION_EXISTS"
+    #: A prompt template breaks the sandbox's rules or does not render (reference
+    #: §10.4); the message names the line. Also a job ending (final) in the worker.
+    INVALID_PROMPT_TEMPLATE = "INVALID_PROMPT_TEMPLATE"
     #: A user's base URL broke a rule of reference §10.5 when stored (the message
     #: names the rule; nothing is stored).
     INVALID_BASE_URL = "INVALID_BASE_URL"
@@ -109,6 +115,8 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.UNAVAILABLE: (503, grpc.StatusCode.UNAVAILABLE),
     ErrorCode.METHOD_NOT_ALLOWED: (405, grpc.StatusCode.UNIMPLEMENTED),
     ErrorCode.TOO_MANY_STREAMS: (429, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ErrorCode.PROMPT_VERSION_EXISTS: (409, grpc.StatusCode.ALREADY_EXISTS),
+    ErrorCode.INVALID_PROMPT_TEMPLATE: (422, grpc.StatusCode.INVALID_ARGUMENT),
     ErrorCode.INVALID_BASE_URL: (422, grpc.StatusCode.INVALID_ARGUMENT),
     # a job ending; as a resolve's refusal (a base URL stored while USER_BASE_URLS was
     # on, resolved after it was turned off) it answers as INVALID_CREDENTIAL does

@@ -7,7 +7,7 @@ plans, and the worker's prompts, token caps and output validation. Adding a
 job type is one :class:`JobTypeSpec` in :data:`BUILTIN`, its output model
 (:mod:`airuntime_common.outputs`), its result table (a model in
 ``job_service/learning/tables.py`` and a migration) and its prompt template
-(``runtime_worker/prompts/<name>.v1.j2``); docs/job-types.md
+(``airuntime_common/prompts/templates/<name>.v1.j2``); docs/job-types.md
 walks through it.
 
 On the wire a job type is a ``zhixi.airuntime.common.v1.JobType`` number
@@ -76,8 +76,9 @@ class JobTypeSpec:
         plan_table: the generation-plan table, when a job of this type has a plan
             (requested count, then generated / written / skipped counts).
         prompt: the prompt template's stem (``<prompt>.<version>.j2``).
-        prompt_dir: a directory the worker looks in for that template before its
-            own ``runtime_worker/prompts/`` (a type shipped outside the worker).
+        prompt_dir: a directory searched for that template (and what it includes)
+            before ``airuntime_common/prompts/templates/`` (a type shipped outside
+            the code base).
     """
 
     name: str

@@ -154,6 +154,7 @@ def invocation_json(inv: Any) -> dict[str, Any]:
         "providerRequestId": opt(inv, "provider_request_id"),
         "costUsd": float(inv.cost_usd),
         "createdAt": ts(inv, "created_at"),
+        "promptVersion": opt(inv, "prompt_version"),
     }
 
 

@@ -264,7 +264,7 @@ class ResultBody(Body):
     """``POST /internal/runtime/jobs/{jobId}/result``."""
 
     attemptNo: int = AttemptNo
-    promptVersion: str = Field(default="", max_length=64)
+    promptVersion: str = Field(default="", max_length=128)
     outputSchemaVersion: str = Field(default="v1", max_length=16)
     output: dict[str, Any]
 
@@ -382,6 +382,8 @@ class InvocationOut(BaseModel):
     providerRequestId: str | None
     costUsd: float
     createdAt: str | None
+    #: the prompt version the call's attempt ran (reference §10.4)
+    promptVersion: str | None = None
 
 
 class AdminJobOut(JobOut):

@@ -1,4 +1,5 @@
-"""job_service process: migrations, the gRPC server, the reaper, metrics, graceful stop.
+"""job_service process: migrations, the gRPC server, the reaper, the prompt guard, metrics,
+graceful stop.
 
 ``serve(settings)`` returns a running :class:`JobServiceApp` handle, so tests can
 run the real server in-process on an ephemeral port (``JOB_SERVICE_LISTEN=127.0.0.1:0``).
@@ -49,6 +50,8 @@ class JobServiceApp:
     reaper_task: asyncio.Task[None] | None = None
     gauges_task: asyncio.Task[None] | None = None
     parking_task: asyncio.Task[None] | None = None
+    #: the prompt guard's loop (reference §10.4)
+    guard_task: asyncio.Task[None] | None = None
 
     @property
     def port(self) -> int:
@@ -71,6 +74,8 @@ class JobServiceApp:
             await self.parking_task
         if self.gauges_task is not None:
             await self.gauges_task
+        if self.guard_task is not None:
+            await self.guard_task
         close = getattr(self.domain.credentials, "close", None)
         if close is not None:
             await close()
@@ -137,6 +142,9 @@ async def serve(
     parking = ParkingLot(domain.core)
     app.parking_task = asyncio.create_task(parking.run(app.stop_event), name="parking")
     app.gauges_task = asyncio.create_task(_refresh_gauges(app), name="metrics-gauges")
+    app.guard_task = asyncio.create_task(
+        domain.prompts.guard.run(app.stop_event), name="prompt-guard"
+    )
     log.info(
         "job_service serving",
         extra={"fields": {"port": server.port, "database": engine.url.render_as_string()}},

@@ -71,6 +71,12 @@ PLATFORM_SPEND = Gauge(
     "compares with the budget)",
 )
 PLATFORM_BUDGET = Gauge("airt_platform_budget_usd", "PLATFORM_DAILY_BUDGET_USD")
+PROMPT_ROLLBACKS = Counter(
+    "ai_runtime_prompt_rollbacks",
+    "Prompt routings the guard rolled back to their control, by job type (reference §10.4); "
+    "counted by the replica whose rollback committed",
+    ["job_type"],
+)
 WORKERS_LIVE = Gauge(
     "airt_runtime_workers_live",
     "Runtime instances the registry counts alive (seen within the alive window)",

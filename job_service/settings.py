@@ -92,6 +92,10 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: (then rotating the token changes the pseudonyms: an erased user's day of quota
     #: use is forgotten, nothing else).
     ERASURE_PSEUDONYM_KEY: str = ""
+    #: How often the prompt guard of each replica compares the variants of every
+    #: routing with its control and rolls a bad one back (reference §10.4: within
+    #: 10 s of the variant's ``minAttempts``th attempt).
+    PROMPT_GUARD_INTERVAL_SECONDS: float = Field(default=2, gt=0, le=3600)
     #: How often the queue-depth and breaker gauges are re-read from the database.
     METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0, le=DAY)
     #: How often the one change poller of the process reads the job changes every

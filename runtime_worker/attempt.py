@@ -36,7 +36,7 @@ from runtime_worker import metrics as worker_metrics
 from runtime_worker.client import RuntimeClient
 from runtime_worker.egress import guard
 from runtime_worker.generation import ABORTED, Invocation, generate
-from runtime_worker.prompts import render_prompt
+from runtime_worker.prompt_cache import PromptCache
 from runtime_worker.providers.base import ModelError, ModelProvider
 from runtime_worker.settings import WorkerSettings
 from runtime_worker.snapshot import normalize_numbers, struct_to_dict, validate_snapshot
@@ -194,6 +194,8 @@ class Attempts:
         self.platform = platform
         self.settings = settings
         self.counters = counters
+        #: each job's own prompt version, fetched once per version (reference §10.4)
+        self.prompts = PromptCache(client.get_prompt_version)
 
     async def work(self, run: JobRun) -> tuple[str, dict[str, Any]]:
         """The model work of ``run``: snapshot, prompt, key, model call(s), the validated
@@ -274,7 +276,7 @@ class Attempts:
             user_id=run.job.user_id or None,
         )
         params = {**snapshot.params, **struct_to_dict(run.job.params)}
-        return render_prompt(run.job_type, snapshot, normalize_numbers(params)), params
+        return await self.prompts.render(run, snapshot, normalize_numbers(params)), params
 
     async def _resolve(self, job_id: str, attempt_no: int) -> ModelKey:
         answer = await self.client.resolve_credential(job_id, attempt_no)

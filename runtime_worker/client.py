@@ -302,3 +302,17 @@ class RuntimeClient:
             name="RecordInvocation",
             retry=False,
         )
+
+    async def get_prompt_version(self, job_type: str, version: str) -> str:
+        """GetPromptVersion: the template source of ``job_type``'s ``version`` (reference
+        §10.4), retried as a read. :class:`runtime_worker.prompt_cache.PromptCache`
+        calls it once per version."""
+        response = await self._call(
+            self._jobs.GetPromptVersion,
+            rr.GetPromptVersionRequest(
+                job_type=cast(Any, JOB_TYPE.to_proto(job_type)), version=version
+            ),
+            name="GetPromptVersion",
+            retry=True,
+        )
+        return str(response.version.template)

@@ -9,7 +9,8 @@
         ├── model call               one per provider call (the aiohttp span below)
         └── result | fail            SubmitResult | FailJob
 
-Every span carries :data:`JOB_ID`, :data:`JOB_ATTEMPT`, :data:`JOB_TYPE` and, once
+Every span carries :data:`JOB_ID`, :data:`JOB_ATTEMPT`, :data:`JOB_TYPE`,
+:data:`PROMPT_VERSION` (the version the attempt renders, reference §10.4) and, once
 known, :data:`MODEL_PROVIDER`. A claimed job without ``trace_parent`` (a job_service
 that stores none, a create that carried no trace) gets an ``attempt`` root, so
 the attempt's spans still form one trace. Errors are recorded as ``error.type``
@@ -47,6 +48,8 @@ JOB_ID = "job.id"
 JOB_ATTEMPT = "job.attempt"
 #: The job type (``quiz_generation``…).
 JOB_TYPE_ATTR = "job.type"
+#: The job's ``promptVersion`` (``quiz_generation.v2``): the template the attempt renders.
+PROMPT_VERSION = "job.prompt_version"
 #: The model provider the attempt runs on (``deepseek``…; SPEC §9.4).
 MODEL_PROVIDER = "model.provider"
 #: On ``fail``: the SPEC §4 code the attempt is failed with.
@@ -254,6 +257,13 @@ def _claim_times(job: Any, claim: CallWindow | None) -> tuple[float, float]:
     return claim.sent_wall, answered
 
 
+def _prompt_version(job: Any, job_type: str) -> str:
+    """The job's ``promptVersion``; ``<jobType>.v1`` for a job that carries none."""
+    if job.HasField("prompt_version") and job.prompt_version:
+        return str(job.prompt_version)
+    return f"{job_type}.v1"
+
+
 class AttemptSpans:
     """Starts an :class:`AttemptTrace` for each claimed job.
 
@@ -292,6 +302,7 @@ class AttemptSpans:
         }
         if job.model_provider:
             attributes[MODEL_PROVIDER] = job.model_provider
+        attributes[PROMPT_VERSION] = _prompt_version(job, attributes[JOB_TYPE_ATTR])
         began, answered = _claim_times(job, claim)
         attempt = self._tracer.start_span(
             SPAN_ATTEMPT, context=parent, attributes=attributes, start_time=_ns(began)
@@ -313,6 +324,7 @@ __all__ = [
     "JOB_TYPE_ATTR",
     "MODEL_PROVIDER",
     "NO_TRACE",
+    "PROMPT_VERSION",
     "AttemptSpans",
     "AttemptTrace",
 ]

@@ -19,6 +19,7 @@ from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
 from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
 from api_gateway.jobs import create_job
+from api_gateway.prompt_schemas import FeedbackIn
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
     AuthorizationOut,
@@ -577,6 +578,29 @@ async def delete_result_item(
         call.job.DeleteResultItem,
         rr.DeleteResultItemRequest(
             user_id=principal.user_id, kind=_RESULT_KINDS[kind], item_id=itemId
+        ),
+    )
+    return Response(status_code=204)
+
+
+@router.post("/ai/results/{kind}/{itemId}/feedback", status_code=204)
+async def rate_result_item(
+    principal: UserPrincipal,
+    call: Backend,
+    kind: ResultKind,
+    itemId: Annotated[str, Path(min_length=1)],
+    body: FeedbackIn,
+) -> Response:
+    """Rate one of the caller's items: ``1`` helpful, ``-1`` not; rating it again
+    replaces the rating. Counted under the prompt version of the item's job (reference
+    §10.4). Unknown or another user's item → 404 ``NOT_FOUND``."""
+    await call(
+        call.job.SetResultFeedback,
+        rr.SetResultFeedbackRequest(
+            user_id=principal.user_id,
+            kind=_RESULT_KINDS[kind],
+            item_id=itemId,
+            rating=body.rating,
         ),
     )
     return Response(status_code=204)

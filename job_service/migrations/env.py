@@ -11,6 +11,7 @@ from alembic import context
 from sqlalchemy.engine import Connection
 
 import job_service.learning.tables
+import job_service.prompts.tables
 import job_service.store.tables  # noqa: F401  (the job core's tables)
 from airuntime_common.db import migration_lock
 from airuntime_common.settings import DEFAULT_JOB_DB

@@ -113,7 +113,8 @@ def attempt_of(value: int) -> int:
 #: ones, so both transports refuse the same requests (and no value overflows its column).
 MAX_CAPABILITIES = 10
 MAX_STATUS_ADDRESS = 255
-MAX_PROMPT_VERSION = 64
+#: ``<jobType>.<version>``: a 32-character type, a dot, a 64-character version (reference §10.4)
+MAX_PROMPT_VERSION = 128
 MAX_OUTPUT_SCHEMA_VERSION = 16
 MAX_ERROR_CODE = 64
 MAX_ERROR_MESSAGE = 4000

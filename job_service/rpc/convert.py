@@ -144,7 +144,7 @@ def invocation_to_proto(inv: InvocationRecord) -> msg.Invocation:
         outcome=inv.outcome,
         cost_usd=float(inv.cost_usd),
     )
-    for name in ("credential_id", "error_code", "provider_request_id"):
+    for name in ("credential_id", "error_code", "provider_request_id", "prompt_version"):
         value = getattr(inv, name)
         if value is not None:
             setattr(out, name, value)

@@ -70,7 +70,9 @@ class Accounting:
         self, job: JobRecord | EndingFacts, attempt_no: int, calls: Sequence[ModelCallInput]
     ) -> list[dict[str, Any]]:
         """The invocation log rows of ``calls`` of ``job``'s attempt ``attempt_no``; a call's
-        empty model/provider/key mode is the job's, its cost from ``MODEL_PRICES``.
+        empty model/provider/key mode is the job's, its cost from ``MODEL_PRICES``, its
+        ``promptVersion`` the job's as it stands (the version the attempt ran: a job
+        keeps its version for all its attempts, reference §10.4).
 
         Raises:
             AppError: INVALID_ARGUMENT (``apiKeyMode``) for a call that gives a key mode
@@ -108,6 +110,7 @@ class Accounting:
                     "cost_usd": cost_usd(
                         prices, model_name, c.prompt_tokens, c.completion_tokens, c.cache_hit_tokens
                     ),
+                    "prompt_version": job.prompt_version,
                 }
             )
         return rows

@@ -26,6 +26,7 @@ from airuntime_common.lru import LruCache
 from job_service import metrics
 from job_service.lifecycle import FAILED, PENDING
 from job_service.maintenance import breaker
+from job_service.prompts import Prompts
 from job_service.services.core import Core, new_id
 from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
@@ -69,6 +70,8 @@ class NewJob:
     model_provider: str = "deepseek"
     model_name: str = DEFAULT_MODEL_NAME
     trace_parent: str | None = None
+    #: ``<jobType>.<version>`` chosen by the routing in force (reference §10.4)
+    prompt_version: str | None = None
     #: its place in its priority's fair order (:class:`Place`)
     vstart: float = 0.0
 
@@ -118,10 +121,13 @@ class Admission:
 
     Args:
         core: the shared core.
+        prompts: the prompt registry: a new job's ``promptVersion`` is chosen in the
+            create's transaction from the routing in force (reference §10.4).
     """
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Core, prompts: Prompts | None = None) -> None:
         self.core = core
+        self.prompts = prompts if prompts is not None else Prompts(core.store)
         #: users whose admission lock row is known to exist (MySQL/MariaDB)
         self.admission_rows: LruCache[str, bool] = LruCache(ADMISSION_ROWS_KNOWN)
 
@@ -176,7 +182,9 @@ class Admission:
                 snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
                 req.priority, req.max_retry_count, req.timeout_seconds, None,
                 model_provider=self.initial_provider(req.api_key_mode, DEFAULT_MODEL_NAME),
-                trace_parent=req.trace_parent, vstart=place.vstart,
+                trace_parent=req.trace_parent,
+                prompt_version=await self.prompts.choose(session, req.job_type, req.user_id),
+                vstart=place.vstart,
             )  # fmt: skip
             job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
             return job, False
@@ -287,7 +295,8 @@ class Admission:
                 snapshot_id, old.params, old.api_key_mode, credential_id, req.idempotency_key,
                 old.priority, old.max_retry_count, old.timeout_seconds, old.job_id,
                 self.initial_provider(old.api_key_mode, old.model_name, old.model_provider),
-                old.model_name, req.trace_parent, place.vstart,
+                old.model_name, req.trace_parent,
+                await self.prompts.choose(session, old.job_type, old.user_id), place.vstart,
             )  # fmt: skip
             return await self.insert_job(session, new, actor=req.actor), False
 
@@ -520,6 +529,7 @@ class Admission:
             "cancel_requested": False,
             "version": 0,
             "trace_parent": new.trace_parent,
+            "prompt_version": new.prompt_version,
         }
         first_event = event_params(
             job_id=new.job_id, from_status=None, to_status=PENDING, actor=actor, attempt_no=0

@@ -14,6 +14,8 @@ cancellation       cancel (:mod:`job_service.services.cancellation`)
 accounting         model calls, costs (:mod:`job_service.services.accounting`)
 views              get, history, lists, health, gauges, breaker (:mod:`~.views`)
 console            counts, a job explained, jobs per minute (:mod:`~.console`)
+prompts            prompt versions, routings, stats, feedback, the guard
+                   (:mod:`job_service.prompts`, reference §10.4)
 =================  ============================================================
 """
 
@@ -32,6 +34,7 @@ from job_service.maintenance.breaker import BreakerView
 from job_service.maintenance.changes import Change, ChangeFeed
 from job_service.maintenance.scheduler import JobSignal
 from job_service.maintenance.workers import WorkerRegistry, WorkerView
+from job_service.prompts import Prompts
 from job_service.services.accounting import Accounting
 from job_service.services.admission import Admission
 from job_service.services.authorization import Authorization
@@ -87,7 +90,8 @@ class JobDomain:
         self.store = Store(sessions, clock)
         self.core = Core(self.store, settings, learning, credentials)
         self.accounting = Accounting(self.core)
-        self.admission = Admission(self.core)
+        self.prompts = Prompts(self.store, settings.PROMPT_GUARD_INTERVAL_SECONDS)
+        self.admission = Admission(self.core, self.prompts)
         self.authorization = Authorization(self.core, self.admission)
         self.claiming = Claiming(self.core)
         self.leases = Leases(self.core)

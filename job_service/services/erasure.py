@@ -5,7 +5,7 @@ are ended (pending → cancelled, leased → ``cancelRequested``) and then remov
 their events — a leased one stays until its attempt ends, with the user's id replaced
 by the pseudonym and nothing of theirs on it, so the model call in flight still logs
 its tokens and cost (its result writes nothing: its snapshot is gone); every learning-room row of theirs goes (through the learning port);
-so do their AI switch and admission row. What the platform must keep stays, with no
+so do their ratings of generated items, their AI switch and admission row. What the platform must keep stays, with no
 way back to the user: the invocation logs of their jobs keep tokens and cost under
 :func:`pseudonym` (as their ``job_id``, without the credential), the platform spend
 rows never named a user, and the number of jobs they created today moves to
@@ -26,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from airuntime_common.errors import AppError, ErrorCode
 from airuntime_common.states import LEASED
+from job_service.prompts.feedback import erase_user_feedback
 from job_service.services.admission import Admission
 from job_service.services.cancellation import end_jobs
 from job_service.services.core import Core
@@ -85,6 +86,7 @@ class Erasure:
             job_ids = [str(r[0]) for r in rows]
             leased = {str(r[0]) for r in rows if r[1] in LEASED}
             await self.core.learning.erase_user(session, user_id, job_ids)
+            await erase_user_feedback(session, user_id)  # their ratings (reference §10.4)
             for start in range(0, max(len(job_ids), 1), _CHUNK):
                 chunk = job_ids[start : start + _CHUNK]
                 kept = [j for j in chunk if j in leased]

@@ -99,6 +99,8 @@ class EndingFacts:
     retry_count: int
     max_retry_count: int
     credential_id: str | None
+    #: the version the attempt ran: its model calls are logged under it (reference §10.4)
+    prompt_version: str | None = None
 
 
 #: :class:`EndingFacts`' columns, in the order the completer's read selects them.
@@ -147,6 +149,8 @@ class InvocationRecord:
     provider_request_id: str | None
     cost_usd: Decimal
     created_at: datetime
+    #: the version the call's attempt ran (reference §10.4); None on older rows
+    prompt_version: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> InvocationRecord:

@@ -70,7 +70,8 @@ class Job(Base):
     credential_id: Mapped[str | None] = mapped_column(Id)
     model_provider: Mapped[str] = mapped_column(String(32), nullable=False, default="deepseek")
     model_name: Mapped[str] = mapped_column(String(64), nullable=False, default="deepseek-chat")
-    prompt_version: Mapped[str | None] = mapped_column(String(64))
+    #: ``<jobType>.<version>`` (reference §10.4), chosen at create
+    prompt_version: Mapped[str | None] = mapped_column(String(128))
     output_schema_version: Mapped[str | None] = mapped_column(String(16))
     attempt_no: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
     retry_count: Mapped[int] = mapped_column(Integer, nullable=False, default=0)
@@ -154,7 +155,9 @@ class InvocationLog(Base):
     """``ai_runtime_invocation_logs``: one row per model call (SPEC §5).
 
     ``cost_usd`` is computed at insert from ``MODEL_PRICES`` (USD per million
-    tokens). Never the key, never the prompt.
+    tokens). Never the key, never the prompt. ``ix_invocations_type_created``
+    serves the per-version prompt stats of one job type over a time window
+    (reference §10.4).
     """
 
     __tablename__ = "ai_runtime_invocation_logs"
@@ -177,10 +180,14 @@ class InvocationLog(Base):
     provider_request_id: Mapped[str | None] = mapped_column(String(128))
     cost_usd: Mapped[Decimal] = mapped_column(Numeric(18, 8), nullable=False, default=0)
     created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
+    #: the job's ``promptVersion`` when the call was logged: the version its attempt
+    #: ran (reference §10.4 stats); NULL on rows logged before versions were recorded
+    prompt_version: Mapped[str | None] = mapped_column(String(128))
 
     __table_args__ = (
         Index("ix_invocations_job", "job_id", "seq"),
         Index("ix_invocations_created", "created_at", "api_key_mode"),
+        Index("ix_invocations_type_created", "job_type", "created_at"),
     )
 
 

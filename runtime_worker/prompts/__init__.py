@@ -1,12 +1,17 @@
-"""Versioned prompt templates, one Jinja2 file per job type and version (SPEC §5).
+"""Rendering an attempt's prompt (reference §5, §10.4).
 
-``<jobType>.<version>.j2`` defines two blocks, ``system`` and ``user``;
-``promptVersion`` is ``"<jobType>.<version>"``, e.g. ``quiz_generation.v1``.
-Every system message starts with the line ``TASK: <jobType>``, says "json"
-(DeepSeek's JSON mode requires it) and shows an example output; every user
-message carries the snapshot JSON between ``<snapshot>``/``</snapshot>`` and the
-params JSON between ``<params>``/``</params>`` (the protocol the local
-stand-in parses).
+A job's ``promptVersion`` is ``"<jobType>.<version>"``, e.g. ``quiz_generation.v1``.
+Version ``v1`` of each type is the shipped template
+(:func:`airuntime_common.prompts.builtin_template`); any other version is one an
+admin uploaded to job_service, fetched once by the worker
+(:mod:`runtime_worker.prompt_cache`). Every template renders in the same sandbox
+(:mod:`airuntime_common.prompts.sandbox`) with the variables ``job_type``,
+``snapshot_json``, ``params_json`` and ``truncation_note``, into two blocks,
+``system`` and ``user``. The shipped system messages start with the line
+``TASK: <jobType>``, say "json" (DeepSeek's JSON mode requires it) and show an
+example output; their user messages carry the snapshot JSON between
+``<snapshot>``/``</snapshot>`` and the params JSON between ``<params>``/``</params>``
+(the protocol the local stand-in parses).
 
 Truncation rule (keeps the prompt inside deepseek-chat's 64K-token context
 with room for the answer): the snapshot JSON (compact, UTF-8 characters) may
@@ -20,48 +25,28 @@ with ``INVALID_SNAPSHOT``.
 
 from __future__ import annotations
 
-import functools
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-
-import jinja2
 
 from airuntime_common import jobtypes
 from airuntime_common.errors import AppError, ErrorCode
+from airuntime_common.prompts import (
+    BUILTIN_VERSION,
+    PromptTemplate,
+    builtin_template,
+    dumps,
+    full_version,
+    prompt_context,
+    render_messages,
+)
 from runtime_worker.snapshot import SnapshotPayload
 
-PROMPT_DIR = Path(__file__).parent
-DEFAULT_PROMPT_VERSION = "v1"
+DEFAULT_PROMPT_VERSION = BUILTIN_VERSION
 MAX_SNAPSHOT_CHARS = jobtypes.MAX_SNAPSHOT_CHARS
 
 
 #: Order in which snapshot lists are shortened (from their end).
 TRUNCATION_ORDER = ("blocks", "reading", "knowledgePoints", "materials")
-
-
-def _environment(*dirs: str) -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(list(dirs)),
-        undefined=jinja2.StrictUndefined,
-        autoescape=False,
-        keep_trailing_newline=False,
-        trim_blocks=True,
-        # the templates ship with the code and never change under a running worker:
-        # no stat() of every template file on every render
-        auto_reload=False,
-    )
-
-
-_env = _environment(str(PROMPT_DIR))
-
-
-@functools.cache
-def _env_with(prompt_dir: str) -> jinja2.Environment:
-    """Templates of ``prompt_dir`` first, then the worker's own (a job type's
-    :attr:`~airuntime_common.jobtypes.JobTypeSpec.prompt_dir`)."""
-    return _environment(prompt_dir, str(PROMPT_DIR))
 
 
 @dataclass(frozen=True)
@@ -82,7 +67,7 @@ class RenderedPrompt:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=False)
+    return dumps(value)
 
 
 def truncate_snapshot(
@@ -123,67 +108,49 @@ def truncate_snapshot(
     return out, dropped
 
 
-def template_for(job_type: str, version: str = DEFAULT_PROMPT_VERSION) -> jinja2.Template:
-    """The template of ``<job_type>.<version>``.
-
-    Raises:
-        AppError: ``INVALID_ARGUMENT`` when no such template exists.
-    """
-    spec = jobtypes.find(job_type)
-    stem = spec.prompt if spec is not None else job_type
-    try:
-        env = _env_with(spec.prompt_dir) if spec is not None and spec.prompt_dir else _env
-        return env.get_template(f"{stem}.{version}.j2")
-    except jinja2.TemplateNotFound:
-        raise AppError(
-            ErrorCode.INVALID_ARGUMENT,
-            f"no prompt template {job_type}.{version}",
-            {"promptVersion": f"{job_type}.{version}"},
-        ) from None
-
-
-def _block(template: jinja2.Template, name: str, ctx: dict[str, Any]) -> str:
-    return "".join(template.blocks[name](template.new_context(ctx))).strip()
-
-
 def render_prompt(
     job_type: str,
     snapshot: SnapshotPayload,
     params: dict[str, Any],
     *,
     version: str = DEFAULT_PROMPT_VERSION,
+    template: PromptTemplate | None = None,
     max_snapshot_chars: int = MAX_SNAPSHOT_CHARS,
 ) -> RenderedPrompt:
     """Render the system and user messages of one job.
 
     Args:
-        job_type: a registered job type (its template and token cap come from
+        job_type: a registered job type (its token cap comes from
             :mod:`airuntime_common.jobtypes`).
         snapshot: the validated snapshot payload.
         params: the job's params (already with server defaults), JSON data.
-        version: template version, default ``"v1"``.
+        version: the template version, default ``"v1"`` (the shipped template).
+        template: the compiled template of ``version`` when it is not the shipped
+            one (:class:`runtime_worker.prompt_cache.PromptCache` fetches it).
         max_snapshot_chars: truncation limit (see the module docstring).
 
     Returns:
         The rendered prompt with its ``promptVersion``.
 
     Raises:
-        AppError: ``INVALID_SNAPSHOT`` (too large), ``INVALID_ARGUMENT`` (no template).
+        AppError: ``INVALID_SNAPSHOT`` (too large); ``INVALID_PROMPT_TEMPLATE`` (the
+            template fails in the sandbox, or a version other than v1 without its
+            template); INVALID_ARGUMENT (unknown job type).
     """
-    template = template_for(job_type, version)
+    if template is None:
+        if version != BUILTIN_VERSION:
+            raise AppError(
+                ErrorCode.INVALID_PROMPT_TEMPLATE,
+                f"no template given for {full_version(job_type, version)}",
+                {"promptVersion": full_version(job_type, version)},
+            )
+        template = builtin_template(job_type)
     data, dropped = truncate_snapshot(snapshot.model_dump(mode="json"), max_snapshot_chars)
     note = ""
     if dropped:
         parts = ", ".join(f"{n} {key}" for key, n in dropped.items())
         note = f"Note: the snapshot was shortened to fit; left out from the end: {parts}."
-    ctx = {
-        "job_type": job_type,
-        "snapshot_json": _dumps(data),
-        "params_json": _dumps(params),
-        "truncation_note": note,
-    }
-    system = _block(template, "system", ctx)
-    user = _block(template, "user", ctx)
+    system, user = render_messages(template, prompt_context(job_type, data, params, note))
     if len(system) + len(user) > jobtypes.MAX_PROMPT_CHARS:  # the budget job_service reserves
         raise AppError(
             ErrorCode.INVALID_SNAPSHOT,
@@ -191,7 +158,7 @@ def render_prompt(
             {"chars": len(system) + len(user), "limit": jobtypes.MAX_PROMPT_CHARS},
         )
     return RenderedPrompt(
-        prompt_version=f"{job_type}.{version}",
+        prompt_version=full_version(job_type, version),
         messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
         max_tokens=jobtypes.get(job_type).max_tokens,
         dropped=dropped,

@@ -897,7 +897,7 @@ async def test_both_transports_bound_the_same_fields(stack: RuntimeStack, rt: RT
         w1.snapshot(job_id, 0),
         w1.resolve(job_id, 0),
         w1.result(job_id, 0, OUTPUT),
-        w1.result(job_id, 1, OUTPUT, prompt_version="p" * 65),
+        w1.result(job_id, 1, OUTPUT, prompt_version="p" * 129),
         w1.fail(job_id, 0, "MODEL_TIMEOUT"),
         w1.fail(job_id, 1, ""),
         w1.fail(job_id, 1, "E" * 65),
@@ -933,9 +933,9 @@ async def test_both_transports_bound_the_same_fields(stack: RuntimeStack, rt: RT
     )
     [stored] = await stack.invocations(job_id)
     assert (stored["modelName"], stored["providerRequestId"]) == ("m" * 64, "r" * 128)
-    done = await w1.result(job_id, 1, OUTPUT, prompt_version="p" * 64)
+    done = await w1.result(job_id, 1, OUTPUT, prompt_version="p" * 128)
     assert done["status"] == "succeeded"
-    assert (await stack.get(job_id))["promptVersion"] == "p" * 64
+    assert (await stack.get(job_id))["promptVersion"] == "p" * 128
     other = await held(stack, w1)
     answer = await w1.fail(other, 1, "E" * 64, "m" * 4000)
     assert answer["status"] == "failed"

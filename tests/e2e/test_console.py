@@ -11,7 +11,8 @@ The data: a fresh user with two succeeded jobs, then, a second later, a
   error → re-run it → the new job appears and succeeds;
 * filter by job type and by creation time (and a refused, empty range);
 * the overview: jobs per minute and the failure rate (the API's numbers), the
-  breaker(s), the workers, the cost per day.
+  breaker(s), the workers, the cost per day;
+* a job type's prompts: versions, an upload, the split, a rollback by hand and the guard's.
 
 Each page's screenshot must not be blank. They go to a temporary folder, or, with
 ``CONSOLE_SCREENSHOTS=update``, to ``tests/artifacts/console/`` (the checked-in ones), so
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import tempfile
 import time
@@ -446,6 +448,86 @@ def test_providers_limits_usage_and_pauses(console: Console, data: dict[str, Any
     console.expect(f"{row}").to_contain_text("paused until")
     console.expect('#providers tr[data-provider="backup"]').to_contain_text("open")
     assert console.errors == []
+
+
+def test_prompts_of_a_job_type_versions_split_stats_and_rollback(
+    console: Console, data: dict[str, Any]
+) -> None:
+    """A job type's prompt page (reference §10.4): the shipped template, an upload refused
+    naming its line, a variant uploaded from v1, a split set and rolled back by hand, then
+    a variant that leaves the material out of the prompt (its outputs fail validation)
+    rolled back by the guard, with the stats and the reason shown."""
+    system, user = console.system, data["user"]
+    jt, version = "flashcard_generation", f"v2-{uuid.uuid4().hex[:6]}"
+    console.login(_admin(system))
+    console.page.click("#navPrompts")
+    console.expect('#promptsHead[data-job-type="quiz_generation"]').to_be_visible()
+    console.page.select_option("#jobTypePick", jt)
+    console.expect(f'#promptsHead[data-job-type="{jt}"]').to_be_visible()
+    console.expect('#versions tr[data-version="v1"]').to_contain_text("shipped")
+    console.page.click('#versions button.show[data-version="v1"]')
+    console.expect("#template").to_contain_text(f"TASK: {jt}")
+    console.expect("#template").not_to_contain_text("include")
+    try:
+        # start from v1: a template naming an unknown variable is refused with its line
+        console.page.click('#versions button.startFrom[data-version="v1"]')
+        console.expect("#newTemplate").to_have_value(
+            re.compile(r"^\{% block system.*TASK: flash", re.S)
+        )
+        shipped = console.page.input_value("#newTemplate")
+        line = 1 + shipped[: shipped.index("<snapshot>")].count("\n")
+        console.page.fill("#newVersion", version)
+        console.page.fill("#newTemplate", shipped.replace("<snapshot>", "{{ nope }}<snapshot>"))
+        console.page.click("#upload")
+        console.expect("#uploadMsg").to_contain_text(f"INVALID_PROMPT_TEMPLATE: line {line}:")
+        # the variant: its snapshot's blocks renamed, so the model sees no material
+        bad = shipped.replace(
+            "{{ snapshot_json }}", "{{ snapshot_json|replace('\"blocks\":[', '\"gone\":[') }}"
+        )
+        console.page.fill("#newTemplate", bad)
+        console.page.fill("#newDescription", "leaves the blocks out")
+        console.page.click("#upload")
+        console.expect("#uploadMsg").to_contain_text(f"Uploaded {version}")
+        console.expect(f'#versions tr[data-version="{version}"]').to_contain_text("leaves")
+
+        # a 1:1 split, then rolled back to the control by hand
+        console.page.click("#addVariant")
+        console.page.locator(".variantRow .vVersion").nth(1).select_option(version)
+        console.page.locator(".variantRow .vWeight").nth(1).fill("1")
+        console.page.click("#saveRouting")
+        console.expect(f'#split tr[data-variant="{version}"] .share').to_have_text("50.0%")
+        console.page.click("#rollBack")
+        console.expect("#split tr[data-variant]").to_have_count(1)
+        console.expect('#split tr[data-variant="v1"] .share').to_have_text("100.0%")
+
+        # every new job on the variant (the control at weight 0), judged after 1 attempt
+        console.page.locator(".variantRow .vWeight").nth(0).fill("0")
+        console.page.click("#addVariant")
+        console.page.locator(".variantRow .vVersion").nth(1).select_option(version)
+        console.page.locator(".variantRow .vWeight").nth(1).fill("1")
+        console.page.fill("#minAttempts", "1")
+        console.page.click("#saveRouting")
+        console.expect(f'#split tr[data-variant="{version}"] .share').to_have_text("100.0%")
+        console.expect("#guardMin").to_have_text("1")
+        token = system.token(user)
+        job = system.create_job(token, user, jt)
+        assert job["promptVersion"] == f"{jt}.{version}"
+        done = system.wait_terminal(token, job["jobId"])
+        assert (done["status"], done["errorCode"]) == ("failed", "INVALID_SCHEMA"), done
+        console.expect("#rollback").to_be_visible()  # the guard's, shown at the next refresh
+        console.expect("#rollbackReason").to_contain_text(version)
+        console.expect(f'#stats tr[data-stats="{version}"] .attempts').to_have_text("1")
+        console.expect(f'#stats tr[data-stats="{version}"] .invalidRate').to_have_text("100.0%")
+        console.expect("#split tr[data-variant]").to_have_count(1)
+        assert system.create_job(token, user, jt)["promptVersion"] == f"{jt}.v1"
+        console.shot("prompts-rolled-back")
+    finally:
+        with system.client(_admin(system)) as http:
+            http.put(
+                f"/admin/ai/prompts/{jt}/routing",
+                json={"variants": [{"version": "v1", "weight": 1}]},
+            )
+    assert console.errors == [e for e in console.errors if "422" in e]
 
 
 def assert_png_not_blank(path: Path, min_bytes: int = 30_000) -> None:

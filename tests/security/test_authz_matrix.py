@@ -52,6 +52,7 @@ class World:
     pending: str  # a parked job, never run
     done: str  # succeeded through the shim
     failed: str  # failed through the shim (rerun source)
+    item: str = ""  # the done job's one recommendation (its itemId)
 
 
 async def _ok(resp: httpx.Response, status: int = 200) -> dict[str, Any]:
@@ -162,6 +163,8 @@ async def world(system: System) -> World:
                 headers=system.runtime_headers("matrix-setup"),
             )
         )
+        result = await _ok(await c.get(f"/v1/ai/jobs/{w.done}/result", headers=ha))
+        w.item = str(result["items"][0]["itemId"])
         w.failed = await new_parked_job(system, c, a)
         attempt = await _lock(system, c, w.failed, "matrix-setup")
         failed = await _ok(
@@ -275,6 +278,13 @@ def v1_routes(w: World) -> list[Route]:
         Route("GET", f"/v1/ai/jobs/{w.done}/result", None, (200, None), JNF),
         Route("GET", f"/v1/ai/jobs/{w.failed}/result", None, (409, "INVALID_JOB_STATE"), JNF),
         Route("GET", "/v1/ai/results/recommendations", None, (200, None), (200, None)),
+        Route(
+            "POST",
+            f"/v1/ai/results/recommendations/{w.item}/feedback",
+            {"rating": 1},
+            (204, None),
+            NF,
+        ),
         Route("PUT", "/v1/me/model-credential", {"apiKey": "<canary>"}, (200, None), (200, None)),
         Route("GET", "/v1/me/model-credential", None, (200, None), (200, None)),
         Route("DELETE", "/v1/me/model-credential", None, (204, None), (204, None)),
@@ -329,6 +339,24 @@ def admin_routes(w: World) -> list[Route]:
         Route("GET", "/admin/ai/circuit-breaker", None, deny, deny, (200, None)),
         Route("POST", "/admin/ai/circuit-breaker/reset", None, deny, deny, (200, None)),
         Route("GET", "/admin/ai/runtime", None, deny, deny, (200, None)),
+        Route("GET", f"/admin/ai/prompts/{PARKED_TYPE}", None, deny, deny, (200, None)),
+        Route("GET", f"/admin/ai/prompts/{PARKED_TYPE}/versions/v1", None, deny, deny, (200, None)),
+        Route(
+            "POST",
+            f"/admin/ai/prompts/{PARKED_TYPE}/versions",
+            {"version": "v1", "template": "x"},
+            deny,
+            deny,
+            (409, "PROMPT_VERSION_EXISTS"),
+        ),
+        Route(
+            "PUT",
+            f"/admin/ai/prompts/{PARKED_TYPE}/routing",
+            {"variants": [{"version": "v1", "weight": 1}]},
+            deny,
+            deny,
+            (200, None),
+        ),
     ]
 
 

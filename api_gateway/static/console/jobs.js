@@ -8,7 +8,7 @@ const PAGE_SIZES = ["10", "25", "50", "100"];
 let jobTypes = null;
 
 /** The registered job types, as the API document lists them for the jobType filter. */
-async function loadJobTypes() {
+export async function loadJobTypes() {
   if (jobTypes) return jobTypes;
   try {
     const doc = await (await fetch("/openapi.json")).json();

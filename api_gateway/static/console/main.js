@@ -1,8 +1,10 @@
-// The console's shell: the token, the router (#/jobs, #/job/<id>, #/overview), refreshes.
+// The console's shell: the token, the router (#/jobs, #/job/<id>, #/overview,
+// #/prompts/<jobType>), refreshes.
 import { TOKEN_KEY, token, whenRefused } from "./api.js";
 import { jobView } from "./job.js";
 import { jobsView } from "./jobs.js";
 import { overviewView } from "./overview.js";
+import { promptsView } from "./prompts.js";
 
 const $ = (id) => document.getElementById(id);
 let current = null, timer = null, generation = 0;
@@ -13,6 +15,10 @@ function route() {
   const params = new URLSearchParams(q || "");
   if (path.startsWith("/job/")) return { name: "job", view: jobView(decodeURIComponent(path.slice(5))) };
   if (path === "/overview") return { name: "overview", view: overviewView(params) };
+  if (path.startsWith("/prompts")) {
+    const jobType = decodeURIComponent(path.slice(9)) || "quiz_generation";
+    return { name: "prompts", view: promptsView(jobType, params) };
+  }
   return { name: "jobs", view: jobsView(params) };
 }
 
@@ -34,8 +40,9 @@ async function show() {
   clearInterval(timer);
   const { name, view } = route();
   current = view;
-  $("navJobs").classList.toggle("active", name !== "overview");
+  $("navJobs").classList.toggle("active", name === "jobs" || name === "job");
   $("navOverview").classList.toggle("active", name === "overview");
+  $("navPrompts").classList.toggle("active", name === "prompts");
   // each view renders into its own element: a late answer of the previous one lands
   // in a detached element, never over this one
   const root = document.createElement("div");

@@ -1,7 +1,7 @@
 """fair order across users and provider rate limits (reference §10.1, §10.2)
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-07 20:30:00
 
 * ``ai_runtime_jobs.vstart``: a job's virtual start in its priority's fair order;
@@ -28,7 +28,7 @@ from sqlalchemy.dialects import mysql
 from airuntime_common.db import convert_to_binary_collation
 
 revision: str = "0013"
-down_revision: str | None = "0011"
+down_revision: str | None = "0012"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

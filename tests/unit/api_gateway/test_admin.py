@@ -293,6 +293,7 @@ CONSOLE_MODULES = (
     "jobs.js",
     "job.js",
     "overview.js",
+    "prompts.js",
 )
 
 
@@ -313,6 +314,7 @@ async def test_console_is_static_html_without_token(client: httpx.AsyncClient) -
     code = "\n".join(texts)
     assert "sessionStorage" in code and "/admin/ai/jobs" in code and "<svg" in code
     assert "/admin/ai/throughput" in code and "includeCounts" in code and "rerun" in code
+    assert "/admin/ai/prompts/" in code
     assert "http://" not in code and "https://" not in code  # no CDN, nothing remote
     assert "style=" not in code  # the CSP allows no inline style
     # every module the page imports is served

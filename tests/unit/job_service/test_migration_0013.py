@@ -1,5 +1,5 @@
 """Migration 0013 (fair order, provider limits): after ``upgrade head`` the new columns,
-index and tables are as the models say; down to 0011 and up again works, and a job
+index and tables are as the models say; down to 0012 and up again works, and a job
 waiting for its backoff is parked until its ``availableAt``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def test_migration_0013_matches_the_models(db_url: str) -> None:
     from job_service.store.base import Base
 
     cfg = alembic_config(db_url)
-    command.upgrade(cfg, "0011")
+    command.upgrade(cfg, "0012")
     sync = make_url(db_url)
     dialect = sync.drivername.split("+")[0]
     engine = create_engine(sync.set(drivername="mysql+pymysql" if dialect == "mysql" else dialect))
@@ -41,7 +41,7 @@ def test_migration_0013_matches_the_models(db_url: str) -> None:
                     )
                 )
         command.upgrade(cfg, "head")
-        command.downgrade(cfg, "0011")
+        command.downgrade(cfg, "0012")
         command.upgrade(cfg, "head")
         with engine.connect() as conn:
             diffs = compare_metadata(MigrationContext.configure(conn), Base.metadata)

@@ -300,6 +300,8 @@ class FakeBackend:
     refused_fails: list[Any] = field(default_factory=list)
     #: seconds ClaimJobs waits after claiming (and starting) its jobs before answering
     claim_answer_delay: float = 0.0
+    #: (jobType, version) → template source GetPromptVersion answers (else NOT_FOUND)
+    prompt_templates: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def add_job(self, job: Any, payload: dict[str, Any] | None = None, version: str = "v1") -> None:
         self.queue.append(job)
@@ -457,6 +459,15 @@ class FakeJobService(SessionRpcs, job_grpc.JobServiceServicer):  # type: ignore[
         self.b.fails.append(request)
         self.b.log_calls("FailJob", request)
         return rr.FailJobResponse(job_id=request.job_id, status=JOB_STATUS.to_proto("failed"))  # type: ignore[arg-type]
+
+    async def GetPromptVersion(self, request: Any, context: Any) -> Any:
+        await self.b.enter("GetPromptVersion", request, context)
+        source = self.b.prompt_templates.get((JOB_TYPE.to_str(request.job_type), request.version))
+        if source is None:
+            await abort(context, AppError(ErrorCode.NOT_FOUND, "no such prompt version"))
+        return rr.GetPromptVersionResponse(
+            version=job_msg.PromptVersion(version=request.version, template=source)
+        )
 
     async def RecordInvocation(self, request: Any, context: Any) -> Any:
         await self.b.enter("RecordInvocation", request, context)

@@ -21,7 +21,14 @@ from opentelemetry.trace import SpanKind, StatusCode
 from airuntime_common import metadata, tracing
 from airuntime_common.errors import ErrorCode
 from runtime_worker.app import WorkerApp
-from runtime_worker.spans import JOB_ATTEMPT, JOB_ERROR_CODE, JOB_ID, JOB_TYPE_ATTR, MODEL_PROVIDER
+from runtime_worker.spans import (
+    JOB_ATTEMPT,
+    JOB_ERROR_CODE,
+    JOB_ID,
+    JOB_TYPE_ATTR,
+    MODEL_PROVIDER,
+    PROMPT_VERSION,
+)
 from tests.tracing_support import Capture, capture, leaks, new_traceparent
 from tests.unit.runtime_worker.rw_helpers import (
     QUIZ_OUTPUT,
@@ -145,6 +152,7 @@ async def test_an_attempt_joins_the_jobs_trace_without_key_prompt_or_body(
         assert span.attributes[JOB_ID] == "job-t1"
         assert span.attributes[JOB_ATTEMPT] == 1
         assert span.attributes[JOB_TYPE_ATTR] == "quiz_generation"
+        assert span.attributes[PROMPT_VERSION] == "quiz_generation.v1"
         assert span.attributes[MODEL_PROVIDER] == "deepseek"
         assert span.status.status_code is not StatusCode.ERROR
     assert steps["claim"].start_time is not None and steps["claim"].end_time is not None

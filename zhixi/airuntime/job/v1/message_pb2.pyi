@@ -131,7 +131,7 @@ class JobEvent(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., from_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., to_status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., error_code: _Optional[str] = ..., actor: _Optional[str] = ..., attempt_no: _Optional[int] = ..., at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., model_provider: _Optional[str] = ...) -> None: ...
 
 class Invocation(_message.Message):
-    __slots__ = ("id", "job_id", "attempt_no", "model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id", "cost_usd", "created_at")
+    __slots__ = ("id", "job_id", "attempt_no", "model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id", "cost_usd", "created_at", "prompt_version")
     ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NO_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class Invocation(_message.Message):
     PROVIDER_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     COST_USD_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_VERSION_FIELD_NUMBER: _ClassVar[int]
     id: str
     job_id: str
     attempt_no: int
@@ -164,7 +165,8 @@ class Invocation(_message.Message):
     provider_request_id: str
     cost_usd: float
     created_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., latency_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., provider_request_id: _Optional[str] = ..., cost_usd: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    prompt_version: str
+    def __init__(self, id: _Optional[str] = ..., job_id: _Optional[str] = ..., attempt_no: _Optional[int] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., cache_hit_tokens: _Optional[int] = ..., latency_ms: _Optional[int] = ..., outcome: _Optional[str] = ..., error_code: _Optional[str] = ..., provider_request_id: _Optional[str] = ..., cost_usd: _Optional[float] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prompt_version: _Optional[str] = ...) -> None: ...
 
 class ModelCall(_message.Message):
     __slots__ = ("model_provider", "model_name", "api_key_mode", "credential_id", "prompt_tokens", "completion_tokens", "cache_hit_tokens", "latency_ms", "outcome", "error_code", "provider_request_id")
@@ -433,3 +435,73 @@ class JobChange(_message.Message):
     seq: int
     job: Job
     def __init__(self, seq: _Optional[int] = ..., job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class PromptVersion(_message.Message):
+    __slots__ = ("version", "template", "description", "created_at", "builtin")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    BUILTIN_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    template: str
+    description: str
+    created_at: _timestamp_pb2.Timestamp
+    builtin: bool
+    def __init__(self, version: _Optional[str] = ..., template: _Optional[str] = ..., description: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., builtin: _Optional[bool] = ...) -> None: ...
+
+class PromptVariant(_message.Message):
+    __slots__ = ("version", "weight")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    weight: float
+    def __init__(self, version: _Optional[str] = ..., weight: _Optional[float] = ...) -> None: ...
+
+class PromptGuard(_message.Message):
+    __slots__ = ("max_invalid_schema_increase", "min_attempts")
+    MAX_INVALID_SCHEMA_INCREASE_FIELD_NUMBER: _ClassVar[int]
+    MIN_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    max_invalid_schema_increase: float
+    min_attempts: int
+    def __init__(self, max_invalid_schema_increase: _Optional[float] = ..., min_attempts: _Optional[int] = ...) -> None: ...
+
+class PromptRouting(_message.Message):
+    __slots__ = ("variants", "guard", "rolled_back_at", "rollback_reason", "started_at")
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    GUARD_FIELD_NUMBER: _ClassVar[int]
+    ROLLED_BACK_AT_FIELD_NUMBER: _ClassVar[int]
+    ROLLBACK_REASON_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    variants: _containers.RepeatedCompositeFieldContainer[PromptVariant]
+    guard: PromptGuard
+    rolled_back_at: _timestamp_pb2.Timestamp
+    rollback_reason: str
+    started_at: _timestamp_pb2.Timestamp
+    def __init__(self, variants: _Optional[_Iterable[_Union[PromptVariant, _Mapping]]] = ..., guard: _Optional[_Union[PromptGuard, _Mapping]] = ..., rolled_back_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., rollback_reason: _Optional[str] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class PromptVersionStats(_message.Message):
+    __slots__ = ("version", "attempts", "succeeded", "invalid_schema_rate", "mean_prompt_tokens", "mean_completion_tokens", "p50_latency_ms", "p95_latency_ms", "cost_per_succeeded_usd", "feedback_positive", "feedback_negative")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    INVALID_SCHEMA_RATE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MEAN_COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    P50_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    P95_LATENCY_MS_FIELD_NUMBER: _ClassVar[int]
+    COST_PER_SUCCEEDED_USD_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_POSITIVE_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_NEGATIVE_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    attempts: int
+    succeeded: int
+    invalid_schema_rate: float
+    mean_prompt_tokens: float
+    mean_completion_tokens: float
+    p50_latency_ms: int
+    p95_latency_ms: int
+    cost_per_succeeded_usd: float
+    feedback_positive: int
+    feedback_negative: int
+    def __init__(self, version: _Optional[str] = ..., attempts: _Optional[int] = ..., succeeded: _Optional[int] = ..., invalid_schema_rate: _Optional[float] = ..., mean_prompt_tokens: _Optional[float] = ..., mean_completion_tokens: _Optional[float] = ..., p50_latency_ms: _Optional[int] = ..., p95_latency_ms: _Optional[int] = ..., cost_per_succeeded_usd: _Optional[float] = ..., feedback_positive: _Optional[int] = ..., feedback_negative: _Optional[int] = ...) -> None: ...

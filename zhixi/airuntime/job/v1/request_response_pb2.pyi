@@ -887,3 +887,93 @@ class ListJobChangesResponse(_message.Message):
     head_seq: int
     more: bool
     def __init__(self, changes: _Optional[_Iterable[_Union[_message_pb2_1.JobChange, _Mapping]]] = ..., head_seq: _Optional[int] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class PutPromptVersionRequest(_message.Message):
+    __slots__ = ("job_type", "version", "template", "description", "actor")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    job_type: _message_pb2.JobType
+    version: str
+    template: str
+    description: str
+    actor: str
+    def __init__(self, job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., version: _Optional[str] = ..., template: _Optional[str] = ..., description: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class PutPromptVersionResponse(_message.Message):
+    __slots__ = ("version", "created")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    version: _message_pb2_1.PromptVersion
+    created: bool
+    def __init__(self, version: _Optional[_Union[_message_pb2_1.PromptVersion, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
+class GetPromptVersionRequest(_message.Message):
+    __slots__ = ("job_type", "version")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    job_type: _message_pb2.JobType
+    version: str
+    def __init__(self, job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., version: _Optional[str] = ...) -> None: ...
+
+class GetPromptVersionResponse(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: _message_pb2_1.PromptVersion
+    def __init__(self, version: _Optional[_Union[_message_pb2_1.PromptVersion, _Mapping]] = ...) -> None: ...
+
+class GetPromptsRequest(_message.Message):
+    __slots__ = ("job_type", "hours")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    HOURS_FIELD_NUMBER: _ClassVar[int]
+    job_type: _message_pb2.JobType
+    hours: int
+    def __init__(self, job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., hours: _Optional[int] = ...) -> None: ...
+
+class GetPromptsResponse(_message.Message):
+    __slots__ = ("versions", "routing", "stats")
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.PromptVersion]
+    routing: _message_pb2_1.PromptRouting
+    stats: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.PromptVersionStats]
+    def __init__(self, versions: _Optional[_Iterable[_Union[_message_pb2_1.PromptVersion, _Mapping]]] = ..., routing: _Optional[_Union[_message_pb2_1.PromptRouting, _Mapping]] = ..., stats: _Optional[_Iterable[_Union[_message_pb2_1.PromptVersionStats, _Mapping]]] = ...) -> None: ...
+
+class PutPromptRoutingRequest(_message.Message):
+    __slots__ = ("job_type", "variants", "max_invalid_schema_increase", "min_attempts", "actor")
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VARIANTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_INVALID_SCHEMA_INCREASE_FIELD_NUMBER: _ClassVar[int]
+    MIN_ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    job_type: _message_pb2.JobType
+    variants: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.PromptVariant]
+    max_invalid_schema_increase: float
+    min_attempts: int
+    actor: str
+    def __init__(self, job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., variants: _Optional[_Iterable[_Union[_message_pb2_1.PromptVariant, _Mapping]]] = ..., max_invalid_schema_increase: _Optional[float] = ..., min_attempts: _Optional[int] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class PutPromptRoutingResponse(_message.Message):
+    __slots__ = ("routing",)
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    routing: _message_pb2_1.PromptRouting
+    def __init__(self, routing: _Optional[_Union[_message_pb2_1.PromptRouting, _Mapping]] = ...) -> None: ...
+
+class SetResultFeedbackRequest(_message.Message):
+    __slots__ = ("user_id", "kind", "item_id", "rating")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    RATING_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    kind: ResultKind
+    item_id: str
+    rating: int
+    def __init__(self, user_id: _Optional[str] = ..., kind: _Optional[_Union[ResultKind, str]] = ..., item_id: _Optional[str] = ..., rating: _Optional[int] = ...) -> None: ...
+
+class SetResultFeedbackResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -156,6 +156,31 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.FromString,
                 _registered_method=True)
+        self.PutPromptVersion = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/PutPromptVersion',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionResponse.FromString,
+                _registered_method=True)
+        self.GetPromptVersion = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/GetPromptVersion',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionResponse.FromString,
+                _registered_method=True)
+        self.GetPrompts = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/GetPrompts',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsResponse.FromString,
+                _registered_method=True)
+        self.PutPromptRouting = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/PutPromptRouting',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingResponse.FromString,
+                _registered_method=True)
+        self.SetResultFeedback = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/SetResultFeedback',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackResponse.FromString,
+                _registered_method=True)
         self.PollJobs = channel.unary_unary(
                 '/zhixi.airuntime.job.v1.JobService/PollJobs',
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PollJobsRequest.SerializeToString,
@@ -388,6 +413,39 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PutPromptVersion(self, request, context):
+        """The prompt registry and its experiments (reference §10.4). GetPromptVersion is
+        also how a worker fetches the template of a job's version (once; versions are
+        immutable).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPromptVersion(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPrompts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutPromptRouting(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetResultFeedback(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PollJobs(self, request, context):
         """Runtime contract (SPEC §3).
         """
@@ -614,6 +672,31 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetJobThroughput,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.SerializeToString,
+            ),
+            'PutPromptVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPromptVersion,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionResponse.SerializeToString,
+            ),
+            'GetPromptVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPromptVersion,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionResponse.SerializeToString,
+            ),
+            'GetPrompts': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetPrompts,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsResponse.SerializeToString,
+            ),
+            'PutPromptRouting': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutPromptRouting,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingResponse.SerializeToString,
+            ),
+            'SetResultFeedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetResultFeedback,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackResponse.SerializeToString,
             ),
             'PollJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.PollJobs,
@@ -1346,6 +1429,141 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/GetJobThroughput',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobThroughputResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPromptVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/PutPromptVersion',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPromptVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/GetPromptVersion',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptVersionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPrompts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/GetPrompts',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetPromptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPromptRouting(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/PutPromptRouting',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.PutPromptRoutingResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetResultFeedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/SetResultFeedback',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.SetResultFeedbackResponse.FromString,
             options,
             channel_credentials,
             insecure,
