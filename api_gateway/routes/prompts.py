@@ -15,6 +15,7 @@ from airuntime_common.enums import JOB_TYPE
 from api_gateway import convert
 from api_gateway.convert import pb_enum
 from api_gateway.deps import AdminPrincipal, Backend
+from api_gateway.gate import GatedRoute
 from api_gateway.prompt_schemas import (
     VERSION_PATTERN,
     PromptRoutingIn,
@@ -28,7 +29,9 @@ from api_gateway.schemas import JobType
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 
-router = APIRouter(prefix="/admin/ai/prompts", tags=["admin"], responses=ERRORS)
+router = APIRouter(
+    prefix="/admin/ai/prompts", tags=["admin"], responses=ERRORS, route_class=GatedRoute
+)
 
 VersionPath = Annotated[str, Path(pattern=VERSION_PATTERN)]
 #: The stats' window when none is asked for (hours).

@@ -161,7 +161,7 @@ class PromptGuard:
             metrics.PROMPT_ROLLBACKS.labels(name)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Pass every :attr:`interval` until ``stop`` is set; a failed pass is logged
+        """Pass every ``interval`` until ``stop`` is set; a failed pass is logged
         and the next one tries again."""
         while not stop.is_set():
             try:

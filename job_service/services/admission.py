@@ -247,16 +247,10 @@ class Admission:
         # A failed job is terminal: what this read sees of it cannot change.
         async with self.core.store.sessions() as session:
             old = await self.core.must_get_job(session, req.job_id, user_id=req.user_id)
-        scope = None
-        if req.idempotency_key is not None:
-            scope = CreateJobInput(
-                old.user_id, old.job_type, old.target_type, old.target_id,
-                idempotency_key=req.idempotency_key,
-            )  # fmt: skip
-            _check_request(scope)
-            existing = await self.by_scope(scope)
-            if existing is not None:
-                return existing, True
+        scope = _retry_scope(old, req.idempotency_key)
+        existing = await self.by_scope(scope) if scope is not None else None
+        if existing is not None:
+            return existing, True
         if old.status != FAILED:
             raise AppError(
                 ErrorCode.INVALID_JOB_STATE,
@@ -583,6 +577,22 @@ def _check_request(req: CreateJobInput) -> None:
     check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
     if req.priority is not None:
         check_range("priority", req.priority, 0, 1000)
+
+
+def _retry_scope(old: JobRecord, key: str | None) -> CreateJobInput | None:
+    """The idempotency scope of a retry of ``old`` with ``key`` (a create's: its user,
+    type and target, reference §2.5), or None without a key.
+
+    Raises:
+        AppError: INVALID_ARGUMENT for a bad key.
+    """
+    if key is None:
+        return None
+    scope = CreateJobInput(
+        old.user_id, old.job_type, old.target_type, old.target_id, idempotency_key=key
+    )
+    _check_request(scope)
+    return scope
 
 
 def _scope_params(req: CreateJobInput) -> dict[str, Any]:
