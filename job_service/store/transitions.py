@@ -43,6 +43,8 @@ from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
 from job_service.store.tables import events, jobs
 
+#: The unique index of ``ai_runtime_jobs.job_id``: a heartbeat's UPDATE finds its rows by it.
+JOB_ID_INDEX = "uq_ai_runtime_jobs_job_id"
 #: Columns of an event row, in the order of its INSERT.
 EVENT_COLUMNS = ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"]
 #: Longest actor an event row holds.
@@ -560,9 +562,9 @@ def renew_many(
         lease_seconds: the new ``lockUntil`` is the database's now plus this (s).
     """
     t = TRANSITIONS[Op.RENEW]
-    return Sql(
-        None,
-        lambda: (
+
+    def build() -> Any:
+        stmt = (
             update(jobs)
             .where(jobs.c.status.in_(sorted(t.from_states)), leases_guard(clock, instance_id, refs))
             .values(
@@ -570,9 +572,14 @@ def renew_many(
                 updated_at=clock.now(),
                 version=VERSION_PLUS_ONE,
             )
-        ),
-        {},
-    )
+        )
+        # MariaDB's planner may intersect the status and holder indexes instead, and
+        # lock every live lease of the holder until the heartbeat commits
+        for dialect in ("mysql", "mariadb"):
+            stmt = stmt.with_hint(f"FORCE INDEX ({JOB_ID_INDEX})", dialect_name=dialect)
+        return stmt
+
+    return Sql(None, build, {})
 
 
 def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[str, Any]:

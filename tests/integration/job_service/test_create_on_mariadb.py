@@ -33,7 +33,8 @@ pytestmark = pytest.mark.mysql
 
 
 async def test_admission_is_one_round_trip(make_domain: Callable[..., Any]) -> None:
-    """Lock, scope, switch, count, spend and breaker go to the server as one query."""
+    """Lock, scope, switch, count, spend, breaker and the job's place in the fair order
+    (reference §10.1) go to the server as one query."""
     domain: JobDomain = await make_domain(USER_DAILY_JOB_QUOTA=5)
     await new_job(domain)  # the user's admission row exists from here on
     sent: list[str] = []
@@ -81,7 +82,8 @@ async def test_admission_is_one_round_trip(make_domain: Callable[..., Any]) -> N
         "ai_circuit_breaker",
     ):
         assert table in admission, table
-    assert admission.count(";") == 5  # six statements, one query
+    assert admission.count(";") == 6  # seven statements, one query
+    assert "vstart" in admission.split(";")[-1]  # the fair order's read, after the lock
     assert not [q for q in sent if "ai_authorizations" in q or "ai_runtime_platform_spend" in q]
 
 

@@ -86,12 +86,8 @@ async def test_m2_disjoint_claims_while_one_claim_tx_is_open(domain: JobDomain) 
             (
                 await holder.execute(
                     select(jobs.c.job_id)
-                    .where(
-                        jobs.c.status == "pending",
-                        jobs.c.job_type.in_(CAPS_A),
-                        jobs.c.available_at <= domain.clock.now(),
-                    )
-                    .order_by(jobs.c.priority, jobs.c.created_at, jobs.c.seq)
+                    .where(*scheduling.claimable(domain.clock), jobs.c.job_type.in_(CAPS_A))
+                    .order_by(*scheduling.TAKE_ORDER)  # a claim's own order: index-backed
                     .limit(20)
                     .with_for_update(skip_locked=True)
                 )
@@ -302,10 +298,10 @@ async def test_known_admission_rows_are_bounded(
 @pytest.mark.parametrize("held", [1, 2, 10])
 async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: int) -> None:
     """The renew UPDATE of ``held`` leases, among 120 live ones, finds its rows by
-    job id: with a single pair, MariaDB's planner used to range over every live
-    lease (``ix_jobs_reaper``) for the row constructor, locking them all."""
-    from job_service.lifecycle import TRANSITIONS, Op
-    from job_service.store.transitions import leases_guard
+    job id: left to itself, MariaDB's planner ranged over every live lease
+    (``ix_jobs_reaper``) for a single pair's row constructor, or intersected the
+    status and holder indexes, locking them all."""
+    from job_service.store.transitions import renew_many
 
     await _bulk_pending(domain, 150, CAPS_A)
     claimed = [j for _ in range(3) for j in await domain.claim("w1", CAPS_A, 40, 0)]
@@ -314,14 +310,9 @@ async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: in
     async with domain.sessions() as s, s.begin():
         await s.execute(jobs.update().where(jobs.c.job_id.in_(ids)).values(status="running"))
         await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
-    stmt = (
-        jobs.update()
-        .where(
-            jobs.c.status.in_(sorted(TRANSITIONS[Op.RENEW].from_states)),
-            leases_guard(domain.clock, "w1", [(j, 1) for j in ids[:held]]),
-        )
-        .values(lock_until=domain.clock.plus(60), updated_at=domain.clock.now())
-    )
+    stmt = renew_many(
+        domain.clock, instance_id="w1", refs=[(j, 1) for j in ids[:held]], lease_seconds=60
+    ).statement()
     async with domain.store.engine.connect() as conn:
         sql = str(stmt.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
         plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
