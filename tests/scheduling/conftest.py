@@ -114,7 +114,9 @@ def database_env(tmp: Path) -> tuple[dict[str, str], Callable[[], None]]:
 async def running(tmp: Path, env: dict[str, str]) -> AsyncIterator[Client]:
     """A system with ``env`` on top of the fast settings, and a client of it."""
     more, drop = database_env(tmp)
-    system = await start_system(tmp, {**FAST_ENV, "USER_DAILY_JOB_QUOTA": "0", **more, **env})
+    # the shim's claims are never renewed: a lease longer than any test keeps them held
+    held = {"LOCK_LEASE_SECONDS": "600", "USER_DAILY_JOB_QUOTA": "0"}
+    system = await start_system(tmp, {**FAST_ENV, **held, **more, **env})
     try:
         base = f"http://127.0.0.1:{system.env['GATEWAY_PORT']}"
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
