@@ -41,6 +41,13 @@ from job_service.store.tables import breaker, credential_pauses, grants, jobs
 
 #: The window of the per-minute limits (s).
 WINDOW_SECONDS = 60
+#: How much longer than a minute the grants are counted when room is decided (s): a
+#: model call follows its lease by a moment (the claim's answer, the snapshot, the
+#: prompt), and attempts leased 60 s apart must not call the provider less than 60 s
+#: apart, which its own window would count as one minute over its limit.
+CALL_MARGIN_SECONDS = 2.0
+#: The window over which room is decided (s).
+HELD_WINDOW_SECONDS = WINDOW_SECONDS + CALL_MARGIN_SECONDS
 #: A job with no room because every attempt slot is taken is looked at again this
 #: soon (s): an attempt may end any time.
 CONCURRENCY_RECHECK_SECONDS = 1.0
@@ -67,10 +74,12 @@ class Room:
 
     Attributes:
         now: the database's time of the read.
-        requests: attempts granted in the last 60 s (this transaction's included).
+        requests: attempts granted in the last :data:`HELD_WINDOW_SECONDS` (this
+            transaction's included).
         tokens: their tokens: used where settled, else reserved.
         in_flight: platform-key attempts holding a lease on it.
-        oldest: the oldest grant of the window (room frees 60 s after it).
+        oldest: the oldest grant of the window (room frees
+            :data:`HELD_WINDOW_SECONDS` after it).
         paused_until: its pause after a 429, or None.
         granted: this transaction's grants: ``(tokens reserved)`` each.
     """
@@ -115,8 +124,8 @@ class Room:
             self.oldest = self.now
 
     def room_at(self) -> datetime:
-        """When this provider may have room again: the pause's end; 60 s after the
-        window's oldest grant when a per-minute limit is full; a moment from now when
+        """When this provider may have room again: the pause's end;
+        :data:`HELD_WINDOW_SECONDS` after the window's oldest grant when a per-minute limit is full; a moment from now when
         its attempt slots are (at most :data:`MAX_PARK_SECONDS` from now)."""
         latest = self.now + timedelta(seconds=MAX_PARK_SECONDS)
         if self.paused and self.paused_until is not None:
@@ -126,7 +135,7 @@ class Room:
             lim.requestsPerMinute is not None and self.requests >= lim.requestsPerMinute
         ) or (lim.tokensPerMinute is not None and self.tokens > 0)
         if window_full and self.oldest is not None:
-            ages_out = self.oldest + timedelta(seconds=WINDOW_SECONDS)
+            ages_out = self.oldest + timedelta(seconds=HELD_WINDOW_SECONDS)
             return max(min(ages_out, latest), self.now + timedelta(milliseconds=100))
         return self.now + timedelta(seconds=CONCURRENCY_RECHECK_SECONDS)
 
@@ -157,7 +166,7 @@ async def read_rooms(
         rooms.setdefault(n, Room(n, by_name[n].limits, now))
     if not limited:
         return rooms
-    since = now - timedelta(seconds=WINDOW_SECONDS)
+    since = now - timedelta(seconds=HELD_WINDOW_SECONDS)
     used = func.coalesce(grants.c.tokens_used, grants.c.tokens_reserved)
     window = (
         select(

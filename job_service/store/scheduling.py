@@ -111,7 +111,11 @@ def park(clock: DbClock) -> Any:
 @Statement
 def unpark(clock: DbClock) -> Any:
     """Take back into the claim's range the pending jobs parked until now or earlier, at
-    most ``n`` (``ix_jobs_poll``'s range ``parkedUntil <= now``)."""
+    most ``n`` (``ix_jobs_poll``'s range ``parkedUntil <= now``).
+
+    On MySQL/MariaDB the range is read into a derived table joined to the jobs by
+    their primary key (an ``IN`` over a subquery of the same table would scan the
+    whole table, and MariaDB allows no ``LIMIT`` in one)."""
     due = (
         select(jobs.c.seq)
         .where(
@@ -121,9 +125,10 @@ def unpark(clock: DbClock) -> Any:
         )
         .limit(bindparam("n", type_=Integer()))
     )
-    if not clock.is_sqlite:  # MariaDB: no LIMIT in an IN subquery; a derived table instead
-        due = select(due.subquery().c.seq)
-    return update(jobs).where(jobs.c.seq.in_(due)).values(parked_until=None)
+    if clock.is_sqlite:
+        return update(jobs).where(jobs.c.seq.in_(due)).values(parked_until=None)
+    taken = due.subquery("due")
+    return update(jobs).where(jobs.c.seq == taken.c.seq).values(parked_until=None)
 
 
 @Statement

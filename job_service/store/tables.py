@@ -251,6 +251,7 @@ class ProviderGrant(Base):
     __table_args__ = (
         Index("ix_provider_grants_window", "provider", "granted_at"),
         Index("ix_provider_grants_job", "job_id", "attempt_no"),
+        Index("ix_provider_grants_age", "granted_at"),
     )
 
     seq: Mapped[int] = mapped_column(Seq, primary_key=True, autoincrement=True)

@@ -71,6 +71,7 @@ def upgrade() -> None:
     )
     op.create_index("ix_provider_grants_window", "ai_provider_grants", ["provider", "granted_at"])
     op.create_index("ix_provider_grants_job", "ai_provider_grants", ["job_id", "attempt_no"])
+    op.create_index("ix_provider_grants_age", "ai_provider_grants", ["granted_at"])
     op.create_table(
         "ai_credential_pauses",
         sa.Column("credential_id", sa.String(64), nullable=False),
@@ -82,6 +83,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("ai_credential_pauses")
+    op.drop_index("ix_provider_grants_age", table_name="ai_provider_grants")
     op.drop_index("ix_provider_grants_job", table_name="ai_provider_grants")
     op.drop_index("ix_provider_grants_window", table_name="ai_provider_grants")
     op.drop_table("ai_provider_grants")

@@ -79,7 +79,7 @@ async def test_requests_per_minute_bound_the_grants(make_domain: Callable[..., A
     assert set(waiting) == {made[3].job_id, made[4].job_id}
     now = await db_now(domain)
     for until in waiting.values():  # until the window's oldest grant ages out
-        assert now + timedelta(seconds=50) < until <= now + timedelta(seconds=61)
+        assert now + timedelta(seconds=50) < until <= now + timedelta(seconds=63)
     assert await domain.claim("w", CAPS, 5, 0) == []  # none claimable: no scan past them
     async with domain.sessions() as s:
         rows = (await s.execute(select(grants.c.job_id, grants.c.tokens_reserved))).all()
