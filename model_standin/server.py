@@ -114,25 +114,29 @@ class MinuteLimit:
 
     def __init__(self, per_minute: int = 0) -> None:
         self.per_minute = per_minute
-        self._admitted: deque[tuple[float, float]] = deque()  # (monotonic, wall) each
+        self._admitted: deque[float] = deque()  # monotonic, those of the window
+        self._history: list[float] = []  # wall, every one since start or reset
 
     def reset(self) -> None:
         """Forget every admitted request."""
         self._admitted.clear()
+        self._history.clear()
 
     def admit(self, now: float) -> int | None:
         """Admit a request at ``now`` (``time.monotonic()``): None when admitted, else
         the whole seconds until the window has room (its ``Retry-After``)."""
-        while self._admitted and self._admitted[0][0] <= now - self.WINDOW:
+        while self._admitted and self._admitted[0] <= now - self.WINDOW:
             self._admitted.popleft()
         if self.per_minute and len(self._admitted) >= self.per_minute:
-            return max(1, math.ceil(self._admitted[0][0] + self.WINDOW - now))
-        self._admitted.append((now, time.time()))
+            return max(1, math.ceil(self._admitted[0] + self.WINDOW - now))
+        self._admitted.append(now)
+        self._history.append(time.time())
         return None
 
     def admitted(self) -> list[float]:
-        """The wall times (s since the epoch) of the requests admitted in the window."""
-        return [wall for _, wall in self._admitted]
+        """The wall times (s since the epoch) of every request admitted since start or
+        the last reset, in order."""
+        return list(self._history)
 
 
 class StandIn:

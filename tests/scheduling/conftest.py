@@ -111,23 +111,28 @@ def database_env(tmp: Path) -> tuple[dict[str, str], Callable[[], None]]:
 
 
 @asynccontextmanager
-async def running(tmp: Path, env: dict[str, str]) -> AsyncIterator[Client]:
-    """A system with ``env`` on top of the fast settings, and a client of it."""
+async def running(tmp: Path, env: dict[str, str], workers: int = 1) -> AsyncIterator[Client]:
+    """A system with ``env`` on top of the fast settings and ``workers`` workers, and a
+    client of it."""
     more, drop = database_env(tmp)
     # the shim's claims are never renewed: a lease longer than any test keeps them held
     held = {"LOCK_LEASE_SECONDS": "600", "USER_DAILY_JOB_QUOTA": "0"}
-    system = await start_system(tmp, {**FAST_ENV, **held, **more, **env})
+    system = await start_system(tmp, {**FAST_ENV, **held, **more, **env}, workers=workers)
     try:
         base = f"http://127.0.0.1:{system.env['GATEWAY_PORT']}"
-        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+        # idle connections are dropped well before the server's keep-alive (5 s) closes
+        # them: a request sent on one the server is closing fails with a ReadError
+        limits = httpx.Limits(keepalive_expiry=2.0)
+        async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
             yield Client(system, http)
     finally:
         await system.launcher.stop()
         drop()
 
 
-async def eventually(check: Callable[[], Any], within: float = 30.0) -> Any:
-    """Await ``check()`` until it returns something true, at most ``within`` seconds."""
+async def eventually(check: Callable[[], Any], within: float = 30.0, every: float = 0.1) -> Any:
+    """Await ``check()`` every ``every`` seconds until it returns something true, at most
+    ``within`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
@@ -136,4 +141,4 @@ async def eventually(check: Callable[[], Any], within: float = 30.0) -> Any:
             return got
         if loop.time() > deadline:
             pytest.fail(f"not true within {within} s")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(every)
