@@ -31,6 +31,7 @@ def rows(doc: dict[str, Any]) -> list[Row]:
     out.extend(_gateway_rows(r.get("gateway", {})))
     out.extend(_worker500_rows(r.get("worker500", {})))
     out.extend(_waiting_rows(r.get("waiting", {})))
+    out.extend(_tenants_rows(r.get("tenants", {})))
     for name, res in r.items():
         if "error" in res:
             out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
@@ -326,6 +327,52 @@ def _waiting_rows(wt: dict[str, Any]) -> list[Row]:
             ),
         ]
     return rows_
+
+
+def _tenants_rows(tn: dict[str, Any]) -> list[Row]:
+    """The ``tenants`` scenario's rows (reference §10.1)."""
+    if "scale" not in tn:
+        return []
+    sc, prm = tn["scale"], tn["params"]
+    size = f"{sc['fair']['rows']:,} rows, {sc['fair']['users_waiting']:,} users waiting"
+    ratio = sc["fair_to_fifo_claims_per_s"]
+    backed = all(sc["index_backed"].values())
+    out: list[Row] = [
+        (
+            "claims/s fair / fifo",
+            f"{_f(sc['fair']['claims_per_s'])} / {_f(sc['fifo']['claims_per_s'])}",
+            "claims/s",
+            f"{size}, {prm['claimers']} claimers",
+            f"fair ≥ 0.9 × fifo {_check(ratio >= 0.9)}",
+        ),
+        (
+            "  statements index-backed",
+            ", ".join(k for k, ok in sc["index_backed"].items() if ok) or "-",
+            "",
+            size,
+            f"all {_check(backed)}",
+        ),
+        (
+            "  users in the first claims fair / fifo",
+            f"{sc['fair']['users_in_first_claims']} / {sc['fifo']['users_in_first_claims']}",
+            "users",
+            f"first {sc['fair']['first_claims']} claims",
+            "",
+        ),
+    ]
+    lone = tn.get("lone", {})
+    if "fair" in lone and "fifo" in lone:
+        fair, fifo = lone["fair"]["create_to_start_s"], lone["fifo"]["create_to_start_s"]
+        out.append(
+            (
+                "  lone user create → start max fair / fifo",
+                f"{_f(fair['max'])} / {_f(fifo['max'])}",
+                "s",
+                f"backlog ≥ {prm['backlog']:,}, {prm['lone_slots']} slots, {prm['lone_model_ms']} ms model",
+                f"fair ≤ 3 s {_check(fair['max'] is not None and fair['max'] <= 3.0)}",
+            )
+        )
+    return out
 
 
 def _peer_rows(pr: dict[str, Any]) -> list[Row]:

@@ -17,11 +17,11 @@ import traceback
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, ExitStack
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, cast
 
 from airuntime_common.enums import JOB_TYPE, JOB_TYPES
 from bench import floor as floor_mod
+from bench import growth
 from bench import peer as peer_mod
 from bench.harness import (
     System,
@@ -36,6 +36,7 @@ from bench.harness import (
     scrape_histograms,
     summary_ms,
 )
+from bench.tenants import tenants
 from bench.waiting import waiting
 from launcher.core import LauncherError
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
@@ -71,6 +72,12 @@ class Params:
             tables are grown (s).
         wait_changes: jobs created and cancelled one by one in the ``waiting`` scenario.
         wait_streams: event streams held open on the gateway in the ``waiting`` scenario.
+        tenants_users: users with waiting jobs in the ``tenants`` scenario.
+        tenants_waiting_each: waiting jobs of each of them.
+        tenants_backlog: the one user's backlog (jobs) in the ``tenants`` scenario.
+        tenants_rows: job rows in all in the ``tenants`` scenario (finished ones fill up).
+        tenants_rounds: claim rounds per policy in the ``tenants`` scenario.
+        tenants_claim_seconds: length of one claim round (s).
     """
 
     base_url: str
@@ -91,6 +98,12 @@ class Params:
     settle_limit_s: float = 300.0
     wait_changes: int = 300
     wait_streams: int = 1000
+    tenants_users: int = 10_000
+    tenants_waiting_each: int = 10
+    tenants_backlog: int = 1000
+    tenants_rows: int = 1_000_000
+    tenants_rounds: int = 3
+    tenants_claim_seconds: float = 10.0
 
     @classmethod
     def quick(cls, base_url: str) -> Params:
@@ -108,6 +121,10 @@ class Params:
             w500_seconds=15.0,
             settle_limit_s=60.0,
             wait_changes=100,
+            tenants_users=1000,
+            tenants_rows=100_000,
+            tenants_rounds=2,
+            tenants_claim_seconds=3.0,
         )
 
 
@@ -436,141 +453,11 @@ async def _pickup_load(p: Params) -> dict[str, Any]:
             }
 
 
-def _grow_finished(system: System, target: int) -> float:
-    """Double finished rows with INSERT … SELECT until ``target``; returns seconds taken."""
-    t0 = time.perf_counter()
-    cols = (
-        "user_id, job_type, target_type, target_id, status, priority, params, api_key_mode,"
-        " model_provider, model_name, attempt_no, retry_count, max_retry_count, timeout_seconds,"
-        " cancel_requested, available_at, created_at, updated_at, started_at, finished_at, locked_at"
-    )
-    have = int(system.sql("SELECT COUNT(*) FROM ai_runtime_jobs WHERE status='succeeded'")[0][0])
-    if have == 0:
-        system.sql(
-            f"INSERT INTO ai_runtime_jobs (job_id, {cols}) VALUES (REPLACE(UUID(),'-',''),"
-            " 'old-0', 'learning_state_analysis', 'user', 'old-0', 'succeeded', 100, '{}',"
-            " 'platform_key', 'deepseek', 'deepseek-chat', 1, 0, 3, 120, 0,"
-            " UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6) - INTERVAL 2 DAY,"
-            " UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) - INTERVAL 2 DAY, UTC_TIMESTAMP(6),"
-            " UTC_TIMESTAMP(6) - INTERVAL 2 DAY)"
-        )
-        have = 1
-    while have < target:
-        k = min(have, target - have)
-        system.sql(
-            f"INSERT INTO ai_runtime_jobs (job_id, {cols}) SELECT REPLACE(UUID(),'-',''), {cols}"
-            f" FROM ai_runtime_jobs WHERE status='succeeded' LIMIT {k}"
-        )
-        have += k
-    return time.perf_counter() - t0
-
-
-def _grow_calls(system: System, target: int) -> float:
-    """Double today's platform-key invocation log with INSERT … SELECT until ``target``
-    rows (one call per finished job, all logged today: the daily budget's worst case),
-    adding their cost to the day's running total as the services do; returns seconds."""
-    t0 = time.perf_counter()
-    cols = (
-        "job_id, job_type, attempt_no, model_provider, model_name, api_key_mode,"
-        " prompt_tokens, completion_tokens, cache_hit_tokens, latency_ms, outcome, cost_usd"
-    )
-    cost = "0.00010000"
-    have = int(system.sql("SELECT COUNT(*) FROM ai_runtime_invocation_logs")[0][0])
-    start = have
-    if have == 0:
-        system.sql(
-            f"INSERT INTO ai_runtime_invocation_logs (id, {cols}, created_at) VALUES"
-            " (REPLACE(UUID(),'-',''), 'old-0', 'learning_state_analysis', 1, 'deepseek',"
-            f" 'deepseek-chat', 'platform_key', 300, 200, 0, 900, 'succeeded', {cost},"
-            " UTC_TIMESTAMP(6))"
-        )
-        have = 1
-    while have < target:
-        k = min(have, target - have)
-        system.sql(
-            f"INSERT INTO ai_runtime_invocation_logs (id, {cols}, created_at)"
-            f" SELECT REPLACE(UUID(),'-',''), {cols}, UTC_TIMESTAMP(6)"
-            f" FROM ai_runtime_invocation_logs LIMIT {k}"
-        )
-        have += k
-    added = have - start
-    system.sql(
-        "INSERT INTO ai_runtime_platform_spend (day, shard, cost_usd, calls, updated_at)"
-        " VALUES (UTC_DATE(), 0, %s, %s, UTC_TIMESTAMP(6)) ON DUPLICATE KEY UPDATE"
-        " cost_usd = cost_usd + VALUES(cost_usd), calls = calls + VALUES(calls)",
-        (Decimal(cost) * added, added),
-    )
-    return time.perf_counter() - t0
-
-
-def _settle_innodb(system: System, limit_s: float = 300.0) -> dict[str, Any]:
-    """Wait (blocking) until InnoDB is done with what the bulk growth left: no page
-    flushed for two consecutive one-second samples (or at most 2 % of the pool dirty)
-    and an undo history under 1000 transactions, or ``limit_s`` seconds. Returns the
-    wait (s), whether InnoDB settled before the limit, and the final counts.
-
-    A bulk INSERT … SELECT of millions of rows leaves minutes of background flushing
-    and purge; measured during it, a big table's p99 is the flusher's, not the query's.
-    An idle MariaDB may keep most of its pool dirty indefinitely, so the test is that
-    flushing has stopped, not that nothing is dirty.
-    """
-    t0 = time.perf_counter()
-    flushed_before: int | None = None
-    quiet = 0
-    while True:
-        status = {
-            str(k): int(v)
-            for k, v in system.sql(
-                "SHOW GLOBAL STATUS WHERE Variable_name IN ('Innodb_buffer_pool_pages_dirty',"
-                " 'Innodb_buffer_pool_pages_total', 'Innodb_buffer_pool_pages_flushed',"
-                " 'Innodb_history_list_length')"
-            )
-        }
-        dirty = status.get("Innodb_buffer_pool_pages_dirty", 0)
-        total = max(1, status.get("Innodb_buffer_pool_pages_total", 1))
-        flushed = status.get("Innodb_buffer_pool_pages_flushed", 0)
-        history = status.get("Innodb_history_list_length", 0)
-        quiet = quiet + 1 if flushed == flushed_before or dirty <= 0.02 * total else 0
-        flushed_before = flushed
-        waited = time.perf_counter() - t0
-        settled = quiet >= 2 and history < 1000
-        if settled or waited >= limit_s:
-            return {
-                "settled": settled,
-                "settle_s": round(waited, 1),
-                "dirty_pages": dirty,
-                "pool_pages": total,
-                "history_list_length": history,
-            }
-        time.sleep(1.0)
-
-
-#: The claim's pick as :func:`poll_scale` EXPLAINs it (the job_service's query shape).
-CLAIM_EXPLAIN_SQL = (
-    "EXPLAIN SELECT job_id FROM ai_runtime_jobs WHERE status='pending' AND job_type IN ("
-    + ",".join(f"'{t}'" for t in JOB_TYPES)
-    + ") AND available_at <= UTC_TIMESTAMP(6) ORDER BY priority, created_at, seq LIMIT 10"
-    " FOR UPDATE SKIP LOCKED"
-)
-EXPLAIN_COLUMNS = [
-    "id",
-    "select_type",
-    "table",
-    "type",
-    "possible_keys",
-    "key",
-    "key_len",
-    "ref",
-    "rows",
-    "extra",
-]
-
-
 async def _grow(system: System, rows: int) -> float:
     """``rows`` finished jobs with their model calls logged today, then ANALYZE;
     returns the seconds it took to grow them."""
-    grow_s = await asyncio.to_thread(_grow_finished, system, rows)
-    grow_s += await asyncio.to_thread(_grow_calls, system, rows)
+    grow_s = await asyncio.to_thread(growth.grow_finished, system, rows)
+    grow_s += await asyncio.to_thread(growth.grow_calls, system, rows)
     await asyncio.to_thread(system.sql, "ANALYZE TABLE ai_runtime_jobs")
     return grow_s
 
@@ -616,7 +503,7 @@ async def poll_scale(p: Params) -> dict[str, Any]:
     """Scenario 4: PollJobs / ClaimJobs latency (waitMs=0) with 1k and 1M finished rows.
 
     Each size has its own database and its own services, grown first; then, once
-    InnoDB has settled (:func:`_settle_innodb`), the calls are timed interleaved,
+    InnoDB has settled (:func:`bench.growth.settle_innodb`), the calls are timed interleaved,
     one call on each size in turn (the order flipped every sample), so the
     machine's drift over the minutes of a run weighs on both sizes alike.
 
@@ -647,14 +534,12 @@ async def poll_scale(p: Params) -> dict[str, Any]:
                     "grow_s": round(grow_s, 1),
                 }
             out["params"]["innodb_settle"] = await asyncio.to_thread(
-                _settle_innodb, systems[sizes[-1]], p.settle_limit_s
+                growth.settle_innodb, systems[sizes[-1]], p.settle_limit_s
             )
             timings = await _time_calls(systems, sizes, p.poll_samples)
+            claim_sql = growth.claim_sql()
             for rows in sizes:
-                explain = [
-                    dict(zip(EXPLAIN_COLUMNS, map(str, r), strict=False))
-                    for r in systems[rows].sql(CLAIM_EXPLAIN_SQL)
-                ]
+                explain = growth.explain(systems[rows], claim_sql)
                 out[str(rows)].update(
                     {name: summary_ms(values) for name, values in timings[rows].items()}
                 )
@@ -664,7 +549,7 @@ async def poll_scale(p: Params) -> dict[str, Any]:
         out[f"{name}_p99_ratio_big_to_small"] = round(
             out[big][name]["p99_ms"] / out[small][name]["p99_ms"], 2
         )
-    out["explain_sql"] = CLAIM_EXPLAIN_SQL
+    out["explain_sql"] = growth.claim_sql()
     return out
 
 
@@ -778,4 +663,5 @@ SCENARIOS = {
     "gateway": gateway,
     "worker500": worker500,
     "waiting": waiting,
+    "tenants": tenants,
 }

@@ -178,8 +178,8 @@ def test_grown_call_log_and_the_days_total_agree(mysql_url: str) -> None:
 
     from sqlalchemy.engine import make_url
 
+    from bench.growth import grow_calls
     from bench.harness import admin_connect
-    from bench.scenarios import _grow_calls
     from tests.unit.job_service.conftest import create_schema
 
     asyncio.run(create_schema(mysql_url))
@@ -195,8 +195,8 @@ def test_grown_call_log_and_the_days_total_agree(mysql_url: str) -> None:
                 conn.close()
 
     db = Db()
-    _grow_calls(db, 1000)  # type: ignore[arg-type]
-    _grow_calls(db, 2500)  # type: ignore[arg-type]
+    grow_calls(db, 1000)  # type: ignore[arg-type]
+    grow_calls(db, 2500)  # type: ignore[arg-type]
     [(logged, today)] = db.sql(
         "SELECT COUNT(*), SUM(created_at >= UTC_DATE()) FROM ai_runtime_invocation_logs"
     )
@@ -303,20 +303,20 @@ class _Status:
 
 
 def test_settle_waits_until_flushing_and_purge_stop(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench import scenarios
+    from bench import growth
 
-    monkeypatch.setattr("bench.scenarios.time.sleep", lambda _s: None)
+    monkeypatch.setattr("bench.growth.time.sleep", lambda _s: None)
     # flushes after reads 1-3, then the pool stays 60 % dirty: reads 5 and 6 see no flush
     server = _Status(dirty=6000, history=0, flushing=[300, 300, 300], purging=[])
-    got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
+    got = growth.settle_innodb(server)  # type: ignore[arg-type]
     assert server.reads == 6 and got["dirty_pages"] == 5100 and got["settled"]
     # flushing has stopped but purge has not: waits for the history to drain
     server = _Status(dirty=6000, history=30_000, flushing=[], purging=[10_000] * 3)
-    got = scenarios._settle_innodb(server)  # type: ignore[arg-type]
+    got = growth.settle_innodb(server)  # type: ignore[arg-type]
     assert server.reads == 4 and got["history_list_length"] == 0
     # never settles: gives up at the limit
     stuck = _Status(dirty=6000, history=0, flushing=[100] * 10, purging=[])
-    got = scenarios._settle_innodb(stuck, limit_s=0.0)  # type: ignore[arg-type]
+    got = growth.settle_innodb(stuck, limit_s=0.0)  # type: ignore[arg-type]
     assert stuck.reads == 1 and got["dirty_pages"] == 6000 and not got["settled"]
 
 
@@ -373,3 +373,42 @@ def test_mariadb_pid_is_the_process_of_the_server_asked(mysql_url: str) -> None:
         if target.startswith("socket:["):
             held.add(target[len("socket:[") : -1])
     assert listening & held, (pid, port)
+
+
+@pytest.mark.e2e
+def test_tenants_tiny_run_claims_in_fair_order_on_both_policies(mysql_url: str) -> None:
+    """The ``tenants`` scenario end to end at a tiny size: both policies' rows, the
+    EXPLAINs of job_service's statements index-backed, claims counted on both, the
+    fair order's head spread over the users and fifo's over the oldest users' queues,
+    and the lone users' jobs all started."""
+    import asyncio
+
+    from bench.harness import mysql_base_url
+    from bench.scenarios import Params
+    from bench.tenants import tenants
+
+    p = Params(
+        base_url=mysql_base_url(),
+        tenants_users=40,
+        tenants_waiting_each=10,
+        tenants_backlog=100,
+        tenants_rows=2000,
+        tenants_rounds=1,
+        tenants_claim_seconds=0.5,
+        settle_limit_s=5.0,
+    )
+    out = asyncio.run(tenants(p))
+    scale = out["scale"]
+    for policy in ("fair", "fifo"):
+        assert scale[policy]["rows"] == 2000
+        assert scale[policy]["users_waiting"] == 41
+        assert scale[policy]["claims"] > 0
+    assert all(scale["index_backed"].values()), scale["explain"]
+    assert scale["explain"]["claim"][0]["key"] == "ix_jobs_poll"
+    # fair: the first claims go round the 41 users; fifo: the backlog's user first
+    fair_head = scale["fair"]["users_in_first_claims"]
+    assert fair_head == min(41, scale["fair"]["first_claims"])
+    assert scale["fifo"]["users_in_first_claims"] <= 1 + scale["fifo"]["first_claims"] // 10
+    for policy in ("fair", "fifo"):
+        assert out["lone"][policy]["started"] == out["lone"][policy]["lone_users"]
+    assert out["lone"]["fair"]["create_to_start_s"]["max"] < 3.0
