@@ -54,6 +54,9 @@ class ErrorCode(StrEnum):
     #: A job ending, final: the user's base URL was refused at call time (reference
     #: §10.5), no connection opened; the credential is not marked invalid.
     EGRESS_BLOCKED = "EGRESS_BLOCKED"
+    #: A batch's parent ending, final: its last child ended and fewer than
+    #: ``minSuccessRatio`` of its children succeeded (reference §10.3).
+    CHILD_JOBS_FAILED = "CHILD_JOBS_FAILED"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).

@@ -56,6 +56,21 @@ class JobRecord:
     version: int = 0
     #: the create's W3C traceparent (SPEC §9.5), or None.
     trace_parent: str | None = None
+    #: a child's parent job (reference §10.3), or None.
+    parent_job_id: str | None = None
+    #: a parent's counts of its children (reference §10.3); None on other jobs.
+    batch_total: int | None = None
+    batch_pending: int | None = None
+    batch_running: int | None = None
+    batch_succeeded: int | None = None
+    batch_failed: int | None = None
+    batch_cancelled: int | None = None
+    min_success_ratio: float | None = None
+
+    @property
+    def is_parent(self) -> bool:
+        """Whether this job is a batch's parent (reference §10.3)."""
+        return self.batch_total is not None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> JobRecord:
@@ -95,6 +110,8 @@ class EndingFacts:
     retry_count: int
     max_retry_count: int
     credential_id: str | None
+    #: the job's parent when it is a batch's child (reference §10.3)
+    parent_job_id: str | None
 
 
 #: :class:`EndingFacts`' columns, in the order the completer's read selects them.

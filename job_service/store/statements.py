@@ -39,6 +39,7 @@ from airuntime_common.states import LEASED, LIVE, TERMINAL, JobStatus
 from job_service.learning.tables import AiResult
 from job_service.store.cache import Sql, Statement
 from job_service.store.clock import DbClock
+from job_service.store.parents import live_row_columns
 from job_service.store.tables import (
     admission_locks,
     authorizations,
@@ -111,9 +112,10 @@ def scope_job(clock: DbClock) -> Any:
 
 @Statement
 def live_jobs_of_user(clock: DbClock) -> Any:
-    """``(jobId, status, attemptNo)`` of the user's (``a_user``) pending and leased jobs,
-    locked: a revoke's read (SPEC §6)."""
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+    """:class:`~job_service.store.parents.LiveRow` rows of the user's (``a_user``)
+    pending and leased jobs (batches' parents among them), locked: a revoke's read
+    (SPEC §6)."""
+    stmt = select(*live_row_columns()).where(
         jobs.c.user_id == bindparam("a_user", type_=String()), jobs.c.status.in_(sorted(LIVE))
     )
     return _for_update(clock, stmt)
@@ -126,15 +128,13 @@ def jobs_of_material(
     targets: Sequence[tuple[str, str]],
     snapshot_ids: Sequence[str],
 ) -> Any:
-    """``(jobId, status, attemptNo)`` of the user's jobs on any of ``targets``
-    (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the jobs a
-    material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
+    """:class:`~job_service.store.parents.LiveRow` rows of the user's jobs on any of
+    ``targets`` (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the
+    jobs a material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
     on = [and_(jobs.c.target_type == t, jobs.c.target_id == i) for t, i in targets]
     if snapshot_ids:
         on.append(jobs.c.snapshot_id.in_(list(snapshot_ids)))
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
-        jobs.c.user_id == user_id, or_(*on)
-    )
+    stmt = select(*live_row_columns()).where(jobs.c.user_id == user_id, or_(*on))
     return _for_update(clock, stmt)
 
 
@@ -172,7 +172,8 @@ def ai_granted(clock: DbClock) -> Any:
 def jobs_created_today(clock: DbClock) -> Any:
     """How many jobs the user (``a_user``) created since the database's UTC midnight,
     with the day's jobs of an erased user of the same id (pseudonym ``a_pseudonym``,
-    SPEC §9.2: erasing does not reset a quota), one row read by primary key."""
+    SPEC §9.2: erasing does not reset a quota), one row read by primary key. A
+    batch's parent is not counted: its children are (reference §10.3)."""
     erased = (
         select(erased_usage.c.jobs)
         .where(
@@ -187,6 +188,7 @@ def jobs_created_today(clock: DbClock) -> Any:
         .where(
             jobs.c.user_id == bindparam("a_user", type_=String()),
             jobs.c.created_at >= clock.day_start(),
+            jobs.c.batch_total.is_(None),
         )
     )
 
@@ -206,12 +208,14 @@ def add_erased_usage(clock: DbClock) -> Any:
 
 
 def jobs_of_user(clock: DbClock, user_id: str) -> Any:
-    """``(jobId, status, attemptNo, createdToday)`` of every job of the user, locked:
-    an erasure's read (SPEC §9.2)."""
-    today = case((jobs.c.created_at >= clock.day_start(), 1), else_=0)
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no, today).where(
-        jobs.c.user_id == user_id
+    """:class:`~job_service.store.parents.LiveRow` columns, then ``countsToday`` (1 for
+    a job created today that counts against the daily quota: not a batch's parent),
+    of every job of the user, locked: an erasure's read (SPEC §9.2)."""
+    today = case(
+        (and_(jobs.c.created_at >= clock.day_start(), jobs.c.batch_total.is_(None)), 1),
+        else_=0,
     )
+    stmt = select(*live_row_columns(), today).where(jobs.c.user_id == user_id)
     return _for_update(clock, stmt)
 
 
@@ -247,6 +251,7 @@ def erase_jobs(
             .values(
                 user_id=pseudonym,
                 target_id=case((jobs.c.target_type == "user", pseudonym), else_=jobs.c.target_id),
+                parent_job_id=None,  # the parent goes with the user (reference §10.3)
                 params={},
                 idempotency_key=None,
                 credential_id=None,
@@ -358,10 +363,10 @@ def poll_pending(clock: DbClock) -> Any:
 
 @Statement
 def claim_pick(clock: DbClock) -> Any:
-    """A claim's candidates: ``(jobId, snapshotId, apiKeyMode, modelName, modelProvider)``
-    of pending jobs available now of the bound ``caps`` (list), at most ``n``, in
-    priority order, ``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB (concurrent claimers
-    get disjoint batches, SPEC §2.6)."""
+    """A claim's candidates: ``(jobId, snapshotId, apiKeyMode, modelName, modelProvider,
+    parentJobId)`` of pending jobs available now of the bound ``caps`` (list), at most
+    ``n``, in priority order, ``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB (concurrent
+    claimers get disjoint batches, SPEC §2.6)."""
     q = (
         select(
             jobs.c.job_id,
@@ -369,6 +374,7 @@ def claim_pick(clock: DbClock) -> Any:
             jobs.c.api_key_mode,
             jobs.c.model_name,
             jobs.c.model_provider,
+            jobs.c.parent_job_id,  # a batch's child (reference §10.3)
         )
         .where(
             jobs.c.status == JobStatus.PENDING,
@@ -596,6 +602,7 @@ def list_jobs(
     limit: int,
     created_from: datetime | None = None,
     created_to: datetime | None = None,
+    parent_job_id: str | None = None,
 ) -> Select[Any]:
     """A page of jobs, newest first (SPEC §3.1 paging).
 
@@ -606,14 +613,20 @@ def list_jobs(
     user's rows. Other lists go by seq (the primary key, or
     ``ix_jobs_status_seq`` with a status).
 
+    A batch's children (``parent_job_id``) come by seq from ``ix_jobs_parent``
+    (at most ``BATCH_MAX_CHILDREN`` rows to order).
+
     Args:
         after: the last row of the previous page, ``(created_at or None, seq)``.
         created_from, created_to: created in ``[created_from, created_to)`` (naive UTC).
+        parent_job_id: only the children of this batch (reference §10.3).
     """
     stmt = select(jobs).where(
         *job_filters(user_id, job_type, created_from, created_to, status=status)
     )
-    by_time = user_id is not None
+    if parent_job_id is not None:
+        stmt = stmt.where(jobs.c.parent_job_id == parent_job_id)
+    by_time = user_id is not None and parent_job_id is None
     if after is not None:
         at, before = after
         if by_time and at is not None:
@@ -709,10 +722,11 @@ def invocations_of_job(job_id: str) -> Select[Any]:
 
 
 def queue_depth() -> Select[Any]:
-    """``(status, jobType, count)`` of the non-terminal jobs."""
+    """``(status, jobType, count)`` of the non-terminal jobs (batches' parents, which
+    run nothing themselves, left out)."""
     return (
         select(jobs.c.status, jobs.c.job_type, func.count())
-        .where(jobs.c.status.in_(sorted(LIVE)))
+        .where(jobs.c.status.in_(sorted(LIVE)), jobs.c.batch_total.is_(None))
         .group_by(jobs.c.status, jobs.c.job_type)
     )
 

@@ -113,7 +113,9 @@ def leases_guard(
 
 
 def lock_guard(clock: DbClock) -> ColumnElement[bool]:
-    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``.
+    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``,
+    and not a batch's parent (``batch_total IS NULL``: a parent is never leased,
+    reference §10.3).
 
     One shared, stable object per dialect (cached statements may embed it).
     """
@@ -123,6 +125,7 @@ def lock_guard(clock: DbClock) -> ColumnElement[bool]:
             and_(
                 jobs.c.status == "pending",
                 or_(jobs.c.lock_until.is_(None), jobs.c.lock_until < clock.now()),
+                jobs.c.batch_total.is_(None),
             )
         ),
     )
