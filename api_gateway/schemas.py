@@ -39,6 +39,8 @@ else:
     #: Every job state (:class:`airuntime_common.states.JobStatus`).
     JobStatus = TypeAliasType("JobStatus", Literal[tuple(s.value for s in JobStatusEnum)])
 TargetType = TypeAliasType("TargetType", Literal["user", "material", "knowledge_point"])
+#: What a batch's ``targetsOf`` may name (reference §10.3).
+TargetsOfType = TypeAliasType("TargetsOfType", Literal["material", "knowledge_point"])
 ApiKeyMode = TypeAliasType("ApiKeyMode", Literal["platform_key", "user_deepseek_key"])
 QuestionType = TypeAliasType(
     "QuestionType", Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
@@ -137,6 +139,43 @@ class JobCreate(Body):
     targetId: str | None = None  # an id: unknown, of any length → 404 (SPEC §3)
     params: dict[str, Any] | None = None
     apiKeyMode: ApiKeyMode = "platform_key"
+
+
+class BatchTargetIn(Body):
+    """One target of a batch's child."""
+
+    targetType: TargetType
+    targetId: str = REF  # an id: unknown, of any length → 404 (SPEC §3)
+
+
+class TargetsOfIn(Body):
+    """A batch's targets by rule (reference §10.3): every material of the caller, or
+    every knowledge point (of ``materialId`` when given), oldest first."""
+
+    targetType: TargetsOfType
+    materialId: str | None = Field(default=None, min_length=1)
+
+
+class JobBatchCreate(Body):
+    """``POST /v1/ai/job-batches`` (reference §10.3): either ``targets`` or ``targetsOf``.
+
+    At most ``BATCH_MAX_CHILDREN`` targets (job_service's setting, 200 by default); more,
+    none, one named twice, or both ``targets`` and ``targetsOf`` are 400
+    ``INVALID_ARGUMENT`` and nothing is created.
+    """
+
+    jobType: JobType
+    targets: list[BatchTargetIn] | None = Field(default=None, max_length=10_000)
+    targetsOf: TargetsOfIn | None = None
+    params: dict[str, Any] | None = None
+    apiKeyMode: ApiKeyMode = "platform_key"
+    minSuccessRatio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="the share of children that must succeed for the parent to succeed "
+        "(0 < r ≤ 1, default 1)",
+    )
 
 
 class AdminJobCreate(JobCreate):
@@ -287,6 +326,18 @@ class InvocationBody(Body):
 # ---------------------------------------------------------------- responses
 
 
+class JobBatchOut(BaseModel):
+    """A batch parent's children by state (reference §10.3); the counts sum to ``total``."""
+
+    total: int
+    pending: int
+    running: int = Field(description="leased children: locked or running")
+    succeeded: int
+    failed: int
+    cancelled: int
+    minSuccessRatio: float
+
+
 class JobOut(BaseModel):
     """The ``Job`` JSON (SPEC §3): every field present, absent values null."""
 
@@ -328,6 +379,16 @@ class JobOut(BaseModel):
     updatedAt: str | None
     startedAt: str | None
     finishedAt: str | None
+    parentJobId: str | None = Field(
+        description="a batch's child: its parent job (reference §10.3); null otherwise"
+    )
+    batch: JobBatchOut | None = Field(
+        description="a batch's parent: its children by state (reference §10.3); null on "
+        "every other job. A parent is pending until a child is leased, then running; when "
+        "its last child ends it is succeeded if succeeded/total ≥ minSuccessRatio, else "
+        "failed with errorCode CHILD_JOBS_FAILED; every change of a count changes its "
+        "version (ETag, event stream)"
+    )
 
 
 class JobList(BaseModel):

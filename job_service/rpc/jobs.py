@@ -129,7 +129,14 @@ class JobRpcs:
         created_to = _naive(request, "created_to")
         check_created_range(created_from, created_to)
         if request.job_ids:
-            others = (status, job_type, created_from, created_to, request.page_token)
+            others = (
+                status,
+                job_type,
+                created_from,
+                created_to,
+                request.page_token,
+                _opt(request, "parent_job_id"),
+            )
             if (
                 any(v is not None and v != "" for v in others)
                 or request.page_size
