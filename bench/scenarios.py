@@ -23,6 +23,7 @@ from typing import Any, cast
 from airuntime_common.enums import JOB_TYPE, JOB_TYPES
 from bench import floor as floor_mod
 from bench import peer as peer_mod
+from bench.batches import batches
 from bench.harness import (
     System,
     admin_connect,
@@ -71,6 +72,7 @@ class Params:
             tables are grown (s).
         wait_changes: jobs created and cancelled one by one in the ``waiting`` scenario.
         wait_streams: event streams held open on the gateway in the ``waiting`` scenario.
+        batch_pairs: rounds of two children ending at once in the ``batches`` scenario.
     """
 
     base_url: str
@@ -91,6 +93,7 @@ class Params:
     settle_limit_s: float = 300.0
     wait_changes: int = 300
     wait_streams: int = 1000
+    batch_pairs: int = 10_000
 
     @classmethod
     def quick(cls, base_url: str) -> Params:
@@ -108,6 +111,7 @@ class Params:
             w500_seconds=15.0,
             settle_limit_s=60.0,
             wait_changes=100,
+            batch_pairs=1_000,
         )
 
 
@@ -759,4 +763,5 @@ SCENARIOS = {
     "gateway": gateway,
     "worker500": worker500,
     "waiting": waiting,
+    "batches": batches,
 }
