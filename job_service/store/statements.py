@@ -52,6 +52,7 @@ from job_service.store.tables import (
 )
 from job_service.store.transitions import (
     VERSION_PLUS_ONE,
+    by_job_id_key,
     lease_guard_bound,
     leases_guard,
     lock_guard,
@@ -464,9 +465,15 @@ def verify_leases(clock: DbClock) -> Any:
 def held_leases(clock: DbClock, instance_id: str, refs: list[tuple[str, int]]) -> Any:
     """``(jobId, attemptNo, status, lockUntil, cancelRequested)`` of each of ``refs``
     whose live lease ``instance_id`` holds (SPEC §3 HeartbeatLeases)."""
-    return select(
-        jobs.c.job_id, jobs.c.attempt_no, jobs.c.status, jobs.c.lock_until, jobs.c.cancel_requested
-    ).where(leases_guard(clock, instance_id, refs))
+    return by_job_id_key(
+        select(
+            jobs.c.job_id,
+            jobs.c.attempt_no,
+            jobs.c.status,
+            jobs.c.lock_until,
+            jobs.c.cancel_requested,
+        ).where(leases_guard(clock, instance_id, refs))
+    )
 
 
 # ------------------------------------------------------------- completion

@@ -565,7 +565,7 @@ def renew_many(
     t = TRANSITIONS[Op.RENEW]
     return Sql(
         None,
-        lambda: (
+        lambda: by_job_id_key(
             update(jobs)
             .where(jobs.c.status.in_(sorted(t.from_states)), leases_guard(clock, instance_id, refs))
             .values(
@@ -576,6 +576,28 @@ def renew_many(
         ),
         {},
     )
+
+
+#: The unique key on ``job_id`` (the naming convention's name, as migration 0001 made it).
+JOB_ID_KEY = "uq_ai_runtime_jobs_job_id"
+
+
+def by_job_id_key(stmt: Any) -> Any:
+    """``stmt`` (an UPDATE or SELECT of ``ai_runtime_jobs`` whose rows are named by job id)
+    with ``FORCE INDEX`` of :data:`JOB_ID_KEY` on MySQL/MariaDB.
+
+    A heartbeat of several leases also names the holder and the leased states, and
+    MariaDB's cost model may prefer intersecting the holder's and the states' indexes
+    (every live lease of the holder) over the few job ids: how a row grows (a column
+    added) is enough to tip it. The hint keeps the rows read, and locked, to the named
+    ones."""
+    hint = f"FORCE INDEX ({JOB_ID_KEY})"
+    for dialect in ("mysql", "mariadb"):
+        if hasattr(stmt, "get_final_froms"):  # a SELECT: the hint names its table
+            stmt = stmt.with_hint(jobs, hint, dialect)
+        else:
+            stmt = stmt.with_hint(hint, dialect_name=dialect)
+    return stmt
 
 
 def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[str, Any]:

@@ -366,3 +366,27 @@ async def test_a_single_job_is_no_batch(domain: JobDomain) -> None:
     await domain.claim("w1", CAPS, 1, 0)
     await _result(domain, job.job_id, "w1")
     assert (await domain.get(job.job_id)).status == "succeeded"
+
+
+def test_the_migrations_make_the_batch_columns_and_index(tmp_path: Any) -> None:
+    """Migration 0014 makes what ``store/tables.py`` declares for batches, and the chain
+    has one head."""
+    from alembic.script import ScriptDirectory
+    from sqlalchemy import create_engine, inspect
+
+    from job_service.migrate import alembic_config, upgrade_head
+
+    path = tmp_path / "migrated.db"
+    url = f"sqlite+aiosqlite:///{path}"
+    assert len(ScriptDirectory.from_config(alembic_config(url)).get_heads()) == 1
+    upgrade_head(url)
+    engine = create_engine(f"sqlite:///{path}")
+    try:
+        found = inspect(engine)
+        columns = {c["name"] for c in found.get_columns(jobs.name)}
+        indexes = {i["name"]: i["column_names"] for i in found.get_indexes(jobs.name)}
+    finally:
+        engine.dispose()
+    names = ("parent_job_id", "batch_total", "batch_pending", "batch_running")
+    assert set(names) | {"batch_succeeded", "batch_failed", "min_success_ratio"} <= columns
+    assert indexes["ix_jobs_parent"] == ["parent_job_id", "status"]
