@@ -320,9 +320,10 @@ class Claiming:
             job = job_of(out[read].rows[0])
             if out[locked].rowcount != 1:
                 if job.status in TERMINAL or job.is_parent:  # a parent is never leased
+                    why = "a batch's parent is never leased" if job.is_parent else ""
                     raise AppError(
                         ErrorCode.INVALID_JOB_STATE,
-                        f"job is {job.status}",
+                        why or f"job is {job.status}",
                         {"jobId": job_id, "status": job.status},
                     )
                 raise AppError(
