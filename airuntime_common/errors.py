@@ -63,6 +63,9 @@ class ErrorCode(StrEnum):
     #: No provider has room for the job now (its limits, a pause after a 429; reference
     #: §10.2): a lock of it is refused, with ``details.retryAfterSeconds``.
     NO_PROVIDER_CAPACITY = "NO_PROVIDER_CAPACITY"
+    #: A batch's parent ending, final: its last child ended and fewer than
+    #: ``minSuccessRatio`` of its children succeeded (reference §10.3).
+    CHILD_JOBS_FAILED = "CHILD_JOBS_FAILED"
 
 
 #: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).

@@ -18,7 +18,7 @@ from api_gateway.backends import Backends
 from api_gateway.cors import GatewayCORS
 from api_gateway.gate import check_routes
 from api_gateway.middleware import GatewayMetrics, GatewayMiddleware
-from api_gateway.routes import admin, health, internal, prompts, public
+from api_gateway.routes import admin, batches, health, internal, prompts, public
 from api_gateway.settings import GatewaySettings
 
 #: Where the docs pages' scripts, stylesheets and icon are served from (SPEC §9.3:
@@ -118,6 +118,7 @@ def _assemble(app: FastAPI, settings: GatewaySettings, telemetry: Any) -> None:
     openapi.install(app)
     app.include_router(health.router)
     app.include_router(public.router)
+    app.include_router(batches.router)
     app.include_router(admin.router)
     app.include_router(prompts.router)
     app.mount(

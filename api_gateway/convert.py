@@ -118,6 +118,21 @@ def job_json(job: Any) -> dict[str, Any]:
         "updatedAt": ts(job, "updated_at"),
         "startedAt": ts(job, "started_at"),
         "finishedAt": ts(job, "finished_at"),
+        "parentJobId": opt(job, "parent_job_id"),
+        "batch": batch_json(job.batch) if job.HasField("batch") else None,
+    }
+
+
+def batch_json(batch: Any) -> dict[str, Any]:
+    """A ``JobBatch`` → the ``batch`` JSON of a parent (reference §10.3)."""
+    return {
+        "total": batch.total,
+        "pending": batch.pending,
+        "running": batch.running,
+        "succeeded": batch.succeeded,
+        "failed": batch.failed,
+        "cancelled": batch.cancelled,
+        "minSuccessRatio": batch.min_success_ratio,
     }
 
 

@@ -51,6 +51,8 @@ else:
     #: Every job state (:class:`airuntime_common.states.JobStatus`).
     JobStatus = TypeAliasType("JobStatus", Literal[tuple(s.value for s in JobStatusEnum)])
 TargetType = TypeAliasType("TargetType", Literal["user", "material", "knowledge_point"])
+#: What a batch's ``targetsOf`` may name (reference §10.3).
+TargetsOfType = TypeAliasType("TargetsOfType", Literal["material", "knowledge_point"])
 ApiKeyMode = TypeAliasType("ApiKeyMode", Literal["platform_key", "user_deepseek_key"])
 QuestionType = TypeAliasType(
     "QuestionType", Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
@@ -151,6 +153,43 @@ class JobCreate(Body):
     apiKeyMode: ApiKeyMode = "platform_key"
 
 
+class BatchTargetIn(Body):
+    """One target of a batch's child."""
+
+    targetType: TargetType
+    targetId: str = REF  # an id: unknown, of any length → 404 (SPEC §3)
+
+
+class TargetsOfIn(Body):
+    """A batch's targets by rule (reference §10.3): every material of the caller, or
+    every knowledge point (of ``materialId`` when given), oldest first."""
+
+    targetType: TargetsOfType
+    materialId: str | None = Field(default=None, min_length=1)
+
+
+class JobBatchCreate(Body):
+    """``POST /v1/ai/job-batches`` (reference §10.3): either ``targets`` or ``targetsOf``.
+
+    At most ``BATCH_MAX_CHILDREN`` targets (job_service's setting, 200 by default); more,
+    none, one named twice, or both ``targets`` and ``targetsOf`` are 400
+    ``INVALID_ARGUMENT`` and nothing is created.
+    """
+
+    jobType: JobType
+    targets: list[BatchTargetIn] | None = Field(default=None, max_length=10_000)
+    targetsOf: TargetsOfIn | None = None
+    params: dict[str, Any] | None = None
+    apiKeyMode: ApiKeyMode = "platform_key"
+    minSuccessRatio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="the share of children that must succeed for the parent to succeed "
+        "(0 < r ≤ 1, default 1)",
+    )
+
+
 class AdminJobCreate(JobCreate):
     """``POST /admin/ai/jobs``: the user create plus the admin overrides."""
 
@@ -215,88 +254,19 @@ class RerunBody(Body):
     rebuildSnapshot: bool = False
 
 
-# ---------------------------------------------------------------- shim requests
-
-
-class PollBody(Body):
-    """Poll / claim (SPEC §2.6): ``limit`` ≥ 1 (capped at 50 by the server), ``waitMs`` 0..20000."""
-
-    capabilities: list[JobType] = Field(min_length=1, max_length=10)
-    limit: int = Field(default=10, ge=1, le=INT32_MAX)
-    waitMs: int = Field(default=0, ge=0, le=20000)
-    statusAddress: str | None = Field(default=None, max_length=255)
-
-
-class ClaimBody(PollBody):
-    """Claim (SPEC §3): a poll body; ``withSnapshots`` also starts each claimed job
-    (locked → running, the start a snapshot read implies) and answers its snapshot."""
-
-    withSnapshots: bool = False
-
-
-class AttemptBody(Body):
-    """Body of start and heartbeat: the attempt whose lease the caller holds."""
-
-    attemptNo: int = AttemptNo
-
-
-class LeaseRefIn(Body):
-    """One lease of a batched heartbeat."""
-
-    jobId: str = REF
-    attemptNo: int = AttemptNo
-
-
-class LeasesBody(Body):
-    """``POST /internal/runtime/leases/heartbeat``: at most 500 leases."""
-
-    leases: list[LeaseRefIn] = Field(max_length=500)
-
-
-class ResolveBody(Body):
-    """``POST /internal/runtime/model-credentials/resolve``."""
-
-    jobId: str = REF
-    attemptNo: int = AttemptNo
-
-
-class ResultBody(Body):
-    """``POST /internal/runtime/jobs/{jobId}/result``."""
-
-    attemptNo: int = AttemptNo
-    promptVersion: str = Field(default="", max_length=128)
-    outputSchemaVersion: str = Field(default="v1", max_length=16)
-    output: dict[str, Any]
-
-
-class FailBody(Body):
-    """``POST /internal/runtime/jobs/{jobId}/fail``; ``errorCode`` is free text."""
-
-    attemptNo: int = AttemptNo
-    errorCode: str = Field(min_length=1, max_length=64)
-    errorMessage: str = Field(default="", max_length=4000)
-    retryAfterSeconds: float | None = Field(default=None, ge=0, le=86400)
-
-
-class InvocationBody(Body):
-    """``POST /internal/runtime/invocation-logs``: one model call, never the key."""
-
-    jobId: str = REF
-    attemptNo: int = AttemptNo
-    modelProvider: str = Field(min_length=1, max_length=32)
-    modelName: str = Field(min_length=1, max_length=64)
-    apiKeyMode: ApiKeyMode
-    credentialId: str | None = Field(default=None, max_length=64)
-    promptTokens: int = Field(default=0, ge=0, le=INT64_MAX)
-    completionTokens: int = Field(default=0, ge=0, le=INT64_MAX)
-    cacheHitTokens: int = Field(default=0, ge=0, le=INT64_MAX)
-    latencyMs: int = Field(default=0, ge=0, le=INT64_MAX)
-    outcome: Literal["succeeded", "failed"]
-    errorCode: str | None = Field(default=None, max_length=64)
-    providerRequestId: str | None = Field(default=None, max_length=128)
-
-
 # ---------------------------------------------------------------- responses
+
+
+class JobBatchOut(BaseModel):
+    """A batch parent's children by state (reference §10.3); the counts sum to ``total``."""
+
+    total: int
+    pending: int
+    running: int = Field(description="leased children: locked or running")
+    succeeded: int
+    failed: int
+    cancelled: int
+    minSuccessRatio: float
 
 
 class JobOut(BaseModel):
@@ -340,6 +310,16 @@ class JobOut(BaseModel):
     updatedAt: str | None
     startedAt: str | None
     finishedAt: str | None
+    parentJobId: str | None = Field(
+        description="a batch's child: its parent job (reference §10.3); null otherwise"
+    )
+    batch: JobBatchOut | None = Field(
+        description="a batch's parent: its children by state (reference §10.3); null on "
+        "every other job. A parent is pending until a child is leased, then running; when "
+        "its last child ends it is succeeded if succeeded/total ≥ minSuccessRatio, else "
+        "failed with errorCode CHILD_JOBS_FAILED; every change of a count changes its "
+        "version (ETag, event stream)"
+    )
 
 
 class JobList(BaseModel):
@@ -675,106 +655,6 @@ class AdminRuntimeOut(BaseModel):
     status: str
     workers: list[AdminWorkerOut]
     configuredWorkers: list[ConfiguredWorkerOut]
-
-
-class LockOut(BaseModel):
-    """The lease granted by a lock."""
-
-    jobId: str
-    status: JobStatus | None
-    lockedBy: str
-    lockUntil: str | None
-    attemptNo: int
-
-
-class StartOut(BaseModel):
-    """A started attempt."""
-
-    status: JobStatus | None
-    startedAt: str | None
-
-
-class LeaseStateOut(BaseModel):
-    """One answer of a batched heartbeat."""
-
-    jobId: str
-    attemptNo: int
-    held: bool
-    lockUntil: str | None
-    cancelRequested: bool
-
-
-class LeasesOut(BaseModel):
-    """One answer per lease, in order."""
-
-    leases: list[LeaseStateOut]
-
-
-class PolledJobs(BaseModel):
-    """Poll / claim answer."""
-
-    jobs: list[JobOut]
-
-
-class SnapshotOut(BaseModel):
-    """An immutable snapshot (SPEC §5, COMMON payload v1)."""
-
-    snapshotId: str
-    schemaVersion: str
-    targetType: TargetType | None
-    targetId: str
-    payload: dict[str, Any]
-    contentHash: str
-
-
-class ClaimedJobs(PolledJobs):
-    """Claim answer; with ``withSnapshots``, also ``snapshots`` by job id (a job
-    missing there, e.g. past the answer's size budget, is read with GET …/snapshot)."""
-
-    snapshots: dict[str, SnapshotOut] | None = None
-
-
-class ResolvedCredential(BaseModel):
-    """The key of a leased job, for the lease holder only (``Cache-Control: no-store``)."""
-
-    apiKeyMode: ApiKeyMode | None
-    credentialId: str | None
-    apiKey: str
-    modelProvider: str
-    modelName: str
-    baseUrl: str
-    userBaseUrl: bool = Field(
-        description="baseUrl is the user's own endpoint (USER_BASE_URLS), not a configured "
-        "provider's: before EVERY call to it the caller resolves its host again and checks "
-        "the egress rules (as for PUT /v1/me/model-credential's baseUrl), connects only to "
-        "an address it checked (TLS verified against the host name, no proxy), follows no "
-        "redirect (3xx: TEMPORARY_PROVIDER_ERROR), sends it this key only, and ends the "
-        "attempt EGRESS_BLOCKED (final) when a rule refuses it"
-    )
-
-
-class ResultOut(BaseModel):
-    """An accepted (or replayed) result."""
-
-    jobId: str
-    status: JobStatus | None
-    resultId: str
-    outputHash: str
-    replayed: bool
-
-
-class FailOut(BaseModel):
-    """The job's state after a fail."""
-
-    jobId: str
-    status: JobStatus | None
-    retryCount: int
-
-
-class CreatedId(BaseModel):
-    """``{"id"}`` of a stored row."""
-
-    id: str
 
 
 class ErrorBody(BaseModel):

@@ -32,6 +32,7 @@ def rows(doc: dict[str, Any]) -> list[Row]:
     out.extend(_worker500_rows(r.get("worker500", {})))
     out.extend(_waiting_rows(r.get("waiting", {})))
     out.extend(_tenants_rows(r.get("tenants", {})))
+    out.extend(_batch_rows(r.get("batches", {})))
     for name, res in r.items():
         if "error" in res:
             out.append((f"{name} FAILED", res["error"][:60], "", "", "MISSED"))
@@ -280,6 +281,39 @@ def _worker500_rows(w: dict[str, Any]) -> list[Row]:
             )
         )
     return out
+
+
+def _batch_rows(b: dict[str, Any]) -> list[Row]:
+    """The ``batches`` scenario's rows (reference §10.3)."""
+    if "create_batch_200" not in b:
+        return []
+    c, race = b["create_batch_200"], b["two_at_once"]
+    prm = f"{b['params']['batches']} batches of {b['params']['children']}"
+    rprm = f"{race['pairs']} pairs, {race['lanes']} lanes, {race['replicas']} replicas"
+    wrong = race["count_mismatches"] + race["final_mismatches"]
+    return [
+        (
+            "create a batch of 200 p50/p95",
+            f"{c['p50_ms']}/{c['p95_ms']}",
+            "ms",
+            prm,
+            f"p95<1000 {_check(c['p95_ms'] < 1000)}",
+        ),
+        (
+            "two children ending at once: counts wrong",
+            _f(wrong),
+            "pairs",
+            rprm,
+            f"=0 {_check(wrong == 0)}",
+        ),
+        (
+            "  pair ended p50/p99",
+            f"{race['pair_end_ms']['p50_ms']}/{race['pair_end_ms']['p99_ms']}",
+            "ms",
+            rprm,
+            "",
+        ),
+    ]
 
 
 def _waiting_rows(wt: dict[str, Any]) -> list[Row]:

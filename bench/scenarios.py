@@ -23,6 +23,7 @@ from airuntime_common.enums import JOB_TYPE, JOB_TYPES
 from bench import floor as floor_mod
 from bench import growth
 from bench import peer as peer_mod
+from bench.batches import batches
 from bench.harness import (
     System,
     admin_connect,
@@ -78,6 +79,7 @@ class Params:
         tenants_rows: job rows in all in the ``tenants`` scenario (finished ones fill up).
         tenants_rounds: claim rounds per policy in the ``tenants`` scenario.
         tenants_claim_seconds: length of one claim round (s).
+        batch_pairs: rounds of two children ending at once in the ``batches`` scenario.
     """
 
     base_url: str
@@ -104,6 +106,7 @@ class Params:
     tenants_rows: int = 1_000_000
     tenants_rounds: int = 3
     tenants_claim_seconds: float = 10.0
+    batch_pairs: int = 10_000
 
     @classmethod
     def quick(cls, base_url: str) -> Params:
@@ -125,6 +128,7 @@ class Params:
             tenants_rows=100_000,
             tenants_rounds=2,
             tenants_claim_seconds=3.0,
+            batch_pairs=1_000,
         )
 
 
@@ -664,4 +668,5 @@ SCENARIOS = {
     "worker500": worker500,
     "waiting": waiting,
     "tenants": tenants,
+    "batches": batches,
 }

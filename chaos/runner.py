@@ -25,7 +25,7 @@ import pymysql
 from sqlalchemy.engine import make_url
 
 from airuntime_common.db import GALERA_ALLOW_DIRECT_NODE, mysql_async_driver
-from chaos import failover
+from chaos import batches, failover
 from chaos import galera_faults as gf
 from chaos import scenarios as sc
 from chaos.galera_backend import GaleraBackend
@@ -42,6 +42,7 @@ FAULTS: tuple[str, ...] = (
     "clock_skew",
     "race",
     "provider_failover",
+    "batch_faults",
 )
 #: SPEC §9.6: faults of a Galera cluster behind HAProxy (each on its own cluster).
 GALERA_FAULTS: tuple[str, ...] = ("galera_writer_kill", "galera_conn_kill", "galera_multi_writer")
@@ -84,7 +85,9 @@ class Options:
 
 def on_galera(name: str, options: Options) -> bool:
     """Whether scenario ``name`` runs on a private Galera cluster."""
-    return name in GALERA_FAULTS or (options.galera and name != "mariadb_restart")
+    return name in GALERA_FAULTS or (
+        options.galera and name not in ("mariadb_restart", batches.NAME)
+    )
 
 
 def system_kwargs(name: str, profile: Profile, options: Options) -> dict[str, Any]:
@@ -94,7 +97,7 @@ def system_kwargs(name: str, profile: Profile, options: Options) -> dict[str, An
     if name == "job_service_restart":
         # the lease outlives the outage, so results finished meanwhile still belong to their holder
         return {"workers": 2, "extra_env": {"LOCK_LEASE_SECONDS": "12"}}  # scaled too
-    if name == "mariadb_restart":
+    if name in ("mariadb_restart", batches.NAME):
         return {"workers": 2}
     if name == "clock_skew":
         return {
@@ -155,6 +158,10 @@ async def run_on(
         if not isinstance(db, PrivateMariaDB):
             raise ValueError("mariadb_restart needs the private MariaDB")
         return await sc.mariadb_restart(system, profile, db)
+    if name == batches.NAME:
+        if not isinstance(db, PrivateMariaDB):
+            raise ValueError(f"{name} needs the private MariaDB")
+        return await batches.batch_faults(system, profile, db)
     if name == "credential_down":
         return await sc.credential_down(system, profile)
     if name == "model_faults":
@@ -230,7 +237,7 @@ async def scenario_system(
                 kwargs["replica_urls"] = [galera.node_url(0), galera.node_url(1)]
                 if options.direct_writes:
                     kwargs["extra_env"] = {GALERA_ALLOW_DIRECT_NODE: "true"}
-        elif mysql_url is None or name == "mariadb_restart":
+        elif mysql_url is None or name in ("mariadb_restart", batches.NAME):
             private = PrivateMariaDB(work_dir / "mariadb")
             private.start()
             stack.callback(private.stop)

@@ -76,6 +76,9 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     PLAN_DAILY_JOB_QUOTAS: dict[str, Annotated[int, Field(ge=0, le=COUNT_MAX)]] = Field(
         default_factory=dict
     )
+    #: Most children of one batch (reference §10.3): more targets, or a ``targetsOf``
+    #: matching more, is 400 ``INVALID_ARGUMENT`` and creates nothing.
+    BATCH_MAX_CHILDREN: int = Field(default=200, ge=1, le=10_000)
     #: USD per million tokens per provider model name, JSON; an unlisted model costs 0.
     MODEL_PRICES: dict[str, dict[str, float]] = Field(
         default_factory=lambda: dict(DEFAULT_MODEL_PRICES)

@@ -61,3 +61,14 @@ def mysql_url() -> Iterator[str]:
 def sqlite_url(tmp_path: Path) -> str:
     """A fresh SQLite file database URL under the test's tmp dir."""
     return f"sqlite+aiosqlite:///{tmp_path / 'test.db'}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long-running profiles (``@pytest.mark.slow``) run only when the marker expression
+    asks for them (``-m slow``); the suite's own run keeps their short profiles."""
+    if "slow" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="long profile: run with -m slow")
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(skip)

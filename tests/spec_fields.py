@@ -35,4 +35,7 @@ JOB_KEYS = (
     "updatedAt",
     "startedAt",
     "finishedAt",
+    # reference §10.3
+    "parentJobId",
+    "batch",
 )

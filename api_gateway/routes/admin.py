@@ -116,10 +116,14 @@ async def admin_list_jobs(
     ] = False,
     pageSize: Annotated[int, Query(ge=1, le=100)] = 20,
     pageToken: Annotated[str | None, Query(max_length=1024)] = None,
+    parentJobId: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="a batch's children")
+    ] = None,
 ) -> dict[str, Any]:
-    """All users' jobs, newest first, filtered by status, job type, user and creation
-    time ``[createdFrom, createdTo)``; with ``includeCounts`` also the exact number of
-    jobs in each state for the other filters (SPEC §3.1, §9.5 console).
+    """All users' jobs, newest first, filtered by status, job type, user, creation
+    time ``[createdFrom, createdTo)`` and batch (``parentJobId``, reference §10.3); with
+    ``includeCounts`` also the exact number of jobs in each state for the other filters
+    (SPEC §3.1, §9.5 console).
 
     A bad filter (unknown status or type, a time without an offset, ``createdFrom``
     not before ``createdTo``) is 400 ``INVALID_ARGUMENT``.
@@ -135,6 +139,8 @@ async def admin_list_jobs(
         req.job_type = pb_enum(JOB_TYPE, jobType)
     if pageToken:
         req.page_token = pageToken
+    if parentJobId:
+        req.parent_job_id = parentJobId
     for name, value in (("created_from", createdFrom), ("created_to", createdTo)):
         if value is not None:
             getattr(req, name).CopyFrom(convert.timestamp_or_none(value))

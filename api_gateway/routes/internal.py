@@ -18,8 +18,8 @@ from api_gateway.convert import pb_enum
 from api_gateway.deps import RuntimeCaller, RuntimeHealthCaller
 from api_gateway.gate import GatedRoute
 from api_gateway.routes.public import ERRORS
-from api_gateway.schemas import (
-    INT32_MAX,
+from api_gateway.schemas import INT32_MAX, RuntimeHealthOut
+from api_gateway.shim_schemas import (
     AttemptBody,
     ClaimBody,
     ClaimedJobs,
@@ -36,7 +36,6 @@ from api_gateway.schemas import (
     ResolvedCredential,
     ResultBody,
     ResultOut,
-    RuntimeHealthOut,
     SnapshotOut,
     StartOut,
 )

@@ -362,12 +362,24 @@ async def list_ai_jobs(
             " Not combinable with status, jobType or pageToken.",
         ),
     ] = None,
+    parentJobId: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=128,
+            description="Only the children of this batch (reference §10.3), newest first.",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
     """The caller's jobs, newest first, paged (``nextPageToken`` null on the last page);
-    with ``ids``, just those jobs in that order (one page, ``nextPageToken`` null)."""
+    with ``ids``, just those jobs in that order (one page, ``nextPageToken`` null); with
+    ``parentJobId``, the children of one of the caller's batches."""
     if ids is not None:
-        return await _jobs_by_ids(principal.user_id, call, ids, status or jobType or pageToken)
+        others = status or jobType or pageToken or parentJobId
+        return await _jobs_by_ids(principal.user_id, call, ids, others)
     req = rr.ListJobsRequest(user_id=principal.user_id, page_size=pageSize)
+    if parentJobId:
+        req.parent_job_id = parentJobId
     if status:
         req.status = pb_enum(JOB_STATUS, status)
     if jobType:

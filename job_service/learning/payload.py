@@ -159,10 +159,15 @@ def _round(value: float, places: int = 4) -> float:
     return round(float(value), places)
 
 
-async def _chunked_in(session: AsyncSession, stmt_for: Any, ids: Sequence[str]) -> list[Any]:
+async def _chunked_in(
+    session: AsyncSession, stmt_for: Any, ids: Sequence[str], *, scalars: bool = False
+) -> list[Any]:
+    """``stmt_for(chunk)``'s rows (``scalars``: first column) over ``ids`` in chunks of
+    :data:`_IN_CHUNK`; no statement for no ids."""
     rows: list[Any] = []
     for start in range(0, len(ids), _IN_CHUNK):
-        rows.extend((await session.execute(stmt_for(ids[start : start + _IN_CHUNK]))).all())
+        result = await session.execute(stmt_for(ids[start : start + _IN_CHUNK]))
+        rows.extend(result.scalars().all() if scalars else result.all())
     return rows
 
 
@@ -174,15 +179,25 @@ async def ensure_target(
     Raises:
         AppError: ``NOT_FOUND`` when not; ``INVALID_ARGUMENT`` for an unknown target type.
     """
-    await _resolve_scope(session, user_id, target_type, target_id)
+    await _resolve_scopes(session, user_id, [(target_type, target_id)])
 
 
 @dataclass
 class _Scope:
+    target_type: str
+    target_id: str
     materials: list[Material]
     material_total: int
-    kp_ids: list[str] | None  # None = every KP of the materials (user: every KP of the user)
     kp_block_only: str | None  # a knowledge_point target: only its blocks are candidates
+
+    def wants(self, kp: KnowledgePoint) -> bool:
+        """Whether ``kp`` is in scope: every knowledge point of the user for a ``user``
+        target, the material's for a ``material``, the one for a ``knowledge_point``."""
+        if self.target_type == "material":
+            return kp.material_id == self.target_id
+        if self.target_type == "knowledge_point":
+            return kp.knowledge_point_id == self.target_id
+        return True
 
 
 def _not_found(target_type: str, target_id: str) -> AppError:
@@ -193,61 +208,97 @@ def _not_found(target_type: str, target_id: str) -> AppError:
     )
 
 
-async def _resolve_scope(
-    session: AsyncSession, user_id: str, target_type: str, target_id: str
-) -> _Scope:
-    if target_type not in TARGET_TYPES:
-        raise invalid_argument(
-            f"targetType must be one of {', '.join(TARGET_TYPES)}",
-            field="targetType",
-            value=target_type,
-        )
+async def _resolve_scopes(
+    session: AsyncSession, user_id: str, targets: Sequence[tuple[str, str]]
+) -> list[_Scope]:
+    """The scope of each target, in order, from a few reads whatever their number.
+
+    Raises:
+        AppError: for the first target (in order) that is of an unknown type
+            (``INVALID_ARGUMENT``) or does not exist or is not the user's (``NOT_FOUND``).
+    """
+    for target_type, _ in targets:
+        if target_type not in TARGET_TYPES:
+            raise invalid_argument(
+                f"targetType must be one of {', '.join(TARGET_TYPES)}",
+                field="targetType",
+                value=target_type,
+            )
     require_user(user_id)
-    if target_type == "user":
-        if target_id != user_id:
-            raise _not_found(target_type, target_id)
-        total = (
-            await session.execute(
-                select(func.count()).select_from(Material).where(Material.user_id == user_id)
-            )
-        ).scalar_one()
-        recent = list(
-            (
-                await session.execute(
-                    select(Material)
-                    .where(Material.user_id == user_id)
-                    .order_by(Material.created_at.desc(), Material.material_id.desc())
-                    .limit(MAX_MATERIALS)
-                )
-            ).scalars()
+    wanted = {t: [i for tt, i in targets if tt == t] for t in TARGET_TYPES}
+    owned = {
+        m.material_id: m
+        for m in await _chunked_in(
+            session,
+            lambda ids: select(Material).where(
+                Material.material_id.in_(ids), Material.user_id == user_id
+            ),
+            wanted["material"],
+            scalars=True,
         )
-        recent.reverse()
-        return _Scope(recent, int(total), None, None)
-    if target_type == "material":
-        material = (
-            await session.execute(
-                select(Material).where(
-                    Material.material_id == target_id, Material.user_id == user_id
-                )
-            )
-        ).scalar_one_or_none()
-        if material is None:
-            raise _not_found(target_type, target_id)
-        return _Scope([material], 1, None, None)
-    kp = (
+    }
+    kps = {
+        k.knowledge_point_id: k
+        for k in await _chunked_in(
+            session,
+            lambda ids: select(KnowledgePoint).where(
+                KnowledgePoint.knowledge_point_id.in_(ids), KnowledgePoint.user_id == user_id
+            ),
+            wanted["knowledge_point"],
+            scalars=True,
+        )
+    }
+    kp_materials = {
+        m.material_id: m
+        for m in await _chunked_in(
+            session,
+            lambda ids: select(Material).where(Material.material_id.in_(ids)),
+            sorted({k.material_id for k in kps.values()}),
+            scalars=True,
+        )
+    }
+    everything: tuple[list[Material], int] | None = None
+    scopes: list[_Scope] = []
+    for target_type, target_id in targets:
+        if target_type == "user":
+            if target_id != user_id:
+                raise _not_found(target_type, target_id)
+            if everything is None:
+                everything = await _recent_materials(session, user_id)
+            scopes.append(_Scope(target_type, target_id, *everything, None))
+        elif target_type == "material":
+            if target_id not in owned:
+                raise _not_found(target_type, target_id)
+            scopes.append(_Scope(target_type, target_id, [owned[target_id]], 1, None))
+        else:
+            kp = kps.get(target_id)
+            if kp is None:
+                raise _not_found(target_type, target_id)
+            material = kp_materials[kp.material_id]
+            scopes.append(_Scope(target_type, target_id, [material], 1, target_id))
+    return scopes
+
+
+async def _recent_materials(session: AsyncSession, user_id: str) -> tuple[list[Material], int]:
+    """A ``user`` target's materials: the :data:`MAX_MATERIALS` most recent, oldest first,
+    and how many the user has."""
+    total = (
         await session.execute(
-            select(KnowledgePoint).where(
-                KnowledgePoint.knowledge_point_id == target_id,
-                KnowledgePoint.user_id == user_id,
-            )
+            select(func.count()).select_from(Material).where(Material.user_id == user_id)
         )
-    ).scalar_one_or_none()
-    if kp is None:
-        raise _not_found(target_type, target_id)
-    material = (
-        await session.execute(select(Material).where(Material.material_id == kp.material_id))
     ).scalar_one()
-    return _Scope([material], 1, [kp.knowledge_point_id], kp.knowledge_point_id)
+    recent = list(
+        (
+            await session.execute(
+                select(Material)
+                .where(Material.user_id == user_id)
+                .order_by(Material.created_at.desc(), Material.material_id.desc())
+                .limit(MAX_MATERIALS)
+            )
+        ).scalars()
+    )
+    recent.reverse()
+    return recent, int(total)
 
 
 @dataclass
@@ -286,48 +337,88 @@ async def build_payload(
         AppError: ``NOT_FOUND`` when the target does not exist or is not the user's;
             ``INVALID_ARGUMENT`` for an unknown job or target type.
     """
+    found = await build_payloads(
+        session,
+        user_id=user_id,
+        job_type=job_type,
+        targets=[(target_type, target_id)],
+        params=params,
+    )
+    return found[0]
+
+
+async def build_payloads(
+    session: AsyncSession,
+    *,
+    user_id: str,
+    job_type: str,
+    targets: Sequence[tuple[str, str]],
+    params: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The payload of each of ``targets`` (``(targetType, targetId)``), in order: what
+    :func:`build_payload` gives for each, read in one pass of set reads (a batch's
+    children, reference §10.3): about ten statements however many targets.
+
+    Raises:
+        AppError: ``NOT_FOUND`` for the first target that does not exist or is not the
+            user's; ``INVALID_ARGUMENT`` for an unknown job or target type.
+    """
     budget = jobtypes.get(job_type).snapshot
-    scope = await _resolve_scope(session, user_id, target_type, target_id)
-    all_blocks = await _blocks_in_scope(session, scope)
-    points = await _knowledge_points(session, user_id, scope, target_type, target_id)
-    reading = await _reading(session, user_id, [m.material_id for m in scope.materials])
-    materials = _material_entries(scope, all_blocks, reading)
-    if scope.kp_block_only is not None:
-        wanted = set(points.links.get(scope.kp_block_only, []))
-        candidates = [b for b in all_blocks if b.block_id in wanted]
-    else:
-        candidates = all_blocks
-    priority = [bid for kp in points.kps for bid in points.links[kp.knowledge_point_id]]
-    chosen = select_blocks(
-        candidates, priority=priority, budget_chars=budget.chars, max_blocks=budget.blocks
-    )
-    blocks = await _block_entries(session, chosen)
-    chosen_ids = {b.block_id for b in chosen}
-    stats = _stats(scope, points, reading, materials)
-    stats.update(
-        includedBlockCount=len(chosen),
-        omittedBlockCount=len(candidates) - len(chosen),
-        blockBudgetChars=budget.chars,
-    )
-    stats["blockCount"] = len(candidates)
-    return {
-        "jobType": job_type,
-        "targetType": target_type,
-        "targetId": target_id,
-        "userId": user_id,
-        "params": dict(params or {}),
-        "materials": materials,
-        "blocks": blocks,
-        "knowledgePoints": _kp_entries(points, chosen_ids),
-        "reading": reading.entries[:MAX_READING],
-        "stats": stats,
-    }
+    scopes = await _resolve_scopes(session, user_id, targets)
+    material_ids = list(dict.fromkeys(m.material_id for s in scopes for m in s.materials))
+    blocks = await _blocks_by_material(session, material_ids)
+    points = await _knowledge_points(session, user_id, scopes)
+    read_rows: dict[str, list[Any]] = {}
+    for row in await _reading_rows(session, user_id, material_ids):
+        read_rows.setdefault(str(row[1]), []).append(row)
+    parts = []
+    for scope in scopes:
+        in_scope = [b for m in scope.materials for b in blocks.get(m.material_id, [])]
+        mine = _points_of(points, scope)
+        reading = _reading([r for m in scope.materials for r in read_rows.get(m.material_id, [])])
+        if scope.kp_block_only is not None:
+            linked = set(mine.links.get(scope.kp_block_only, []))
+            candidates = [b for b in in_scope if b.block_id in linked]
+        else:
+            candidates = in_scope
+        priority = [bid for kp in mine.kps for bid in mine.links[kp.knowledge_point_id]]
+        chosen = select_blocks(
+            candidates, priority=priority, budget_chars=budget.chars, max_blocks=budget.blocks
+        )
+        parts.append((scope, in_scope, mine, reading, candidates, chosen))
+    texts = await _block_texts(session, [b.block_id for *_, chosen in parts for b in chosen])
+    out = []
+    for scope, in_scope, mine, reading, candidates, chosen in parts:
+        materials = _material_entries(scope, in_scope, reading)
+        stats = _stats(scope, mine, reading, materials)
+        stats.update(
+            includedBlockCount=len(chosen),
+            omittedBlockCount=len(candidates) - len(chosen),
+            blockBudgetChars=budget.chars,
+        )
+        stats["blockCount"] = len(candidates)
+        chosen_ids = {b.block_id for b in chosen}
+        out.append(
+            {
+                "jobType": job_type,
+                "targetType": scope.target_type,
+                "targetId": scope.target_id,
+                "userId": user_id,
+                "params": dict(params or {}),
+                "materials": materials,
+                "blocks": _block_entries(chosen, texts),
+                "knowledgePoints": _kp_entries(mine, chosen_ids),
+                "reading": reading.entries[:MAX_READING],
+                "stats": stats,
+            }
+        )
+    return out
 
 
-async def _blocks_in_scope(session: AsyncSession, scope: _Scope) -> list[BlockMeta]:
-    """The blocks (metadata only) of the materials in scope, in (material order, ordinal) order."""
-    material_ids = [m.material_id for m in scope.materials]
-    order = {mid: i for i, mid in enumerate(material_ids)}
+async def _blocks_by_material(
+    session: AsyncSession, material_ids: list[str]
+) -> dict[str, list[BlockMeta]]:
+    """The blocks (metadata only) of ``material_ids``, by material, in ordinal order."""
     rows = await _chunked_in(
         session,
         lambda ids: select(
@@ -338,23 +429,39 @@ async def _blocks_in_scope(session: AsyncSession, scope: _Scope) -> list[BlockMe
         ).where(MaterialBlock.material_id.in_(ids)),
         material_ids,
     )
-    return sorted(
-        (BlockMeta(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in rows),
-        key=lambda b: (order[b.material_id], b.ordinal),
-    )
+    out: dict[str, list[BlockMeta]] = {}
+    for r in rows:
+        out.setdefault(str(r[1]), []).append(BlockMeta(str(r[0]), str(r[1]), int(r[2]), int(r[3])))
+    for found in out.values():
+        found.sort(key=lambda b: b.ordinal)
+    return out
 
 
 async def _knowledge_points(
-    session: AsyncSession, user_id: str, scope: _Scope, target_type: str, target_id: str
+    session: AsyncSession, user_id: str, scopes: Sequence[_Scope]
 ) -> _KnowledgePoints:
-    """The knowledge points in scope with their links and quiz totals, weakest first."""
-    kp_stmt = select(KnowledgePoint).where(KnowledgePoint.user_id == user_id)
-    if scope.kp_ids is not None:
-        kp_stmt = kp_stmt.where(KnowledgePoint.knowledge_point_id.in_(scope.kp_ids))
-    elif target_type == "material":
-        kp_stmt = kp_stmt.where(KnowledgePoint.material_id == target_id)
-    kps = list((await session.execute(kp_stmt)).scalars())
-    kp_ids = [k.knowledge_point_id for k in kps]
+    """Every knowledge point some scope takes, with their links and quiz totals (in no
+    order; :func:`_points_of` picks and orders a scope's)."""
+    stmt = select(KnowledgePoint).where(KnowledgePoint.user_id == user_id)
+    if all(s.target_type != "user" for s in scopes):
+        materials = sorted({s.target_id for s in scopes if s.target_type == "material"})
+        points = sorted({s.target_id for s in scopes if s.target_type == "knowledge_point"})
+        kps = await _chunked_in(
+            session,
+            lambda ids: stmt.where(KnowledgePoint.material_id.in_(ids)),
+            materials,
+            scalars=True,
+        )
+        kps += await _chunked_in(
+            session,
+            lambda ids: stmt.where(KnowledgePoint.knowledge_point_id.in_(ids)),
+            points,
+            scalars=True,
+        )
+    else:
+        kps = list((await session.execute(stmt)).scalars())
+    unique = list({k.knowledge_point_id: k for k in kps}.values())
+    kp_ids = [k.knowledge_point_id for k in unique]
     links: dict[str, list[str]] = {k: [] for k in kp_ids}
     for row in await _chunked_in(
         session,
@@ -378,6 +485,12 @@ async def _knowledge_points(
         kp_ids,
     ):
         quiz[str(row[0])] = (int(row[1]), int(row[2] or 0), row[3])
+    return _KnowledgePoints(unique, links, quiz)
+
+
+def _points_of(points: _KnowledgePoints, scope: _Scope) -> _KnowledgePoints:
+    """The knowledge points of ``scope``, weakest first (module doc)."""
+    quiz = points.quiz
 
     def weakness(kp: KnowledgePoint) -> tuple[int, float, int, str]:
         attempts, correct, _ = quiz.get(kp.knowledge_point_id, (0, 0, None))
@@ -385,21 +498,31 @@ async def _knowledge_points(
             return (0, correct / attempts, -attempts, kp.knowledge_point_id)
         return (1, 0.0, 0, kp.knowledge_point_id)
 
-    kps.sort(key=weakness)
-    return _KnowledgePoints(kps, links, quiz)
+    kps = sorted((k for k in points.kps if scope.wants(k)), key=weakness)
+    ids = {k.knowledge_point_id for k in kps}
+    return _KnowledgePoints(
+        kps,
+        {k: v for k, v in points.links.items() if k in ids},
+        {k: v for k, v in quiz.items() if k in ids},
+    )
 
 
-async def _reading(session: AsyncSession, user_id: str, material_ids: list[str]) -> _Reading:
-    """Reading per block within the scope's materials: the user's running totals
-    (learning_block_stats), one row per block read, not their history."""
+async def _reading_rows(session: AsyncSession, user_id: str, material_ids: list[str]) -> list[Any]:
+    """The user's reading per block within ``material_ids``: their running totals
+    (learning_block_stats), one row per block read, not their history:
+    ``(blockId, materialId, dwellSeconds, lastReadAt)``."""
     stats = LearningBlockStat
-    rows = await _chunked_in(
+    return await _chunked_in(
         session,
         lambda ids: select(
             stats.block_id, stats.material_id, stats.dwell_seconds, stats.last_read_at
         ).where(stats.user_id == user_id, stats.material_id.in_(ids)),
         material_ids,
     )
+
+
+def _reading(rows: Sequence[Any]) -> _Reading:
+    """One scope's reading from its :func:`_reading_rows`."""
     entries = sorted(
         (
             {
@@ -446,18 +569,22 @@ def _material_entries(
     return entries
 
 
-async def _block_entries(session: AsyncSession, chosen: list[BlockMeta]) -> list[dict[str, Any]]:
-    """The chosen blocks with their text, in (material order, ordinal) order."""
-    texts = {
+async def _block_texts(session: AsyncSession, block_ids: list[str]) -> dict[str, str]:
+    """The text of each of ``block_ids``, by id."""
+    return {
         str(r[0]): str(r[1])
         for r in await _chunked_in(
             session,
             lambda ids: select(MaterialBlock.block_id, MaterialBlock.text).where(
                 MaterialBlock.block_id.in_(ids)
             ),
-            [b.block_id for b in chosen],
+            list(dict.fromkeys(block_ids)),
         )
     }
+
+
+def _block_entries(chosen: list[BlockMeta], texts: dict[str, str]) -> list[dict[str, Any]]:
+    """The chosen blocks with their text, in (material order, ordinal) order."""
     return [
         {
             "blockId": b.block_id,

@@ -9,7 +9,7 @@ from typing import Any, cast
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from job_service.learning import deletion, plans, results, snapshots
+from job_service.learning import deletion, plans, results, snapshots, targets
 from job_service.learning.tables import AiSnapshot
 from job_service.services.ports import MaterialScopeView, SnapshotRead, SnapshotsRead
 from job_service.store.cache import Sql
@@ -24,6 +24,21 @@ class LearningModulePort:
     async def build_snapshot(self, session: AsyncSession, **kw: Any) -> str:
         """:func:`job_service.learning.snapshots.build_snapshot`."""
         return await snapshots.build_snapshot(session, **kw)
+
+    async def build_snapshots(self, session: AsyncSession, **kw: Any) -> list[str]:
+        """:func:`job_service.learning.snapshots.build_snapshots`."""
+        return await snapshots.build_snapshots(session, **kw)
+
+    async def targets_of(
+        self,
+        session: AsyncSession,
+        user_id: str,
+        target_type: str,
+        material_id: str | None,
+        limit: int,
+    ) -> list[str]:
+        """:func:`job_service.learning.targets.targets_of`."""
+        return await targets.targets_of(session, user_id, target_type, material_id, limit)
 
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         """:func:`job_service.learning.snapshots.snapshot_read`."""

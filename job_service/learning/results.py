@@ -459,6 +459,36 @@ async def result_items(
     return items
 
 
+async def children_items(
+    session: AsyncSession, *, parent_job_id: str, job_type: str, user_id: str
+) -> tuple[list[dict[str, Any]], str]:
+    """The result of a batch's parent (reference §10.3): the items of every succeeded
+    child (:func:`result_items`), each with ``jobId`` its child's, children in the
+    order of the batch's targets.
+
+    Returns:
+        ``(items, outputSchemaVersion)``: the version the first succeeded child's
+        output had ("" with none).
+    """
+    from job_service.store.parents import children_of
+
+    found = await session.execute(
+        children_of.get(DbClock(dialect_name(session))), {"c_parent": parent_job_id}
+    )
+    items: list[dict[str, Any]] = []
+    version = ""
+    for child_id, status, _, _, schema_version in found.all():
+        if status != "succeeded":
+            continue
+        version = version or (schema_version or "")
+        for item in await result_items(
+            session, job_id=str(child_id), job_type=job_type, user_id=user_id
+        ):
+            item["jobId"] = str(child_id)
+            items.append(item)
+    return items, version
+
+
 def _encode_token(created_at: datetime, row_id: str) -> str:
     raw = json.dumps({"t": created_at.isoformat(), "i": row_id}).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")

@@ -296,7 +296,10 @@ async def _probes_alive(
     ``provider`` since then (``by_lease``: probes counted at lease grant)."""
     if half_open_at is None:
         return False
-    stmt = select(jobs.c.job_id).where(jobs.c.api_key_mode == "platform_key")
+    stmt = select(jobs.c.job_id).where(
+        jobs.c.api_key_mode == "platform_key",
+        jobs.c.batch_total.is_(None),  # a batch's parent calls no model: never a probe
+    )
     if by_lease:
         stmt = stmt.where(
             jobs.c.status.in_(sorted(LEASED)),

@@ -29,6 +29,7 @@ from sqlalchemy import and_, literal, or_
 from airuntime_common.errors import ErrorCode
 from job_service import metrics
 from job_service.lifecycle import EXPIRED, PENDING, TERMINAL, Op, end_attempt
+from job_service.services import parents
 from job_service.services.core import Core
 from job_service.store import scheduling as sched
 from job_service.store import statements as st
@@ -137,12 +138,18 @@ class Reaper:
             values=values,
         )
         assert expire is not None and then is not None
+        # a batch's child: its parent, locked after it, follows it (reference §10.3)
+        held = await parents.lock(clock, db, [row.parent_job_id] if row.parent_job_id else [])
         batch = new_batch(db)
         expire.queue_fenced(batch, "expire")  # the job moved meanwhile: leave it
         then.queue_fenced(batch, "end")  # same transaction, row locked: cannot be refused
         if row.api_key_mode == "platform_key":  # its grant ends, its estimate kept
             for statement in sched.settle_grants(clock, [(job_id, row.attempt_no, None)]):
                 batch.add(statement)
+        changes: list[parents.ParentChange] = []
+        if row.parent_job_id is not None:
+            move = parents.ChildMove(row.parent_job_id, row.status, ending.ending.to_state)
+            changes = parents.queue(clock, batch, held, [move], actor=ACTOR)
         if row.user_id.startswith(st.PSEUDONYM_PREFIX) and ending.ending.to_state in TERMINAL:
             # its user was erased while it was leased: it goes now (reference §9.2)
             for statement in st.forget_erased_jobs([(job_id, row.user_id)]):
@@ -153,6 +160,7 @@ class Reaper:
             if broken.label == "expire":
                 return None  # nothing was written
             raise RuntimeError("reaper second step refused") from None
+        parents.observe(changes)
         outcome = ending.ending.to_state
         return _Expired(job_id, row.job_type, row.attempt_no, row.locked_by, code, outcome)
 

@@ -107,6 +107,20 @@ def job_to_proto(job: JobRecord, provider: ProviderConfig | None = None) -> msg.
     if provider is not None:
         out.provider_model_name = provider.model_for(job.model_name) or ""
         out.provider_base_url = provider.baseUrl if out.provider_model_name else ""
+    if job.parent_job_id is not None:
+        out.parent_job_id = job.parent_job_id
+    if job.batch_total is not None:
+        out.batch.CopyFrom(
+            msg.JobBatch(
+                total=job.batch_total,
+                pending=job.batch_pending or 0,
+                running=job.batch_running or 0,
+                succeeded=job.batch_succeeded or 0,
+                failed=job.batch_failed or 0,
+                cancelled=job.batch_cancelled or 0,
+                min_success_ratio=job.min_success_ratio or 1.0,
+            )
+        )
     return out
 
 

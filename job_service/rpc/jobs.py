@@ -22,9 +22,14 @@ from job_service.rpc.convert import (
 )
 from job_service.services.console import check_created_range
 from job_service.services.domain import JobDomain
-from job_service.services.inputs import CreateJobInput, RetryInput
+from job_service.services.inputs import CreateBatchInput, CreateJobInput, RetryInput
 from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
+
+
+def _opt(request: Any, name: str) -> Any:
+    """A request's proto3 ``optional`` field, or None when unset."""
+    return getattr(request, name) if request.HasField(name) else None
 
 
 def _naive(request: Any, name: str) -> datetime | None:
@@ -34,8 +39,8 @@ def _naive(request: Any, name: str) -> datetime | None:
 
 
 class JobRpcs:
-    """``CreateJob, GetJob, ListJobs, CancelJob, RerunJob, GetAiAuthorization,
-    SetAiAuthorization``."""
+    """``CreateJob, CreateJobBatch, GetJob, ListJobs, CancelJob, RerunJob,
+    GetAiAuthorization, SetAiAuthorization``."""
 
     domain: JobDomain
 
@@ -66,6 +71,39 @@ class JobRpcs:
         return rr.CreateJobResponse(job=job_to_proto(job), replayed=replayed)
 
     @rpc
+    async def CreateJobBatch(
+        self, request: rr.CreateJobBatchRequest, context: Ctx
+    ) -> rr.CreateJobBatchResponse:
+        """A batch: its parent and one child per target (reference §10.3)."""
+        targets_of = None
+        if request.HasField("targets_of"):
+            of = request.targets_of
+            targets_of = (
+                TARGET_TYPE.to_str(of.target_type),
+                of.material_id if of.HasField("material_id") else None,
+            )
+        req = CreateBatchInput(
+            user_id=request.user_id,
+            job_type=JOB_TYPE.to_str(request.job_type),
+            targets=[(TARGET_TYPE.to_str(t.target_type), t.target_id) for t in request.targets]
+            if targets_of is None or request.targets
+            else None,
+            targets_of=targets_of,
+            params=from_struct(request.params, "params"),
+            api_key_mode=API_KEY_MODE.optional(request.api_key_mode) or "platform_key",
+            min_success_ratio=_opt(request, "min_success_ratio"),
+            idempotency_key=_opt(request, "idempotency_key"),
+            priority=_opt(request, "priority"),
+            max_retry_count=_opt(request, "max_retry_count"),
+            timeout_seconds=_opt(request, "timeout_seconds"),
+            plan=_opt(request, "plan"),
+            actor=request.actor,
+            trace_parent=tracing.job_trace_parent(context),
+        )
+        job, replayed = await self.domain.create_batch(req)
+        return rr.CreateJobBatchResponse(job=job_to_proto(job), replayed=replayed)
+
+    @rpc
     async def GetJob(self, request: rr.GetJobRequest, context: Ctx) -> rr.GetJobResponse:
         user_id = request.user_id if request.HasField("user_id") else None
         job = await self.domain.get(job_id_of(request.job_id), user_id)
@@ -91,7 +129,14 @@ class JobRpcs:
         created_to = _naive(request, "created_to")
         check_created_range(created_from, created_to)
         if request.job_ids:
-            others = (status, job_type, created_from, created_to, request.page_token)
+            others = (
+                status,
+                job_type,
+                created_from,
+                created_to,
+                request.page_token,
+                _opt(request, "parent_job_id"),
+            )
             if (
                 any(v is not None and v != "" for v in others)
                 or request.page_size
@@ -112,6 +157,7 @@ class JobRpcs:
             page_token=request.page_token,
             created_from=created_from,
             created_to=created_to,
+            parent_job_id=_opt(request, "parent_job_id"),
         )
         out = rr.ListJobsResponse(jobs=[job_to_proto(j) for j in rows], next_page_token=token)
         if request.include_counts:

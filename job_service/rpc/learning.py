@@ -293,7 +293,7 @@ class LearningRpcs:
         """
         user_id = request.user_id if request.HasField("user_id") else None
 
-        async def read(session: AsyncSession) -> tuple[Any, list[dict[str, Any]]]:
+        async def read(session: AsyncSession) -> tuple[Any, list[dict[str, Any]], str]:
             job = (
                 await self.domain.core.get_job(session, request.job_id) if request.job_id else None
             )
@@ -309,16 +309,21 @@ class LearningRpcs:
                     f"job {request.job_id} has no result: it is {job.status}",
                     {"jobId": request.job_id, "status": job.status},
                 )
+            if job.is_parent:  # a batch: its succeeded children's items (reference §10.3)
+                items, version = await results.children_items(
+                    session, parent_job_id=job.job_id, job_type=job.job_type, user_id=job.user_id
+                )
+                return job, items, version
             items = await results.result_items(
                 session, job_id=request.job_id, job_type=job.job_type, user_id=job.user_id
             )
-            return job, items
+            return job, items, job.output_schema_version or ""
 
-        job, items = await self._read(read)
+        job, items, version = await self._read(read)
         return rr.GetJobResultResponse(
             job_id=job.job_id,
             job_type=cast(Any, jobtypes.get(job.job_type).wire),
-            output_schema_version=job.output_schema_version or "",
+            output_schema_version=version,
             items=[to_struct(i) for i in items],
         )
 

@@ -6,13 +6,18 @@ together in one batch (the user's admission lock first on MySQL/MariaDB, so one
 create per user runs at a time on every replica and the day's count sees every
 job committed before it), then the snapshot, then the job row, its first event
 and its generation plan in a second batch.
+
+The same body makes a batch (reference §10.3, :mod:`.batches`): a :class:`Plan` of
+one job per target, and for a batch their parent. The checks run once for all of
+them (the quota counts each child), the snapshots are built as a set, and every
+row goes in the one insert batch; one job is a plan of one target.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from functools import cached_property
 from typing import Any, TypeVar
@@ -28,15 +33,17 @@ from job_service.lifecycle import FAILED, PENDING
 from job_service.maintenance import breaker
 from job_service.prompts import Prompts
 from job_service.services.core import Core, new_id
+from job_service.services.fair_order import Place, fair_vstart
 from job_service.services.inputs import CreateJobInput, RetryInput
 from job_service.services.params import check_range, normalize_params
 from job_service.services.pseudonyms import pseudonym, pseudonym_key
+from job_service.store import creation
 from job_service.store import scheduling as sched
 from job_service.store import statements as st
 from job_service.store.batch import new_batch, run_one
 from job_service.store.engine import DbExec
 from job_service.store.records import JobRecord, job_of
-from job_service.store.transitions import event_params, event_row
+from job_service.store.transitions import MAX_ACTOR
 
 log = logging.getLogger("job_service.admission")
 T = TypeVar("T")
@@ -74,40 +81,49 @@ class NewJob:
     prompt_version: str | None = None
     #: its place in its priority's fair order (:class:`Place`)
     vstart: float = 0.0
+    #: a batch's child: its parent (reference §10.3)
+    parent_job_id: str | None = None
+    #: a batch's parent: how many children it has, and the share that must succeed
+    batch_total: int | None = None
+    min_success_ratio: float | None = None
 
 
-@dataclass
-class Place:
-    """Where a new job goes in its priority's fair order (reference §10.1): asked for by
-    a create (its priority and its user's weight), answered by the admission's read
-    (:meth:`Admission.admit` sets ``vstart``)."""
+@dataclass(frozen=True)
+class BatchOf:
+    """The parent a :class:`Plan` makes beside its jobs (reference §10.3)."""
 
-    priority: int
-    weight: float = 1.0
-    vstart: float = 0.0
+    min_success_ratio: float
+    retried_from_job_id: str | None = None
 
 
-def fair_vstart(
-    policy: str, weight: float, user_last: Any, fresh_min: Any, taken: Sequence[Any]
-) -> float:
-    """A new job's virtual start (reference §10.1, start-time fair queuing per priority).
+@dataclass(frozen=True)
+class Plan:
+    """The jobs one admission transaction makes once its checks passed: one per target
+    of ``targets``, alike but for the target, and with ``batch`` their parent (the
+    batch's children name it; ``idempotency_key`` is then the parent's).
 
-    ``V``, the priority's virtual time, is the smallest virtual start of the claimable
-    jobs never retried (``fresh_min``), or with none the largest taken (``taken``, one
-    per taken state), else 0. Under ``fifo`` every job starts at ``V``, so ties fall to
-    ``createdAt``: reference §2.6's order. Under ``fair`` a user with a job waiting
-    there starts one ``1 / weight`` after their newest (``user_last``); a user with
-    none starts at ``V``, level with the head of the line.
-
-    Args:
-        policy: ``SCHEDULING_POLICY`` (``fair`` or ``fifo``).
-        weight: the user's weight (> 0).
+    Attributes:
+        retried_from: per target, the job the new one re-runs (empty: none).
     """
-    seen = [float(t) for t in taken if t is not None]
-    v = float(fresh_min) if fresh_min is not None else max(seen, default=0.0)
-    if policy == "fair" and user_last is not None:
-        return float(user_last) + 1.0 / weight
-    return v
+
+    user_id: str
+    job_type: str
+    targets: Sequence[tuple[str, str]]
+    params: dict[str, Any]
+    api_key_mode: str
+    actor: str
+    idempotency_key: str | None = None
+    priority: int | None = None
+    max_retry_count: int | None = None
+    timeout_seconds: int | None = None
+    trace_parent: str | None = None
+    model_name: str = DEFAULT_MODEL_NAME
+    model_provider: str | None = None
+    credential_id: str | None = None
+    retried_from: Sequence[str | None] = ()
+    batch: BatchOf | None = None
+    #: the user's weight in the fair order (reference §10.1; :meth:`Admission.weight`)
+    weight: float = 1.0
 
 
 class AdmissionRowMissing(Exception):
@@ -152,55 +168,136 @@ class Admission:
             existing = await self.by_scope(req)
             if existing is not None:  # whatever its params, even invalid ones (SPEC §2.5)
                 return existing, True
-        params = normalize_params(req.job_type, req.params)
-        credential_id = await self.core.credentials.check(req.user_id, req.api_key_mode)
-        await self.ensure_admission_row(req.user_id)
+        plan = Plan(
+            req.user_id, req.job_type, [(req.target_type, req.target_id)],
+            normalize_params(req.job_type, req.params), req.api_key_mode,
+            req.actor or f"user:{req.user_id}", req.idempotency_key, req.priority,
+            req.max_retry_count, req.timeout_seconds, req.trace_parent,
+            weight=self.weight(req.plan, req.actor or ""),
+        )  # fmt: skip
+        jobs, replayed = await self.admit_plan(plan, scope=req, quota=self.quota(req))
+        return jobs[0], replayed
 
-        place = Place(self.priority(req.priority), self.weight(req.plan, req.actor))
+    async def admit_plan(
+        self, plan: Plan, *, scope: CreateJobInput | None, quota: int
+    ) -> tuple[list[JobRecord], bool]:
+        """The body of every create (module doc): the credential check, then one
+        transaction: the admission checks for all of ``plan``'s jobs (:meth:`admit`,
+        the quota counting one per target), then :meth:`make`.
 
-        async def body(session: AsyncSession) -> tuple[JobRecord, bool]:
+        Args:
+            scope: the idempotency scope of the job (a batch: of its parent), if keyed;
+                its pre-check is the caller's (before the request's own checks).
+            quota: the user's daily quota (0: none).
+
+        Returns:
+            ``(jobs, replayed)``: the jobs made, in ``plan.targets`` order, the parent
+            last; or the original job of ``scope`` alone.
+
+        Raises:
+            AppError: INVALID_CREDENTIAL, AI_NOT_AUTHORIZED, QUOTA_EXCEEDED,
+                PLATFORM_BUDGET_EXCEEDED, PLATFORM_CIRCUIT_OPEN, NOT_FOUND (a target).
+        """
+        credential_id = await self.core.credentials.check(plan.user_id, plan.api_key_mode)
+        plan = replace(plan, credential_id=credential_id)
+        await self.ensure_admission_row(plan.user_id)
+
+        async def body(session: AsyncSession) -> tuple[list[JobRecord], bool]:
+            place = Place(self.priority(plan.priority), plan.weight)
             existing = await self.admit(
                 session,
-                req.user_id,
-                scope=req,
-                quota=self.quota(req),
-                platform=req.api_key_mode == "platform_key",
+                plan.user_id,
+                scope=scope,
+                quota=quota,
+                platform=plan.api_key_mode == "platform_key",
+                count=len(plan.targets),
                 place=place,
             )
             if existing is not None:
-                return existing, True
-            snapshot_id = await self.core.learning.build_snapshot(
-                session,
-                user_id=req.user_id,
-                job_type=req.job_type,
-                target_type=req.target_type,
-                target_id=req.target_id,
-                params=params,
-            )
-            new = NewJob(
-                new_id(), req.user_id, req.job_type, req.target_type, req.target_id,
-                snapshot_id, params, req.api_key_mode, credential_id, req.idempotency_key,
-                req.priority, req.max_retry_count, req.timeout_seconds, None,
-                model_provider=self.initial_provider(req.api_key_mode, DEFAULT_MODEL_NAME),
-                trace_parent=req.trace_parent,
-                prompt_version=await self.prompts.choose(session, req.job_type, req.user_id),
-                vstart=place.vstart,
-            )  # fmt: skip
-            job = await self.insert_job(session, new, actor=req.actor or f"user:{req.user_id}")
-            return job, False
+                return [existing], True
+            return await self.make(session, plan, place), False
 
         try:
-            job, replayed = await self.locked_tx(req.user_id, body)
+            jobs, replayed = await self.locked_tx(plan.user_id, body)
         except IntegrityError:
-            if req.idempotency_key is None:
+            existing = await self.by_scope(scope) if scope is not None else None
+            if scope is None or scope.idempotency_key is None or existing is None:
                 raise
-            existing = await self.by_scope(req)
-            if existing is None:
-                raise
-            return existing, True
+            return [existing], True
         if not replayed:
-            self.created(job)
-        return job, replayed
+            self.created(jobs)
+        return jobs, replayed
+
+    async def make(self, session: AsyncSession, plan: Plan, place: Place) -> list[JobRecord]:
+        """``plan``'s snapshots (one set build) and rows (:meth:`insert_jobs`), in the
+        caller's admission transaction; the jobs in target order, a parent last.
+
+        The jobs take their places in the fair order one after another from
+        ``place.vstart`` (reference §10.1: as if created one by one; under ``fifo`` all
+        at ``V``), and their prompt version from the routing in force (reference §10.4).
+
+        Raises:
+            AppError: NOT_FOUND for the first target that is not the user's.
+        """
+        snapshot_ids = await self.core.learning.build_snapshots(
+            session,
+            user_id=plan.user_id,
+            job_type=plan.job_type,
+            targets=plan.targets,
+            params=plan.params,
+        )
+        provider = plan.model_provider or self.initial_provider(plan.api_key_mode, plan.model_name)
+        parent_id = new_id() if plan.batch is not None else None
+        version = await self.prompts.choose(session, plan.job_type, plan.user_id)
+        step = 1.0 / plan.weight if self.core.settings.SCHEDULING_POLICY == "fair" else 0.0
+
+        def job(job_id: str, target: tuple[str, str], snapshot_id: str | None, **kw: Any) -> NewJob:
+            return NewJob(
+                job_id=job_id,
+                user_id=plan.user_id,
+                job_type=plan.job_type,
+                target_type=target[0],
+                target_id=target[1],
+                snapshot_id=snapshot_id,
+                params=plan.params,
+                api_key_mode=plan.api_key_mode,
+                credential_id=plan.credential_id,
+                priority=plan.priority,
+                max_retry_count=plan.max_retry_count,
+                timeout_seconds=plan.timeout_seconds,
+                model_provider=provider,
+                model_name=plan.model_name,
+                trace_parent=plan.trace_parent,
+                **kw,
+            )
+
+        news = [
+            job(
+                new_id(),
+                target,
+                snapshot_id,
+                idempotency_key=None if plan.batch is not None else plan.idempotency_key,
+                retried_from_job_id=plan.retried_from[i] if plan.retried_from else None,
+                parent_job_id=parent_id,
+                prompt_version=version,
+                vstart=place.vstart + i * step,
+            )
+            for i, (target, snapshot_id) in enumerate(zip(plan.targets, snapshot_ids, strict=True))
+        ]
+        if plan.batch is not None and parent_id is not None:
+            news.append(
+                job(
+                    parent_id,
+                    ("user", plan.user_id),
+                    None,
+                    idempotency_key=plan.idempotency_key,
+                    retried_from_job_id=plan.batch.retried_from_job_id,
+                    batch_total=len(plan.targets),
+                    min_success_ratio=plan.batch.min_success_ratio,
+                    vstart=place.vstart,
+                )
+            )
+        return await self.insert_jobs(session, news, actor=plan.actor)
 
     async def rerun(
         self,
@@ -302,24 +399,29 @@ class Admission:
                 raise
             return existing, True
         if not replayed:
-            self.created(job)
+            self.created([job])
         return job, replayed
 
-    def created(self, job: JobRecord) -> None:
-        """After a new job committed: count it, wake this process's long polls, log it."""
-        metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
+    def created(self, jobs: Sequence[JobRecord]) -> None:
+        """After new jobs committed: count them (a batch's parent runs nothing: not
+        counted), wake this process's long polls, log each (a batch: its parent)."""
+        for job in jobs:
+            if not job.is_parent:
+                metrics.JOBS_CREATED.labels(job.job_type, job.api_key_mode).inc()
         self.core.signal.notify()
-        log.info(
-            "job created",
-            extra={
-                "fields": {
-                    "jobId": job.job_id,
-                    "jobType": job.job_type,
-                    "apiKeyMode": job.api_key_mode,
-                    "userId": job.user_id,
-                }
-            },
-        )
+        for job in jobs if len(jobs) == 1 else [j for j in jobs if j.is_parent]:
+            log.info(
+                "job created",
+                extra={
+                    "fields": {
+                        "jobId": job.job_id,
+                        "jobType": job.job_type,
+                        "apiKeyMode": job.api_key_mode,
+                        "userId": job.user_id,
+                        "children": job.batch_total,
+                    }
+                },
+            )
 
     async def locked_tx(self, user_id: str, body: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """Run an admission transaction ``body`` (:meth:`admit` first); when it finds the
@@ -359,8 +461,10 @@ class Admission:
         quota: int,
         platform: bool,
         place: Place | None = None,
+        count: int = 1,
     ) -> JobRecord | None:
-        """The admission checks of a new job, in the caller's transaction (SPEC §6).
+        """The admission checks of ``count`` new jobs (a batch's children, reference
+        §10.3: all or none), in the caller's transaction (SPEC §6).
 
         One batch reads, in order: the user's admission row ``FOR UPDATE`` (one
         create per user at a time on every replica), the job of ``scope``'s
@@ -411,7 +515,7 @@ class Admission:
             return job_of(out[found].rows[0])
         check_granted(out[granted].rows[0][0] if out[granted].rows else None)
         if used is not None:
-            check_quota(quota, out[used].rows[0][0])
+            check_quota(quota, out[used].rows[0][0], count)
         if spent is not None and state is not None:
             self.check_budget(out[spent].rows[0][0])
             await self.check_breakers(db, names, out[state].rows)
@@ -489,8 +593,18 @@ class Admission:
             )
 
     async def insert_job(self, db: DbExec, new: NewJob, *, actor: str) -> JobRecord:
-        """Insert a pending job, its first event and its generation plan (quiz/flashcard)
-        in the caller's transaction, in one batch; returns the job as stored.
+        """:meth:`insert_jobs` of one job."""
+        return (await self.insert_jobs(db, [new], actor=actor))[0]
+
+    async def insert_jobs(
+        self, db: DbExec, news: Sequence[NewJob], *, actor: str
+    ) -> list[JobRecord]:
+        """Insert pending jobs, each with its first event and generation plan
+        (quiz/flashcard), in the caller's transaction, in one batch; returns the jobs as
+        stored, in ``news`` order. The rows of one shape go as one INSERT on
+        MySQL/MariaDB (merged), in order, so a batch's children come in target order
+        and its parent (``batch_total`` set, inserted with
+        :data:`~job_service.store.tables.PARENT_AVAILABLE_AT`) after them.
 
         The batch does not end in COMMIT: a create run again after a lost
         connection would make a second job, so the create's own COMMIT follows alone.
@@ -498,8 +612,39 @@ class Admission:
         Raises:
             sqlalchemy.exc.IntegrityError: a job of the same idempotency scope exists.
         """
-        clock, s = self.core.clock, self.core.settings
-        values = {
+        clock = self.core.clock
+        batch = new_batch(db)
+        for new in news:
+            values = self._row(new)
+            if new.batch_total is None:
+                batch.add(st.insert_job.sql(clock, values), merge=True)
+            else:
+                batch.add(creation.insert_parent.sql(clock, values))
+            plan = None
+            if new.batch_total is None:
+                plan = self.core.learning.generation_plan(
+                    clock,
+                    job_id=new.job_id,
+                    user_id=new.user_id,
+                    job_type=new.job_type,
+                    target_type=new.target_type,
+                    target_id=new.target_id,
+                    params=new.params,
+                )
+            if plan is not None:
+                batch.add(plan, merge=True)
+        ids = [new.job_id for new in news]
+        batch.add(creation.creation_events.sql(clock, {"ids": ids, "e_actor": actor[:MAX_ACTOR]}))
+        read = batch.add(creation.jobs_in_order.sql(clock, {"ids": ids}))
+        out = await batch.run()
+        found = {job.job_id: job for job in (job_of(row) for row in out[read].rows)}
+        return [found[job_id] for job_id in ids]
+
+    def _row(self, new: NewJob) -> dict[str, Any]:
+        """The columns :meth:`insert_jobs` writes for ``new`` (a parent's counts: all of
+        its children pending)."""
+        s = self.core.settings
+        values: dict[str, Any] = {
             "job_id": new.job_id,
             "user_id": new.user_id,
             "job_type": new.job_type,
@@ -524,27 +669,19 @@ class Admission:
             "version": 0,
             "trace_parent": new.trace_parent,
             "prompt_version": new.prompt_version,
+            "parent_job_id": new.parent_job_id,
         }
-        first_event = event_params(
-            job_id=new.job_id, from_status=None, to_status=PENDING, actor=actor, attempt_no=0
-        )
-        plan = self.core.learning.generation_plan(
-            clock,
-            job_id=new.job_id,
-            user_id=new.user_id,
-            job_type=new.job_type,
-            target_type=new.target_type,
-            target_id=new.target_id,
-            params=new.params,
-        )
-        batch = new_batch(db)
-        batch.add(st.insert_job.sql(clock, values))
-        batch.add(event_row(clock, first_event))
-        if plan is not None:
-            batch.add(plan)
-        read = batch.add(st.get_job.sql(clock, {"g_job_id": new.job_id}, False))
-        out = await batch.run()
-        return job_of(out[read].rows[0])
+        if new.batch_total is not None:
+            values.update(
+                batch_total=new.batch_total,
+                batch_pending=new.batch_total,
+                batch_running=0,
+                batch_succeeded=0,
+                batch_failed=0,
+                batch_cancelled=0,
+                min_success_ratio=new.min_success_ratio,
+            )
+        return values
 
 
 def _or(value: int | None, default: int) -> int:
@@ -567,16 +704,25 @@ def _check_request(req: CreateJobInput) -> None:
             raise AppError(ErrorCode.NOT_FOUND, "target not found", {"targetId": req.target_id})
     if not req.target_id:
         raise AppError(ErrorCode.INVALID_ARGUMENT, "targetId is required", {"field": "targetId"})
-    if req.idempotency_key is not None and not 1 <= len(req.idempotency_key) <= 255:
+    check_key(req.idempotency_key)
+    check_range("maxRetryCount", req.max_retry_count, 0, 10)
+    check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
+    if req.priority is not None:
+        check_range("priority", req.priority, 0, 1000)
+
+
+def check_key(key: str | None) -> None:
+    """An idempotency key is 1..255 characters (SPEC §2.5).
+
+    Raises:
+        AppError: INVALID_ARGUMENT.
+    """
+    if key is not None and not 1 <= len(key) <= 255:
         raise AppError(
             ErrorCode.INVALID_ARGUMENT,
             "idempotency key must be 1..255 characters",
             {"field": "idempotencyKey"},
         )
-    check_range("maxRetryCount", req.max_retry_count, 0, 10)
-    check_range("timeoutSeconds", req.timeout_seconds, 10, 3600)
-    if req.priority is not None:
-        check_range("priority", req.priority, 0, 1000)
 
 
 def _retry_scope(old: JobRecord, key: str | None) -> CreateJobInput | None:
@@ -618,15 +764,15 @@ def check_granted(granted: Any) -> None:
         )
 
 
-def check_quota(quota: int, used: Any) -> None:
-    """Refuse once the user's jobs of the day reached ``quota`` (SPEC §6).
+def check_quota(quota: int, used: Any, count: int = 1) -> None:
+    """Refuse ``count`` new jobs unless the user's jobs of the day stay within ``quota``
+    with all of them (SPEC §6; a batch is all or none, reference §10.3).
 
     Raises:
         AppError: QUOTA_EXCEEDED.
     """
-    if used >= quota:
-        raise AppError(
-            ErrorCode.QUOTA_EXCEEDED,
-            "daily AI job quota reached",
-            {"quota": quota, "used": int(used)},
-        )
+    if used + count > quota:
+        details = {"quota": quota, "used": int(used)}
+        if count != 1:
+            details["requested"] = count
+        raise AppError(ErrorCode.QUOTA_EXCEEDED, "daily AI job quota reached", details)

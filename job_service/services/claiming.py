@@ -23,6 +23,7 @@ from job_service.lifecycle import LOCKED, PENDING, RUNNING, TERMINAL, Op
 from job_service.maintenance import limits
 from job_service.maintenance.limits import Room
 from job_service.maintenance.scheduler import RECHECK_SECONDS
+from job_service.services import parents
 from job_service.services.core import Core, observe_pickup, runtime_actor
 from job_service.services.granting import Grant, Granting, Pauses, Pick
 from job_service.services.ports import SnapshotView
@@ -168,8 +169,12 @@ class Claiming:
         read = self._queue_moves(batch, ids, instance_id, start=start, providers=grant.providers)
         snaps = self.core.learning.snapshots_read(sorted(set(snapshot_ids.values())))
         snaps_at = batch.add(snaps.sql) if snaps.sql is not None else None
+        # batches (reference §10.3): the picked children's parents, locked after them
+        held = _parents_held(self.core, batch, picks)
         out = await batch.run()
         claimed = [job_of(row) for row in out[read].rows]
+        if held is not None:
+            await _follow_parents(self.core, db, parents.rows_of(out[held]), claimed, instance_id)
         views = dict(snaps.views)
         if snaps_at is not None:
             for row in out[snaps_at].rows:
@@ -331,16 +336,24 @@ class Claiming:
                 raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": job_id})
             job = job_of(out[read].rows[0])
             if out[locked].rowcount != 1:
-                if job.status in TERMINAL:
+                if job.status in TERMINAL or job.is_parent:  # a parent is never leased
+                    why = "a batch's parent is never leased" if job.is_parent else ""
                     raise AppError(
                         ErrorCode.INVALID_JOB_STATE,
-                        f"job is {job.status}",
+                        why or f"job is {job.status}",
                         {"jobId": job_id, "status": job.status},
                     )
                 raise AppError(
                     ErrorCode.JOB_ALREADY_LOCKED,
                     "job is already locked",
                     {"jobId": job_id, "status": job.status},
+                )
+            if job.parent_job_id is not None:  # a batch's child: its parent follows
+                await parents.settle(
+                    clock,
+                    db,
+                    [parents.ChildMove(job.parent_job_id, PENDING, job.status)],
+                    actor=runtime_actor(instance_id),
                 )
             return job
 
@@ -414,3 +427,32 @@ def _by_time(parked: dict[str, datetime]) -> dict[datetime, list[str]]:
     for job_id, until in parked.items():
         out.setdefault(until, []).append(job_id)
     return out
+
+
+# ------------------------------------------------------------------ batches (reference §10.3)
+
+
+def _parents_held(core: Core, batch: StatementBatch, picks: Sequence[Pick]) -> int | None:
+    """Queue the locking read of the parents of the picked children on the claim's
+    batch; its index, or None when no child was picked."""
+    ids = {p.parent_job_id for p in picks if p.parent_job_id}
+    return batch.add(parents.lock_sql(core.clock, ids)) if ids else None
+
+
+async def _follow_parents(
+    core: Core,
+    db: DbExec,
+    held: dict[str, parents.ParentRow],
+    claimed: Sequence[JobRecord],
+    instance_id: str,
+) -> None:
+    """The claimed children's parents follow them (pending → leased), in one batch."""
+    moves = [
+        parents.ChildMove(job.parent_job_id, PENDING, job.status)
+        for job in claimed
+        if job.parent_job_id is not None
+    ]
+    batch = new_batch(db)
+    changes = parents.queue(core.clock, batch, held, moves, actor=runtime_actor(instance_id))
+    await batch.run()
+    parents.observe(changes)

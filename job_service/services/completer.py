@@ -6,17 +6,22 @@ A report is an attempt's result (SubmitResult) or its fail (FailJob). A set of
 1. **read** — one round trip: the jobs, locked, each with its lease verdict from
    the database (:func:`~job_service.store.endings.ending_read`), and the results
    they already have;
+   When some of the jobs are a batch's children, their parents are locked next,
+   in job id order (:mod:`job_service.services.parents`, reference §10.3);
 2. **judge** — per report, in the order of reference §2.5: an exact replay, a
    conflicting result, a lease not held (a fail may be a repeat of the one that
-   ended this attempt), data deleted under a cancel request (reference §9.2), an
-   output that fails validation, or the report is taken: a result succeeds, a fail
-   ends the attempt as :func:`~job_service.lifecycle.end_attempt` decides;
+   ended this attempt), data deleted under a cancel request (reference §9.2) or a
+   batch cancelled (reference §10.3), an output that fails validation, or the
+   report is taken: a result succeeds, a fail ends the attempt as
+   :func:`~job_service.lifecycle.end_attempt` decides;
 3. **write** — one batch with the COMMIT: business rows, model calls, result rows
    (merged INSERTs), one UPDATE per transition under each job's own fencing token,
    each behind a fence expecting all of its jobs, the event rows, the day's
-   platform spend, and the rows of ended fails read back; a job an erasure kept
-   until its attempt ended (its user erased, reference §9.2) then goes with its
-   events.
+   platform spend, each platform-key attempt's provider grant settled with the
+   tokens it used and a 429's pause of its provider or user key (reference §10.2),
+   the parents' counts and states (one UPDATE and event each), and
+   the rows of ended fails read back; a job an erasure kept until its attempt ended
+   (its user erased, reference §9.2) then goes with its events.
 
 Every outcome is per report: a refusal, a replay or an invalid output answers
 that report only. A fence that breaks (a lease that lapsed between the read and
@@ -34,9 +39,18 @@ from datetime import datetime
 from typing import Any
 
 from airuntime_common.errors import AppError, ErrorCode
-from job_service.lifecycle import SUCCEEDED, TERMINAL, AttemptEnding, Lease, Op, end_attempt
+from job_service.lifecycle import (
+    CANCELLED,
+    SUCCEEDED,
+    TERMINAL,
+    AttemptEnding,
+    Lease,
+    Op,
+    end_attempt,
+)
 from job_service.maintenance import breaker
 from job_service.maintenance.limits import pause_seconds
+from job_service.services import parents
 from job_service.services.accounting import Accounting, spend_row
 from job_service.services.core import Core, lease_refusal, new_id, runtime_actor
 from job_service.services.inputs import ModelCallInput
@@ -131,15 +145,19 @@ class Done:
     prepared: PreparedResult | None = None
     #: the breaker of the job's provider as the read saw it: (state, failures)
     peek: tuple[str | None, int | None] = (None, None)
+    #: a batch's child: its parent's state as locked by this transaction
+    parent_status: str | None = None
 
 
 @dataclass(frozen=True)
 class _Read:
     """The locking read: each job's facts and the read's columns after them, by job id,
-    and the results the jobs have: ``(jobId, resultId, idempotencyKey, outputHash)``."""
+    the results the jobs have: ``(jobId, resultId, idempotencyKey, outputHash)``, and
+    the parents of the children among them, locked (reference §10.3)."""
 
     rows: dict[str, tuple[Any, ...]]
     stored: list[tuple[Any, ...]]
+    parents: dict[str, parents.ParentRow] = field(default_factory=dict)
 
 
 class Completer:
@@ -174,7 +192,7 @@ class Completer:
             if d.ended and isinstance(d.report, ResultReport):
                 await self._validate(db, d)
         await self._feed_breakers(db, done)
-        await self._write(db, done)
+        await self._write(db, done, read.parents)
         return done
 
     async def _read(self, db: DbExec, reports: Sequence[Report]) -> _Read:
@@ -186,7 +204,10 @@ class Completer:
         rows_at = batch.add(rows_sql)
         stored_at = batch.add(stored_sql)
         out = await batch.run()
-        return _Read({str(row[0]): row for row in out[rows_at].rows}, out[stored_at].rows)
+        rows = {str(row[0]): row for row in out[rows_at].rows}
+        at = ENDING_FACTS.index("parent_job_id")
+        held = await parents.lock(self.core.clock, db, {str(r[at]) for r in rows.values() if r[at]})
+        return _Read(rows, out[stored_at].rows, held)
 
     def _judge(self, report: Report, read: _Read) -> Done:
         """One report's verdict from the read (reference §2.5 order for a result)."""
@@ -198,6 +219,8 @@ class Completer:
         facts = EndingFacts(*row[:n])
         lease_held, db_now, state, failures = row[n : n + 4]
         done = Done(report, facts, db_now, status=facts.status, peek=(state, failures))
+        if facts.parent_job_id is not None and facts.parent_job_id in read.parents:
+            done.parent_status = read.parents[facts.parent_job_id].status
         if isinstance(report, ResultReport):
             stored = [s for s in read.stored if s[0] == lease.job_id]
             for _, result_id, key, _ in stored:
@@ -262,15 +285,18 @@ class Completer:
         report, facts = done.report, done.facts
         assert isinstance(report, ResultReport) and facts is not None
         learning = self.core.learning
-        if facts.cancel_requested and not await learning.snapshot_stored(
+        gone = None
+        if done.parent_status == CANCELLED:
+            gone = "the job's batch was cancelled; it is cancelled"  # reference §10.3
+        elif facts.cancel_requested and not await learning.snapshot_stored(
             db, facts.snapshot_id or ""
         ):
-            # its data was deleted (reference §9.2): nothing to cite, nothing written
+            gone = "the job's data was deleted; it is cancelled"  # reference §9.2
+        if gone is not None:
+            # nothing to cite, or no one to cite it for: nothing written
             self._end(done, ErrorCode.CANCELLED, None)
             done.error = AppError(
-                ErrorCode.INVALID_JOB_STATE,
-                "the job's data was deleted; it is cancelled",
-                {"jobId": facts.job_id, "status": "cancelled"},
+                ErrorCode.INVALID_JOB_STATE, gone, {"jobId": facts.job_id, "status": "cancelled"}
             )
             return
         try:
@@ -310,8 +336,11 @@ class Completer:
             if code is not None or peek != ("closed", 0):
                 changed.add(provider)
 
-    async def _write(self, db: DbExec, done: Sequence[Done]) -> None:
-        """Queue every write of the set on one batch, with the COMMIT, and run it."""
+    async def _write(
+        self, db: DbExec, done: Sequence[Done], held: dict[str, parents.ParentRow]
+    ) -> None:
+        """Queue every write of the set on one batch, with the COMMIT, and run it
+        (``held``: the parents the read locked)."""
         clock = self.core.clock
         batch = new_batch(db)
         ended = [d for d in done if d.ended]
@@ -343,8 +372,10 @@ class Completer:
         ]
         for statement in st.forget_erased_jobs(erased) if erased else ():
             batch.add(statement)
+        changes = self._queue_parents(batch, ended, held)
         batch.commit()
         out = await batch.run()
+        parents.observe(changes)
         for d, at in zip(fails, reads, strict=True):
             d.job = job_of(out[at].rows[0])
 
@@ -373,6 +404,24 @@ class Completer:
             if credential:
                 out += sched.pause_credential(clock, credential, wait)
         return out
+
+    def _queue_parents(
+        self, batch: Any, ended: Sequence[Done], held: dict[str, parents.ParentRow]
+    ) -> list[parents.ParentChange]:
+        """The parents of the ended children follow them (reference §10.3)."""
+        moves = [
+            parents.ChildMove(
+                d.facts.parent_job_id,
+                d.facts.status,
+                d.status,
+                actor=runtime_actor(d.report.lease.instance_id),
+            )
+            for d in ended
+            if d.facts is not None and d.facts.parent_job_id is not None
+        ]
+        if not moves:
+            return []
+        return parents.queue(self.core.clock, batch, held, moves, actor=moves[0].actor or "")
 
     def _queue_rows(self, batch: Any, done: Done) -> None:
         """Queue an ended attempt's rows: an accepted result's business rows and result

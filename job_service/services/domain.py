@@ -6,6 +6,7 @@ own. The operations' documentation is on the services:
 
 =================  ============================================================
 admission          create, rerun (:mod:`job_service.services.admission`)
+batches            create a batch, re-run one (:mod:`job_service.services.batches`)
 authorization      get/set the AI switch (:mod:`job_service.services.authorization`)
 claiming           poll, claim, lock (:mod:`job_service.services.claiming`)
 leases             start, heartbeats, lease checks, snapshot (:mod:`~.leases`)
@@ -38,6 +39,7 @@ from job_service.prompts import Prompts
 from job_service.services.accounting import Accounting
 from job_service.services.admission import Admission
 from job_service.services.authorization import Authorization
+from job_service.services.batches import Batches
 from job_service.services.cancellation import Cancellation
 from job_service.services.claiming import Claiming, check_poll_args
 from job_service.services.completion import Completion
@@ -46,6 +48,7 @@ from job_service.services.core import Core
 from job_service.services.erasure import Erased, Erasure
 from job_service.services.inputs import (
     AuthorizationView,
+    CreateBatchInput,
     CreateJobInput,
     LeaseAnswer,
     LeaseHolderView,
@@ -92,6 +95,7 @@ class JobDomain:
         self.accounting = Accounting(self.core)
         self.prompts = Prompts(self.store, settings.PROMPT_GUARD_INTERVAL_SECONDS)
         self.admission = Admission(self.core, self.prompts)
+        self.batches = Batches(self.core, self.admission)
         self.authorization = Authorization(self.core, self.admission)
         self.claiming = Claiming(self.core)
         self.leases = Leases(self.core)
@@ -168,6 +172,10 @@ class JobDomain:
         """:meth:`Admission.create`."""
         return await self.admission.create(req)
 
+    async def create_batch(self, req: CreateBatchInput) -> tuple[JobRecord, bool]:
+        """:meth:`Batches.create`."""
+        return await self.batches.create(req)
+
     async def rerun(
         self,
         job_id: str,
@@ -176,14 +184,14 @@ class JobDomain:
         actor: str,
         trace_parent: str | None = None,
     ) -> JobRecord:
-        """:meth:`Admission.rerun`."""
-        return await self.admission.rerun(
+        """:meth:`Batches.rerun` (a job, or a batch's parent)."""
+        return await self.batches.rerun(
             job_id, rebuild_snapshot=rebuild_snapshot, actor=actor, trace_parent=trace_parent
         )
 
     async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
-        """:meth:`Admission.retry`."""
-        return await self.admission.retry(req)
+        """:meth:`Batches.retry` (a job, or a batch's parent)."""
+        return await self.batches.retry(req)
 
     async def get_authorization(self, user_id: str) -> AuthorizationView:
         """:meth:`Authorization.get`."""
@@ -369,6 +377,7 @@ class JobDomain:
         page_token: str,
         created_from: datetime | None = None,
         created_to: datetime | None = None,
+        parent_job_id: str | None = None,
     ) -> tuple[list[JobRecord], str]:
         """:meth:`Views.list_jobs`."""
         return await self.views.list_jobs(
@@ -379,6 +388,7 @@ class JobDomain:
             page_token=page_token,
             created_from=created_from,
             created_to=created_to,
+            parent_job_id=parent_job_id,
         )
 
     async def delete_material(self, user_id: str, material_id: str) -> EndedJobs:

@@ -78,13 +78,14 @@ class Erasure:
         async def body(session: AsyncSession) -> Erased:
             await run_one(session, st.admission_lock.sql(clock, {"a_user": user_id}))
             rows = [tuple(r) for r in (await session.execute(st.jobs_of_user(clock, user_id)))]
-            ended = await end_jobs(clock, session, f"user:{user_id}", [r[:3] for r in rows])
-            today = sum(int(r[3]) for r in rows)
+            ended = await end_jobs(clock, session, f"user:{user_id}", [r[:5] for r in rows])
+            today = sum(int(r[5]) for r in rows)
             if today:
                 usage = {"pseudonym": name, "jobs": today}
                 await run_one(session, st.add_erased_usage.sql(clock, usage))
             job_ids = [str(r[0]) for r in rows]
-            leased = {str(r[0]) for r in rows if r[1] in LEASED}
+            # leased jobs stay until their attempt ends; a running parent leases nothing
+            leased = {str(r[0]) for r in rows if r[1] in LEASED and not r[4]}
             await self.core.learning.erase_user(session, user_id, job_ids)
             await erase_user_feedback(session, user_id)  # their ratings (reference §10.4)
             for start in range(0, max(len(job_ids), 1), _CHUNK):

@@ -48,6 +48,7 @@ class Pick:
     job_type: str
     credential_id: str | None
     attempt_no: int
+    parent_job_id: str | None = None
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> Pick:
@@ -61,6 +62,7 @@ class Pick:
             str(row[5]),
             None if row[6] is None else str(row[6]),
             int(row[7]),
+            None if row[8] is None else str(row[8]),
         )
 
 

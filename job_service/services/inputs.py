@@ -47,6 +47,37 @@ class CreateJobInput:
     trace_parent: str | None = None
 
 
+@dataclass
+class CreateBatchInput:
+    """A batch's create request after transport decoding (reference §10.3).
+
+    Attributes:
+        targets: ``(targetType, targetId)`` of each child, in order; None with
+            ``targets_of``.
+        targets_of: ``(targetType, materialId or None)``: every material of the user,
+            or every knowledge point (of one material); None with ``targets``.
+        min_success_ratio: 0 < r ≤ 1; None = 1.
+        priority, max_retry_count, timeout_seconds: admin overrides; None = defaults.
+        plan, actor, trace_parent, idempotency_key: as :class:`CreateJobInput`'s (the
+            key's scope is the parent's: user, type, ``user``, the user's id).
+    """
+
+    user_id: str
+    job_type: str
+    targets: list[tuple[str, str]] | None = None
+    targets_of: tuple[str, str | None] | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    api_key_mode: str = "platform_key"
+    min_success_ratio: float | None = None
+    idempotency_key: str | None = None
+    priority: int | None = None
+    max_retry_count: int | None = None
+    timeout_seconds: int | None = None
+    plan: str | None = None
+    actor: str = ""
+    trace_parent: str | None = None
+
+
 @dataclass(frozen=True)
 class RetryInput:
     """A re-run of a failed job (SPEC §2.3 admin re-run, §9.2 user retry).

@@ -149,6 +149,37 @@ class LearningPort(LearnerDataPort, Protocol):
         """Build and store an immutable snapshot; NOT_FOUND when the target is not the user's."""
         ...
 
+    async def build_snapshots(
+        self,
+        session: AsyncSession,
+        *,
+        user_id: str,
+        job_type: str,
+        targets: Sequence[tuple[str, str]],
+        params: dict[str, Any],
+    ) -> list[str]:
+        """:meth:`build_snapshot` of each ``(targetType, targetId)`` of ``targets``, in
+        order, with set reads and writes; NOT_FOUND for the first that is not the user's."""
+        ...
+
+    async def targets_of(
+        self,
+        session: AsyncSession,
+        user_id: str,
+        target_type: str,
+        material_id: str | None,
+        limit: int,
+    ) -> list[str]:
+        """The ids of the user's materials (``material``) or knowledge points
+        (``knowledge_point``, of ``material_id`` when given), oldest first, at most
+        ``limit`` (reference §10.3 ``targetsOf``); reads only.
+
+        Raises:
+            AppError: ``NOT_FOUND`` when ``material_id`` is not the user's;
+                ``INVALID_ARGUMENT`` for another target type.
+        """
+        ...
+
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         """A snapshot as a transaction reads it: the cached view, or its statement."""
         ...

@@ -61,10 +61,12 @@ class Views:
         page_token: str,
         created_from: datetime | None = None,
         created_to: datetime | None = None,
+        parent_job_id: str | None = None,
     ) -> tuple[list[JobRecord], str]:
         """Jobs newest first with an opaque page token (SPEC §3.1 paging); with
         ``created_from``/``created_to`` (naive UTC), only those created in
-        ``[created_from, created_to)`` (SPEC §9.5 console).
+        ``[created_from, created_to)`` (SPEC §9.5 console); with ``parent_job_id``,
+        only that batch's children (reference §10.3).
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` for a page size outside 1..100 or a bad token.
@@ -86,6 +88,7 @@ class Views:
             limit=page_size + 1,
             created_from=created_from,
             created_to=created_to,
+            parent_job_id=parent_job_id,
         )
         async with self.core.store.sessions() as session:
             rows = [JobRecord.from_row(r) for r in (await session.execute(stmt)).all()]
@@ -93,7 +96,8 @@ class Views:
         if len(rows) > page_size:
             rows = rows[:page_size]
             last = rows[-1]
-            token = encode_list_token(last.created_at if user_id is not None else None, last.seq)
+            by_time = user_id is not None and parent_job_id is None
+            token = encode_list_token(last.created_at if by_time else None, last.seq)
         return rows, token
 
     async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:

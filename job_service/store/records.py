@@ -60,6 +60,21 @@ class JobRecord:
     vstart: float = 0.0
     #: parked out of the claim's range until then (reference §2.4, §10.2; internal)
     parked_until: datetime | None = None
+    #: a child's parent job (reference §10.3), or None.
+    parent_job_id: str | None = None
+    #: a parent's counts of its children (reference §10.3); None on other jobs.
+    batch_total: int | None = None
+    batch_pending: int | None = None
+    batch_running: int | None = None
+    batch_succeeded: int | None = None
+    batch_failed: int | None = None
+    batch_cancelled: int | None = None
+    min_success_ratio: float | None = None
+
+    @property
+    def is_parent(self) -> bool:
+        """Whether this job is a batch's parent (reference §10.3)."""
+        return self.batch_total is not None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> JobRecord:
@@ -101,6 +116,8 @@ class EndingFacts:
     credential_id: str | None
     #: the version the attempt ran: its model calls are logged under it (reference §10.4)
     prompt_version: str | None = None
+    #: the job's parent when it is a batch's child (reference §10.3)
+    parent_job_id: str | None = None
 
 
 #: :class:`EndingFacts`' columns, in the order the completer's read selects them.

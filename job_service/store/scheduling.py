@@ -76,6 +76,7 @@ PICK_COLUMNS = (
     jobs.c.job_type,
     jobs.c.credential_id,
     jobs.c.attempt_no,
+    jobs.c.parent_job_id,  # a batch's child (reference §10.3)
 )
 
 

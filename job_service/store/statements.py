@@ -39,6 +39,7 @@ from airuntime_common.states import LEASED, LIVE, TERMINAL, JobStatus
 from job_service.learning.tables import AiResult
 from job_service.store.cache import Sql, Statement
 from job_service.store.clock import DbClock
+from job_service.store.parents import live_row_columns
 from job_service.store.tables import (
     admission_locks,
     authorizations,
@@ -52,6 +53,7 @@ from job_service.store.tables import (
 )
 from job_service.store.transitions import (
     VERSION_PLUS_ONE,
+    by_job_id_key,
     lease_guard_bound,
     leases_guard,
 )
@@ -111,9 +113,10 @@ def scope_job(clock: DbClock) -> Any:
 
 @Statement
 def live_jobs_of_user(clock: DbClock) -> Any:
-    """``(jobId, status, attemptNo)`` of the user's (``a_user``) pending and leased jobs,
-    locked: a revoke's read (SPEC §6)."""
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
+    """:class:`~job_service.store.parents.LiveRow` rows of the user's (``a_user``)
+    pending and leased jobs (batches' parents among them), locked: a revoke's read
+    (SPEC §6)."""
+    stmt = select(*live_row_columns()).where(
         jobs.c.user_id == bindparam("a_user", type_=String()), jobs.c.status.in_(sorted(LIVE))
     )
     return _for_update(clock, stmt)
@@ -126,15 +129,13 @@ def jobs_of_material(
     targets: Sequence[tuple[str, str]],
     snapshot_ids: Sequence[str],
 ) -> Any:
-    """``(jobId, status, attemptNo)`` of the user's jobs on any of ``targets``
-    (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the jobs a
-    material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
+    """:class:`~job_service.store.parents.LiveRow` rows of the user's jobs on any of
+    ``targets`` (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the
+    jobs a material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
     on = [and_(jobs.c.target_type == t, jobs.c.target_id == i) for t, i in targets]
     if snapshot_ids:
         on.append(jobs.c.snapshot_id.in_(list(snapshot_ids)))
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no).where(
-        jobs.c.user_id == user_id, or_(*on)
-    )
+    stmt = select(*live_row_columns()).where(jobs.c.user_id == user_id, or_(*on))
     return _for_update(clock, stmt)
 
 
@@ -172,7 +173,8 @@ def ai_granted(clock: DbClock) -> Any:
 def jobs_created_today(clock: DbClock) -> Any:
     """How many jobs the user (``a_user``) created since the database's UTC midnight,
     with the day's jobs of an erased user of the same id (pseudonym ``a_pseudonym``,
-    SPEC §9.2: erasing does not reset a quota), one row read by primary key."""
+    SPEC §9.2: erasing does not reset a quota), one row read by primary key. A
+    batch's parent is not counted: its children are (reference §10.3)."""
     erased = (
         select(erased_usage.c.jobs)
         .where(
@@ -187,6 +189,7 @@ def jobs_created_today(clock: DbClock) -> Any:
         .where(
             jobs.c.user_id == bindparam("a_user", type_=String()),
             jobs.c.created_at >= clock.day_start(),
+            jobs.c.batch_total.is_(None),
         )
     )
 
@@ -206,12 +209,14 @@ def add_erased_usage(clock: DbClock) -> Any:
 
 
 def jobs_of_user(clock: DbClock, user_id: str) -> Any:
-    """``(jobId, status, attemptNo, createdToday)`` of every job of the user, locked:
-    an erasure's read (SPEC §9.2)."""
-    today = case((jobs.c.created_at >= clock.day_start(), 1), else_=0)
-    stmt = select(jobs.c.job_id, jobs.c.status, jobs.c.attempt_no, today).where(
-        jobs.c.user_id == user_id
+    """:class:`~job_service.store.parents.LiveRow` columns, then ``countsToday`` (1 for
+    a job created today that counts against the daily quota: not a batch's parent),
+    of every job of the user, locked: an erasure's read (SPEC §9.2)."""
+    today = case(
+        (and_(jobs.c.created_at >= clock.day_start(), jobs.c.batch_total.is_(None)), 1),
+        else_=0,
     )
+    stmt = select(*live_row_columns(), today).where(jobs.c.user_id == user_id)
     return _for_update(clock, stmt)
 
 
@@ -248,6 +253,7 @@ def erase_jobs(
             .values(
                 user_id=pseudonym,
                 target_id=case((jobs.c.target_type == "user", pseudonym), else_=jobs.c.target_id),
+                parent_job_id=None,  # the parent goes with the user (reference §10.3)
                 params={},
                 idempotency_key=None,
                 credential_id=None,
@@ -378,9 +384,15 @@ def verify_leases(clock: DbClock) -> Any:
 def held_leases(clock: DbClock, instance_id: str, refs: list[tuple[str, int]]) -> Any:
     """``(jobId, attemptNo, status, lockUntil, cancelRequested)`` of each of ``refs``
     whose live lease ``instance_id`` holds (SPEC §3 HeartbeatLeases)."""
-    return select(
-        jobs.c.job_id, jobs.c.attempt_no, jobs.c.status, jobs.c.lock_until, jobs.c.cancel_requested
-    ).where(leases_guard(clock, instance_id, refs))
+    return by_job_id_key(
+        select(
+            jobs.c.job_id,
+            jobs.c.attempt_no,
+            jobs.c.status,
+            jobs.c.lock_until,
+            jobs.c.cancel_requested,
+        ).where(leases_guard(clock, instance_id, refs))
+    )
 
 
 # ------------------------------------------------------------- completion
@@ -516,6 +528,7 @@ def list_jobs(
     limit: int,
     created_from: datetime | None = None,
     created_to: datetime | None = None,
+    parent_job_id: str | None = None,
 ) -> Select[Any]:
     """A page of jobs, newest first (SPEC §3.1 paging).
 
@@ -526,14 +539,20 @@ def list_jobs(
     user's rows. Other lists go by seq (the primary key, or
     ``ix_jobs_status_seq`` with a status).
 
+    A batch's children (``parent_job_id``) come by seq from ``ix_jobs_parent``
+    (at most ``BATCH_MAX_CHILDREN`` rows to order).
+
     Args:
         after: the last row of the previous page, ``(created_at or None, seq)``.
         created_from, created_to: created in ``[created_from, created_to)`` (naive UTC).
+        parent_job_id: only the children of this batch (reference §10.3).
     """
     stmt = select(jobs).where(
         *job_filters(user_id, job_type, created_from, created_to, status=status)
     )
-    by_time = user_id is not None
+    if parent_job_id is not None:
+        stmt = stmt.where(jobs.c.parent_job_id == parent_job_id)
+    by_time = user_id is not None and parent_job_id is None
     if after is not None:
         at, before = after
         if by_time and at is not None:
@@ -629,10 +648,11 @@ def invocations_of_job(job_id: str) -> Select[Any]:
 
 
 def queue_depth() -> Select[Any]:
-    """``(status, jobType, count)`` of the non-terminal jobs."""
+    """``(status, jobType, count)`` of the non-terminal jobs (batches' parents, which
+    run nothing themselves, left out)."""
     return (
         select(jobs.c.status, jobs.c.job_type, func.count())
-        .where(jobs.c.status.in_(sorted(LIVE)))
+        .where(jobs.c.status.in_(sorted(LIVE)), jobs.c.batch_total.is_(None))
         .group_by(jobs.c.status, jobs.c.job_type)
     )
 

@@ -50,7 +50,15 @@ class Job(Base):
     the reaper walks ``ix_jobs_reaper`` (status, lock_until); user listings and
     quotas use ``ix_jobs_user`` (user_id, created_at); the console's time-range
     lists and counts ``ix_jobs_created_status``, its jobs-per-minute chart
-    ``ix_jobs_finished_status`` (SPEC §9.5).
+    ``ix_jobs_finished_status`` (SPEC §9.5); a batch's children ``ix_jobs_parent``
+    (parent_job_id, status).
+
+    A batch's parent (reference §10.3) is a row of this table with ``batch_total``
+    set (and every ``batch_*`` count and ``min_success_ratio``); its children name
+    it in ``parent_job_id``. A parent is never polled, claimed or locked: its
+    ``parked_until`` and ``available_at`` are :data:`PARENT_AVAILABLE_AT`, so it is
+    out of ``ix_jobs_poll``'s claimable range (claims never scan past it) and the
+    scheduler of parked jobs never takes it back.
     """
 
     __tablename__ = "ai_runtime_jobs"
@@ -102,6 +110,18 @@ class Job(Base):
     parked_until: Mapped[datetime | None] = mapped_column(Micro)
     #: The create request's W3C ``traceparent`` (SPEC §9.5), or NULL.
     trace_parent: Mapped[str | None] = mapped_column(String(55))
+    #: A child's parent job (reference §10.3); NULL for every other job.
+    parent_job_id: Mapped[str | None] = mapped_column(Id)
+    #: A parent's counts of its children by state (reference §10.3: pending; running
+    #: = locked or running; succeeded; failed; cancelled); NULL on every other job.
+    batch_total: Mapped[int | None] = mapped_column(Integer)
+    batch_pending: Mapped[int | None] = mapped_column(Integer)
+    batch_running: Mapped[int | None] = mapped_column(Integer)
+    batch_succeeded: Mapped[int | None] = mapped_column(Integer)
+    batch_failed: Mapped[int | None] = mapped_column(Integer)
+    batch_cancelled: Mapped[int | None] = mapped_column(Integer)
+    #: A parent's share of children that must succeed for it to succeed (0 < r ≤ 1).
+    min_success_ratio: Mapped[float | None] = mapped_column(Double)
 
     __table_args__ = (
         CheckConstraint("retry_count >= 0", name="retry_count_nonneg"),
@@ -123,7 +143,14 @@ class Job(Base):
         Index("ix_jobs_locked_by", "locked_by", "status"),
         Index("ix_jobs_created_status", "created_at", "status"),
         Index("ix_jobs_finished_status", "finished_at", "status"),
+        Index("ix_jobs_parent", "parent_job_id", "status"),
     )
+
+
+#: A parent's ``parked_until`` and ``available_at`` (reference §10.3): later than any
+#: claim's now, so a parent is out of the claim's and the poll's range, and never
+#: taken back into it (their index-backed order is the same with batches as without).
+PARENT_AVAILABLE_AT = datetime(9999, 12, 31)
 
 
 class JobEvent(Base):

@@ -43,8 +43,6 @@ from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
 from job_service.store.tables import events, jobs
 
-#: The unique index of ``ai_runtime_jobs.job_id``: a heartbeat's UPDATE finds its rows by it.
-JOB_ID_INDEX = "uq_ai_runtime_jobs_job_id"
 #: Columns of an event row, in the order of its INSERT.
 EVENT_COLUMNS = ["job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at"]
 #: Longest actor an event row holds.
@@ -115,7 +113,9 @@ def leases_guard(
 
 
 def lock_guard(clock: DbClock) -> ColumnElement[bool]:
-    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``.
+    """WHERE clause of lock/claim: ``status='pending' AND (lockUntil IS NULL OR lockUntil < now)``,
+    and not a batch's parent (``batch_total IS NULL``: a parent is never leased,
+    reference §10.3).
 
     One shared, stable object per dialect (cached statements may embed it).
     """
@@ -125,6 +125,7 @@ def lock_guard(clock: DbClock) -> ColumnElement[bool]:
             and_(
                 jobs.c.status == "pending",
                 or_(jobs.c.lock_until.is_(None), jobs.c.lock_until < clock.now()),
+                jobs.c.batch_total.is_(None),
             )
         ),
     )
@@ -562,9 +563,9 @@ def renew_many(
         lease_seconds: the new ``lockUntil`` is the database's now plus this (s).
     """
     t = TRANSITIONS[Op.RENEW]
-
-    def build() -> Any:
-        stmt = (
+    return Sql(
+        None,
+        lambda: by_job_id_key(
             update(jobs)
             .where(jobs.c.status.in_(sorted(t.from_states)), leases_guard(clock, instance_id, refs))
             .values(
@@ -572,14 +573,31 @@ def renew_many(
                 updated_at=clock.now(),
                 version=VERSION_PLUS_ONE,
             )
-        )
-        # MariaDB's planner may intersect the status and holder indexes instead, and
-        # lock every live lease of the holder until the heartbeat commits
-        for dialect in ("mysql", "mariadb"):
-            stmt = stmt.with_hint(f"FORCE INDEX ({JOB_ID_INDEX})", dialect_name=dialect)
-        return stmt
+        ),
+        {},
+    )
 
-    return Sql(None, build, {})
+
+#: The unique key on ``job_id`` (the naming convention's name, as migration 0001 made it).
+JOB_ID_KEY = "uq_ai_runtime_jobs_job_id"
+
+
+def by_job_id_key(stmt: Any) -> Any:
+    """``stmt`` (an UPDATE or SELECT of ``ai_runtime_jobs`` whose rows are named by job id)
+    with ``FORCE INDEX`` of :data:`JOB_ID_KEY` on MySQL/MariaDB.
+
+    A heartbeat of several leases also names the holder and the leased states, and
+    MariaDB's cost model may prefer intersecting the holder's and the states' indexes
+    (every live lease of the holder) over the few job ids: how a row grows (a column
+    added) is enough to tip it. The hint keeps the rows read, and locked, to the named
+    ones."""
+    hint = f"FORCE INDEX ({JOB_ID_KEY})"
+    for dialect in ("mysql", "mariadb"):
+        if hasattr(stmt, "get_final_froms"):  # a SELECT: the hint names its table
+            stmt = stmt.with_hint(jobs, hint, dialect)
+        else:
+            stmt = stmt.with_hint(hint, dialect_name=dialect)
+    return stmt
 
 
 def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[str, Any]:

@@ -31,7 +31,9 @@ class _Totals:
 
     @property
     def accuracy(self) -> float | None:
-        return (self.correct / self.attempts) if self.attempts else None
+        if not self.attempts:
+            return None
+        return max(0.0, min(1.0, self.correct / self.attempts))
 
     @property
     def mastery(self) -> float:

@@ -5,6 +5,7 @@ target's prose sentences (:class:`Source`) with key terms and scores.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,12 +187,23 @@ class View:
         return out
 
 
+#: The largest count or measure a snapshot's number is taken as (a sum of many stays
+#: finite, so every figure derived from them is printable).
+NUMBER_BOUND = 1e12
+
+
 def as_number(value: Any, default: float = 0.0) -> float:
-    if isinstance(value, bool):
+    """``value`` as a float within ±:data:`NUMBER_BOUND`; ``default`` for a non-number,
+    a boolean, NaN or an infinity."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return default
-    if isinstance(value, (int, float)):
-        return float(value)
-    return default
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf if value > 0 else -math.inf
+    if math.isnan(number):
+        return default
+    return max(-NUMBER_BOUND, min(NUMBER_BOUND, number))
 
 
 def kp_accuracy(kp: dict[str, Any]) -> float | None:

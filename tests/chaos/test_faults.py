@@ -120,3 +120,20 @@ async def _standin_stats(system: System) -> dict[str, Any]:
         reply = await c.get("/_standin/stats")
         reply.raise_for_status()
         return dict(reply.json())
+
+
+@pytest.mark.skipif(not mariadb.available(), reason="mariadbd / mariadb-install-db not installed")
+async def test_a_batch_through_a_worker_kill_and_a_database_restart(tmp_path: Path) -> None:
+    """Reference §10.3: 100 children, a worker SIGKILLed and MariaDB restarted while they
+    run; the parent ends exactly once, each child exactly once, the counts equal the
+    children's states (:mod:`chaos.batches`)."""
+    url = mysql_server_url()
+    async with scenario_system(
+        "batch_faults", profile(), Options(), mysql_url=url, work_dir=tmp_path
+    ) as (system, private):
+        assert private is not None
+        result = await run_on("batch_faults", system, profile(), Options(), private)
+    assert_clean(result)
+    assert result.notes["children"] == 100 == result.audit.jobs
+    assert result.notes["kill"]["childrenHeld"] >= 1
+    assert result.notes["parent"][0] in ("succeeded", "failed")

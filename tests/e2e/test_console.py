@@ -274,6 +274,7 @@ def test_filter_by_type_and_creation_time(console: Console, data: dict[str, Any]
     console.page.fill("#fFrom", since.strftime("%Y-%m-%dT%H:%M:%S"))
     console.page.click("#apply")
     console.expect("#countTotal").to_have_text(str(len(weak)))
+    console.expect(f'#jobTable tr[data-job="{failed["jobId"]}"]').to_be_visible()
     assert set(console.rows()) == weak
     assert not set(data["succeeded"]) & set(console.rows())
     console.shot("jobs-by-creation-time")
@@ -376,6 +377,54 @@ def test_cancel_a_running_job(console: Console, data: dict[str, Any]) -> None:
     assert done["status"] in ("cancelled", "succeeded")  # the cancel race of SPEC §2.3
     console.expect("#cancel").to_be_disabled()
     console.shot("job-cancelled")
+    assert console.errors == []
+
+
+def test_a_batch_shows_its_counts_and_children(console: Console, data: dict[str, Any]) -> None:
+    """A batch's parent page (reference §10.3): its counts by state as the API says, its
+    children in target order, each linking to its page, which links back."""
+    system, user = console.system, data["user"]
+    token = system.token(user)
+    with system.client(token) as http:
+        for title in ("Cells", "Rivers", "Stars"):
+            made = http.post("/v1/materials", json={"title": title, "content": f"# {title}\n\nA."})
+            assert made.status_code == 201, made.text
+        system.add_faults([{"kind": "status", "status": 400, "count": 1}])
+        body = {
+            "jobType": "learning_state_analysis",
+            "targetsOf": {"targetType": "material"},
+            "minSuccessRatio": 0.5,
+        }
+        reply = http.post("/v1/ai/job-batches", json=body)
+        assert reply.status_code == 201, reply.text
+    parent = reply.json()
+    done = system.wait_terminal(token, parent["jobId"])
+    assert done["status"] == "succeeded" and done["batch"]["failed"] == 1, done
+    kids = _api(system, f"/admin/ai/jobs?parentJobId={parent['jobId']}")["jobs"][::-1]
+    assert len(kids) == 3
+
+    console.login(_admin(system))
+    console.go(f"#/jobs?userId={user}")
+    console.expect(f'#jobTable tr[data-job="{parent["jobId"]}"] .chip').to_have_text("batch 2/3")
+    console.go(f"#/job/{parent['jobId']}")
+    console.expect("#jobStatus").to_have_text("succeeded")
+    for state in ("total", "pending", "running", "succeeded", "failed", "cancelled"):
+        expected = done["batch"]["total" if state == "total" else state]
+        console.expect(f'#batchCounts [data-batch="{state}"] b').to_have_text(str(expected))
+    rows = console.page.locator("#childTable tr[data-child]").evaluate_all(
+        "rows => rows.map(r => r.dataset.child)"
+    )
+    assert rows == [k["jobId"] for k in kids]
+    console.expect(f'#childTable tr[data-child="{kids[0]["jobId"]}"] .pill').to_have_text(
+        kids[0]["status"]
+    )
+    console.expect("#attempts").to_contain_text("never claimed")
+    console.shot("batch-parent")
+    failed = next(k for k in kids if k["status"] == "failed")
+    console.page.click(f'#childTable tr[data-child="{failed["jobId"]}"] td:nth-child(2)')
+    console.expect("#jobId").to_have_text(failed["jobId"])
+    console.expect("#parentJob").to_have_text(parent["jobId"])
+    console.expect("#jobErrorCode").to_have_text("MODEL_BAD_REQUEST")
     assert console.errors == []
 
 

@@ -210,6 +210,9 @@ def test_a_generated_client_drives_the_flow(generated: Generated, system: Runnin
             assert item["itemId"] and item["sourceBlockIds"], item
             assert set(item["sourceBlockIds"]) <= block_ids, item
 
+        # a batch over both materials (targetsOf): its parent ends once both children did
+        _batch_flow(gen, http, [material.material_id, other_id])
+
         # delete the material: 404 afterwards, the job row stays
         get_material = gen.op("public", "get_material")
         deleted = gen.op("public", "delete_material").sync_detailed(
@@ -234,3 +237,44 @@ def test_a_generated_client_drives_the_flow(generated: Generated, system: Runnin
         listed = gen.op("public", "list_materials").sync_detailed(client=http)
         assert listed.status_code == HTTPStatus.OK, listed.content
         assert isinstance(listed.parsed, models.MaterialList) and listed.parsed.materials == []
+
+
+def _batch_flow(gen: Generated, http: Any, material_ids: list[str]) -> None:
+    """A batch of analyses of every material (reference §10.3), through the typed client:
+    create it with a key (and replay it), wait on its parent's ETag until it is
+    terminal, page its children, read its result."""
+    models = gen.models
+    create_batch = gen.op("public", "create_ai_job_batch")
+    body = models.JobBatchCreate(
+        job_type=models.JobType.LEARNING_STATE_ANALYSIS,
+        targets_of=models.TargetsOfIn(target_type=models.TargetsOfType.MATERIAL),
+        min_success_ratio=1.0,
+    )
+    key = f"batch-{uuid.uuid4().hex}"
+    created = create_batch.sync_detailed(client=http, body=body, idempotency_key=key)
+    assert created.status_code == HTTPStatus.CREATED, created.content
+    parent = created.parsed
+    assert isinstance(parent, models.JobOut) and isinstance(parent.batch, models.JobBatchOut)
+    assert parent.batch.total == len(material_ids) and parent.parent_job_id is None
+    replay = create_batch.sync_detailed(client=http, body=body, idempotency_key=key)
+    assert replay.status_code == HTTPStatus.OK and replay.parsed.job_id == parent.job_id
+
+    first = gen.op("public", "get_ai_job").sync_detailed(parent.job_id, client=http)
+    done, _ = (
+        (first.parsed, [])
+        if first.parsed.status in gen.terminal
+        else _wait_terminal(gen, http, parent.job_id, first.headers["ETag"])
+    )
+    listed = gen.op("public", "list_ai_jobs").sync_detailed(
+        client=http, parent_job_id=parent.job_id
+    )
+    assert listed.status_code == HTTPStatus.OK, listed.content
+    kids = listed.parsed.jobs
+    assert done.status == models.JobStatus.SUCCEEDED, [k.to_dict() for k in kids]
+    assert (done.batch.succeeded, done.batch.pending, done.batch.running) == (2, 0, 0)
+    assert sorted(k.target_id for k in kids) == sorted(material_ids)
+    assert all(k.parent_job_id == parent.job_id for k in kids)
+    result = gen.op("public", "get_ai_job_result").sync_detailed(parent.job_id, client=http)
+    assert result.status_code == HTTPStatus.OK, result.content
+    items = [item.to_dict() for item in result.parsed.items]
+    assert {i["jobId"] for i in items} == {k.job_id for k in kids}, items

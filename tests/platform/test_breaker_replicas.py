@@ -110,7 +110,8 @@ async def test_breaker_counts_across_replicas_and_probes_exactly(
     assert [s for s, _ in await both(r)] == ["half_open", "half_open"]
     # A probe failure re-opens it.
     first = await b.claim_one()
-    await b.fail(first, "MODEL_RATE_LIMIT")
+    # (not a 429: that would also pause the provider for every lease, reference §10.2)
+    await b.fail(first, "MODEL_TIMEOUT")
     assert [s for s, _ in await both(r)] == ["open", "open"]
     await expect_refused(a.create(), OPEN)
     for job in await a.claim():

@@ -55,9 +55,7 @@ async def create_all(client: Client, users: int, each: int) -> list[tuple[str, s
     """``each`` platform-key jobs for each of ``users`` users; ``(jobId, user)`` each."""
     made: list[tuple[str, str]] = []
     for _ in range(each):
-        batch = await asyncio.gather(
-            *(client.create(f"u{u}", JOB_TYPE) for u in range(users))
-        )
+        batch = await asyncio.gather(*(client.create(f"u{u}", JOB_TYPE) for u in range(users)))
         made += [(str(j["jobId"]), str(j["userId"])) for j in batch]
     return made
 

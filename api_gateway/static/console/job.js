@@ -1,6 +1,6 @@
 // One job explained: params, snapshot, attempts with their event timeline and model
-// calls, the error, and cancel / re-run.
-import { api } from "./api.js";
+// calls, the error, and cancel / re-run; a batch's parent with its counts and children.
+import { api, query } from "./api.js";
 import { between, duration, esc, pill, shortTime, usd, when } from "./format.js";
 
 const LIVE = new Set(["pending", "locked", "running"]);
@@ -9,12 +9,13 @@ function kv(pairs) {
   return '<dl class="kv">' + pairs.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${v}</dd>`).join("") + "</dl>";
 }
 
-function timeline(events, origin) {
+function timeline(events, origin, parent = false) {
   if (!events.length) return '<p class="dim">No events.</p>';
+  const same = parent ? '<span class="dim">(children counted)</span>' : '<span class="warn">(cancel requested)</span>';
   return '<ol class="timeline">' + events.map((e) => `<li class="${esc(e.toStatus)}" data-to="${esc(e.toStatus)}">
       <span class="mono">${esc(shortTime(e.at))}</span> <span class="dim">+${between(origin, e.at)}</span>
       · ${e.fromStatus ? esc(e.fromStatus) + " → " : "created → "}<b class="${esc(e.toStatus)}">${esc(e.toStatus)}</b>
-      ${e.fromStatus && e.fromStatus === e.toStatus ? '<span class="warn">(cancel requested)</span>' : ""}
+      ${e.fromStatus && e.fromStatus === e.toStatus ? same : ""}
       ${e.errorCode ? `<span class="mono failed">${esc(e.errorCode)}</span>` : ""}
       <span class="dim">by ${esc(e.actor)}</span></li>`).join("") + "</ol>";
 }
@@ -45,7 +46,8 @@ function attemptCard(a, origin) {
   </div>`;
 }
 
-function snapshotPanel(s) {
+function snapshotPanel(s, parent = false) {
+  if (!s && parent) return '<p class="dim">None: a parent has no input of its own (each child has its snapshot).</p>';
   if (!s) return '<p class="dim">No snapshot (none built, or deleted with its material).</p>';
   const stats = s.stats || {};
   return kv([
@@ -55,6 +57,35 @@ function snapshotPanel(s) {
     ["payload", `${esc(s.payloadBytes)} bytes · ${esc(s.materialCount)} material(s) · ${esc(s.blockCount)} block(s) · ${esc(s.knowledgePointCount)} knowledge point(s)`],
     ["content hash", `<span class="mono">${esc(String(s.contentHash).slice(0, 16))}…</span>`],
   ]) + (Object.keys(stats).length ? `<h3>stats</h3><pre>${esc(JSON.stringify(stats, null, 2))}</pre>` : "");
+}
+
+const BATCH_STATES = ["pending", "running", "succeeded", "failed", "cancelled"];
+
+/** A batch's parent: its counts by state and its children, in the order of its targets. */
+function batchPanel(job, kids) {
+  const b = job.batch;
+  const counts = `<div class="counts" id="batchCounts">
+      <div class="count" data-batch="total"><b>${esc(b.total)}</b><span>children</span></div>` +
+    BATCH_STATES.map((s) => `<div class="count" data-batch="${s}"><b class="${s}">${esc(b[s])}</b><span>${s}</span></div>`).join("") +
+    `<div class="count" data-batch="ratio"><b>${esc(b.minSuccessRatio)}</b><span>min success ratio</span></div></div>`;
+  const rows = kids.map((k) => `<tr class="clickable" data-child="${esc(k.jobId)}"><td class="mono"><a href="#/job/${encodeURIComponent(k.jobId)}">${esc(k.jobId)}</a></td>
+      <td>${esc(k.targetType)} <span class="mono">${esc(k.targetId)}</span></td><td>${pill(k.status)}${k.cancelRequested ? ' <span class="warn">cancel requested</span>' : ""}</td>
+      <td class="num">${esc(k.attemptNo)}</td><td class="mono failed">${esc(k.errorCode || "")}</td><td class="nowrap">${when(k.finishedAt)}</td></tr>`).join("");
+  return `<section id="batchPanel"><h2>Batch</h2>${counts}
+    <table id="childTable"><thead><tr><th>child</th><th>target</th><th>status</th><th class="num">attempt</th><th>error</th><th>finished</th></tr></thead>
+    <tbody>${rows}</tbody></table></section>`;
+}
+
+/** Every child of the batch `jobId` (pages of 100), oldest first. */
+async function childrenOf(jobId) {
+  const out = [];
+  let pageToken = "";
+  do {
+    const page = await api("/admin/ai/jobs" + query({ parentJobId: jobId, pageSize: 100, pageToken }));
+    out.push(...page.jobs);
+    pageToken = page.nextPageToken || "";
+  } while (pageToken);
+  return out.reverse();
 }
 
 /** The page of job `jobId`. */
@@ -82,8 +113,10 @@ export function jobView(jobId) {
   }
 
   async function refresh() {
+    let kids = [];
     try {
       job = await api("/admin/ai/jobs/" + encodeURIComponent(jobId));
+      if (job.batch) kids = await childrenOf(jobId);
     } catch (e) {
       el.innerHTML = `<section><p class="err" id="jobError">${esc(e.status === 404 ? "No job " + jobId : e.message)}</p><p><a href="#/jobs">← jobs</a></p></section>`;
       return;
@@ -121,14 +154,19 @@ export function jobView(jobId) {
           ["run time", between(job.startedAt, job.finishedAt)],
           ["model calls", `${job.invocations.length} · ${usd(cost)}`],
           ["re-run of", job.retriedFromJobId ? `<a class="mono" id="retriedFrom" href="#/job/${encodeURIComponent(job.retriedFromJobId)}">${esc(job.retriedFromJobId)}</a>` : "—"],
+          ["batch", job.parentJobId ? `<a class="mono" id="parentJob" href="#/job/${encodeURIComponent(job.parentJobId)}">${esc(job.parentJobId)}</a>`
+            : job.batch ? "this job is a batch's parent" : "—"],
         ])}</section>
         <section><h2>Params</h2><pre id="params">${esc(JSON.stringify(job.params, null, 2))}</pre>
-          <h2 class="spaced">Snapshot</h2><div id="snapshot">${snapshotPanel(job.snapshot)}</div></section>
+          <h2 class="spaced">Snapshot</h2><div id="snapshot">${snapshotPanel(job.snapshot, !!job.batch)}</div></section>
       </div>
-      <section id="attemptsPanel"><h2>Attempts and events</h2>
-        <h3>Before the first attempt</h3>${timeline(before, origin)}
-        <div id="attempts">${job.attempts.length ? job.attempts.map((a) => attemptCard(a, origin)).join("") : '<p class="dim">Not claimed yet.</p>'}</div>
+      ${job.batch ? batchPanel(job, kids) : ""}
+      <section id="attemptsPanel"><h2>${job.batch ? "Events" : "Attempts and events"}</h2>
+        <h3>${job.batch ? "The parent's changes" : "Before the first attempt"}</h3>${timeline(before, origin, !!job.batch)}
+        <div id="attempts">${job.attempts.length ? job.attempts.map((a) => attemptCard(a, origin)).join("")
+          : job.batch ? '<p class="dim">A parent is never claimed: its children run.</p>' : '<p class="dim">Not claimed yet.</p>'}</div>
       </section>`;
+    el.querySelectorAll("tr[data-child]").forEach((r) => { r.onclick = (e) => { if (e.target.tagName !== "A") location.hash = "#/job/" + encodeURIComponent(r.dataset.child); }; });
     el.querySelector("#cancel").onclick = () => act("cancel");
     el.querySelector("#rerun").onclick = () => act("rerun");
   }

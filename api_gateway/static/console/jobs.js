@@ -124,7 +124,7 @@ export function jobsView(params) {
     el.querySelector("#jobs").innerHTML = `<table id="jobTable"><thead><tr><th>job</th><th>type</th><th>user</th><th>status</th>
       <th class="num">attempt</th><th>error</th><th>created</th><th>finished</th></tr></thead><tbody>` +
       jobs.map((j) => `<tr class="clickable" data-job="${esc(j.jobId)}"><td class="mono"><a href="#/job/${encodeURIComponent(j.jobId)}">${esc(j.jobId)}</a></td>
-        <td>${esc(j.jobType)}</td><td class="mono">${esc(j.userId)}</td><td>${pill(j.status)}${j.cancelRequested ? ' <span class="warn">cancel requested</span>' : ""}</td>
+        <td>${esc(j.jobType)}${j.batch ? ` <span class="chip batch">batch ${esc(j.batch.succeeded)}/${esc(j.batch.total)}</span>` : ""}</td><td class="mono">${esc(j.userId)}</td><td>${pill(j.status)}${j.cancelRequested ? ' <span class="warn">cancel requested</span>' : ""}</td>
         <td class="num">${esc(j.attemptNo)}</td><td class="mono failed">${esc(j.errorCode || "")}</td>
         <td class="nowrap">${when(j.createdAt)}</td><td class="nowrap">${when(j.finishedAt)}</td></tr>`).join("") + "</tbody></table>";
     el.querySelectorAll("tr[data-job]").forEach((r) => { r.onclick = (e) => { if (e.target.tagName !== "A") location.hash = "#/job/" + encodeURIComponent(r.dataset.job); }; });

@@ -298,9 +298,12 @@ async def test_known_admission_rows_are_bounded(
 @pytest.mark.parametrize("held", [1, 2, 10])
 async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: int) -> None:
     """The renew UPDATE of ``held`` leases, among 120 live ones, finds its rows by
-    job id: left to itself, MariaDB's planner ranged over every live lease
-    (``ix_jobs_reaper``) for a single pair's row constructor, or intersected the
-    status and holder indexes, locking them all."""
+    job id: with a single pair, MariaDB's planner used to range over every live
+    lease (``ix_jobs_reaper``) for the row constructor, locking them all; with ten,
+    it may intersect the holder's and the states' indexes (every live lease of the
+    holder) once the row is wide enough. The heartbeat's own statements are
+    explained (``renew_many``, ``held_leases``)."""
+    from job_service.store.statements import held_leases
     from job_service.store.transitions import renew_many
 
     await _bulk_pending(domain, 150, CAPS_A)
@@ -310,14 +313,14 @@ async def test_a_heartbeat_reads_only_its_own_leases(domain: JobDomain, held: in
     async with domain.sessions() as s, s.begin():
         await s.execute(jobs.update().where(jobs.c.job_id.in_(ids)).values(status="running"))
         await s.execute(text("ANALYZE TABLE ai_runtime_jobs"))
-    stmt = renew_many(
-        domain.clock, instance_id="w1", refs=[(j, 1) for j in ids[:held]], lease_seconds=60
-    ).statement()
-    async with domain.store.engine.connect() as conn:
-        sql = str(stmt.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
-        plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
-    assert [row["key"] for row in plan] == ["uq_ai_runtime_jobs_job_id"], plan
-    assert int(plan[0]["rows"]) <= held, plan
+    refs = [(j, 1) for j in ids[:held]]
+    renew = renew_many(domain.clock, instance_id="w1", refs=refs, lease_seconds=60).statement()
+    for stmt in (renew, held_leases(domain.clock, "w1", refs)):
+        async with domain.store.engine.connect() as conn:
+            sql = str(stmt.compile(conn.sync_connection, compile_kwargs={"literal_binds": True}))
+            plan = (await conn.execute(text("EXPLAIN " + sql))).mappings().all()
+        assert [row["key"] for row in plan] == ["uq_ai_runtime_jobs_job_id"], plan
+        assert int(plan[0]["rows"]) <= held, plan
 
 
 async def _explain_list(domain: JobDomain, **filters: Any) -> tuple[list[Any], str]:

@@ -165,6 +165,15 @@ def sparse_job() -> msg.Job:
     )
 
 
+def parent_job() -> msg.Job:
+    """A batch's parent (reference §10.3): three children, one leased."""
+    job = sparse_job()
+    job.job_id = "parent-1"
+    job.status = common_pb2.JOB_STATUS_RUNNING
+    job.batch.CopyFrom(msg.JobBatch(total=3, pending=2, running=1, min_success_ratio=0.5))
+    return job
+
+
 def _owned(request: Any, job: msg.Job) -> None:
     if request.HasField("user_id") and request.user_id != job.user_id:
         raise AppError(ErrorCode.JOB_NOT_FOUND, "job not found")
@@ -244,6 +253,7 @@ def job_defaults() -> dict[str, Any]:
 
     return {
         "CreateJob": lambda req: rr.CreateJobResponse(job=sparse_job(), replayed=False),
+        "CreateJobBatch": lambda req: rr.CreateJobBatchResponse(job=parent_job(), replayed=False),
         "GetJob": get_job,
         "ListJobs": rr.ListJobsResponse(jobs=[full_job(), sparse_job()], next_page_token=""),
         "CancelJob": cancel,

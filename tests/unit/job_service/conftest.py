@@ -79,6 +79,8 @@ class FakeLearning:
 
     snapshots: dict[str, FakeSnapshot] = field(default_factory=dict)
     plans: list[str] = field(default_factory=list)
+    #: per user, the ids ``targets_of`` answers, oldest first
+    materials: dict[str, list[str]] = field(default_factory=dict)
 
     async def build_snapshot(self, session: Any, **kw: Any) -> str:
         if kw["target_id"].startswith("missing"):
@@ -88,6 +90,21 @@ class FakeLearning:
             sid, "v1", kw["target_type"], kw["target_id"], {"userId": kw["user_id"]}, "h" * 64
         )
         return sid
+
+    async def build_snapshots(self, session: Any, **kw: Any) -> list[str]:
+        targets = kw.pop("targets")
+        for _, target_id in targets:  # the first missing one: nothing built
+            if target_id.startswith("missing"):
+                raise AppError(ErrorCode.NOT_FOUND, "target not found", {"targetId": target_id})
+        return [
+            await self.build_snapshot(session, target_type=t, target_id=i, **kw) for t, i in targets
+        ]
+
+    async def targets_of(
+        self, session: Any, user_id: str, target_type: str, material_id: str | None, limit: int
+    ) -> list[str]:
+        """``targetsOf``: the user's "materials" are those ``materials[user_id]`` names."""
+        return list(self.materials.get(user_id, []))[:limit]
 
     def snapshot_read(self, snapshot_id: str) -> SnapshotRead:
         def missing() -> Exception:

@@ -12,8 +12,8 @@ from sqlalchemy import update
 
 from job_service.lifecycle import Lease
 from job_service.maintenance.parking import ParkingLot
-from job_service.services.admission import fair_vstart
 from job_service.services.domain import JobDomain
+from job_service.services.fair_order import fair_vstart
 from job_service.services.inputs import CreateJobInput
 from job_service.store.records import JobRecord
 from job_service.store.tables import jobs

@@ -33,7 +33,7 @@ BREAKER_STATE_OPEN: BreakerState
 BREAKER_STATE_HALF_OPEN: BreakerState
 
 class Job(_message.Message):
-    __slots__ = ("job_id", "user_id", "job_type", "target_type", "target_id", "snapshot_id", "status", "priority", "params", "api_key_mode", "credential_id", "model_provider", "model_name", "prompt_version", "output_schema_version", "attempt_no", "retry_count", "max_retry_count", "timeout_seconds", "locked_by", "lock_until", "available_at", "cancel_requested", "error_code", "error_message", "retried_from_job_id", "created_at", "updated_at", "started_at", "finished_at", "locked_at", "cancelled_at", "expired_at", "trace_parent", "version", "provider_model_name", "provider_base_url")
+    __slots__ = ("job_id", "user_id", "job_type", "target_type", "target_id", "snapshot_id", "status", "priority", "params", "api_key_mode", "credential_id", "model_provider", "model_name", "prompt_version", "output_schema_version", "attempt_no", "retry_count", "max_retry_count", "timeout_seconds", "locked_by", "lock_until", "available_at", "cancel_requested", "error_code", "error_message", "retried_from_job_id", "created_at", "updated_at", "started_at", "finished_at", "locked_at", "cancelled_at", "expired_at", "trace_parent", "version", "provider_model_name", "provider_base_url", "parent_job_id", "batch")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,8 @@ class Job(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    PARENT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user_id: str
     job_type: _message_pb2.JobType
@@ -108,7 +110,43 @@ class Job(_message.Message):
     version: int
     provider_model_name: str
     provider_base_url: str
-    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., priority: _Optional[int] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., attempt_no: _Optional[int] = ..., retry_count: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., locked_by: _Optional[str] = ..., lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retried_from_job_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., locked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_parent: _Optional[str] = ..., version: _Optional[int] = ..., provider_model_name: _Optional[str] = ..., provider_base_url: _Optional[str] = ...) -> None: ...
+    parent_job_id: str
+    batch: JobBatch
+    def __init__(self, job_id: _Optional[str] = ..., user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., priority: _Optional[int] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., credential_id: _Optional[str] = ..., model_provider: _Optional[str] = ..., model_name: _Optional[str] = ..., prompt_version: _Optional[str] = ..., output_schema_version: _Optional[str] = ..., attempt_no: _Optional[int] = ..., retry_count: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., locked_by: _Optional[str] = ..., lock_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., available_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., error_code: _Optional[str] = ..., error_message: _Optional[str] = ..., retried_from_job_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., locked_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancelled_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., trace_parent: _Optional[str] = ..., version: _Optional[int] = ..., provider_model_name: _Optional[str] = ..., provider_base_url: _Optional[str] = ..., parent_job_id: _Optional[str] = ..., batch: _Optional[_Union[JobBatch, _Mapping]] = ...) -> None: ...
+
+class JobBatch(_message.Message):
+    __slots__ = ("total", "pending", "running", "succeeded", "failed", "cancelled", "min_success_ratio")
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    SUCCEEDED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    MIN_SUCCESS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    min_success_ratio: float
+    def __init__(self, total: _Optional[int] = ..., pending: _Optional[int] = ..., running: _Optional[int] = ..., succeeded: _Optional[int] = ..., failed: _Optional[int] = ..., cancelled: _Optional[int] = ..., min_success_ratio: _Optional[float] = ...) -> None: ...
+
+class BatchTarget(_message.Message):
+    __slots__ = ("target_type", "target_id")
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_ID_FIELD_NUMBER: _ClassVar[int]
+    target_type: _message_pb2.TargetType
+    target_id: str
+    def __init__(self, target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., target_id: _Optional[str] = ...) -> None: ...
+
+class TargetsOf(_message.Message):
+    __slots__ = ("target_type", "material_id")
+    TARGET_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MATERIAL_ID_FIELD_NUMBER: _ClassVar[int]
+    target_type: _message_pb2.TargetType
+    material_id: str
+    def __init__(self, target_type: _Optional[_Union[_message_pb2.TargetType, str]] = ..., material_id: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("job_id", "from_status", "to_status", "error_code", "actor", "attempt_no", "at", "model_provider")

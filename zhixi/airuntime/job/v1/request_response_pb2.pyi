@@ -64,6 +64,44 @@ class CreateJobResponse(_message.Message):
     replayed: bool
     def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
 
+class CreateJobBatchRequest(_message.Message):
+    __slots__ = ("user_id", "job_type", "targets", "targets_of", "params", "api_key_mode", "min_success_ratio", "idempotency_key", "priority", "max_retry_count", "timeout_seconds", "plan", "actor")
+    USER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_OF_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_MODE_FIELD_NUMBER: _ClassVar[int]
+    MIN_SUCCESS_RATIO_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    MAX_RETRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_FIELD_NUMBER: _ClassVar[int]
+    user_id: str
+    job_type: _message_pb2.JobType
+    targets: _containers.RepeatedCompositeFieldContainer[_message_pb2_1.BatchTarget]
+    targets_of: _message_pb2_1.TargetsOf
+    params: _struct_pb2.Struct
+    api_key_mode: _message_pb2.ApiKeyMode
+    min_success_ratio: float
+    idempotency_key: str
+    priority: int
+    max_retry_count: int
+    timeout_seconds: int
+    plan: str
+    actor: str
+    def __init__(self, user_id: _Optional[str] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., targets: _Optional[_Iterable[_Union[_message_pb2_1.BatchTarget, _Mapping]]] = ..., targets_of: _Optional[_Union[_message_pb2_1.TargetsOf, _Mapping]] = ..., params: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., api_key_mode: _Optional[_Union[_message_pb2.ApiKeyMode, str]] = ..., min_success_ratio: _Optional[float] = ..., idempotency_key: _Optional[str] = ..., priority: _Optional[int] = ..., max_retry_count: _Optional[int] = ..., timeout_seconds: _Optional[int] = ..., plan: _Optional[str] = ..., actor: _Optional[str] = ...) -> None: ...
+
+class CreateJobBatchResponse(_message.Message):
+    __slots__ = ("job", "replayed")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    job: _message_pb2_1.Job
+    replayed: bool
+    def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id", "user_id", "include_history")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
@@ -89,7 +127,7 @@ class GetJobResponse(_message.Message):
     def __init__(self, job: _Optional[_Union[_message_pb2_1.Job, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_message_pb2_1.JobEvent, _Mapping]]] = ..., invocations: _Optional[_Iterable[_Union[_message_pb2_1.Invocation, _Mapping]]] = ..., attempts: _Optional[_Iterable[_Union[_message_pb2_1.JobAttempt, _Mapping]]] = ..., snapshot: _Optional[_Union[_message_pb2_1.SnapshotSummary, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
-    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token", "created_from", "created_to", "include_counts", "job_ids")
+    __slots__ = ("user_id", "status", "job_type", "page_size", "page_token", "created_from", "created_to", "include_counts", "job_ids", "parent_job_id")
     USER_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOB_TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +137,7 @@ class ListJobsRequest(_message.Message):
     CREATED_TO_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_COUNTS_FIELD_NUMBER: _ClassVar[int]
     JOB_IDS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_JOB_ID_FIELD_NUMBER: _ClassVar[int]
     user_id: str
     status: _message_pb2.JobStatus
     job_type: _message_pb2.JobType
@@ -108,7 +147,8 @@ class ListJobsRequest(_message.Message):
     created_to: _timestamp_pb2.Timestamp
     include_counts: bool
     job_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., created_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_counts: _Optional[bool] = ..., job_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    parent_job_id: str
+    def __init__(self, user_id: _Optional[str] = ..., status: _Optional[_Union[_message_pb2.JobStatus, str]] = ..., job_type: _Optional[_Union[_message_pb2.JobType, str]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., created_from: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_to: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., include_counts: _Optional[bool] = ..., job_ids: _Optional[_Iterable[str]] = ..., parent_job_id: _Optional[str] = ...) -> None: ...
 
 class ListJobsResponse(_message.Message):
     __slots__ = ("jobs", "next_page_token", "counts")

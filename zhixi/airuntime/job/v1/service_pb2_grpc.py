@@ -41,6 +41,11 @@ class JobServiceStub:
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobRequest.SerializeToString,
                 response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobResponse.FromString,
                 _registered_method=True)
+        self.CreateJobBatch = channel.unary_unary(
+                '/zhixi.airuntime.job.v1.JobService/CreateJobBatch',
+                request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchRequest.SerializeToString,
+                response_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchResponse.FromString,
+                _registered_method=True)
         self.GetJob = channel.unary_unary(
                 '/zhixi.airuntime.job.v1.JobService/GetJob',
                 request_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobRequest.SerializeToString,
@@ -270,6 +275,13 @@ class JobServiceServicer:
 
     def CreateJob(self, request, context):
         """User and admin side (SPEC §3.1).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateJobBatch(self, request, context):
+        """A batch: a parent and its children (reference §10.3).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -558,6 +570,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobRequest.FromString,
                     response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobResponse.SerializeToString,
             ),
+            'CreateJobBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateJobBatch,
+                    request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchRequest.FromString,
+                    response_serializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchResponse.SerializeToString,
+            ),
             'GetJob': grpc.unary_unary_rpc_method_handler(
                     servicer.GetJob,
                     request_deserializer=zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.GetJobRequest.FromString,
@@ -808,6 +825,33 @@ class JobService:
             '/zhixi.airuntime.job.v1.JobService/CreateJob',
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobRequest.SerializeToString,
             zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateJobBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/zhixi.airuntime.job.v1.JobService/CreateJobBatch',
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchRequest.SerializeToString,
+            zhixi_dot_airuntime_dot_job_dot_v1_dot_request__response__pb2.CreateJobBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
