@@ -1,6 +1,6 @@
 """Shared building blocks of the AI Runtime services.
 
-Settings base, error codes (SPEC §4), enum mapping between the spec's strings
+Settings base, error codes (reference §4), enum mapping between the contract's strings
 and the protobuf enums, gRPC server bootstrap and interceptors, database
 engine helpers, canonical JSON, time helpers, structured logging and
 OpenTelemetry tracing (:mod:`airuntime_common.tracing`).

@@ -1,4 +1,4 @@
-"""Canonical JSON (RFC 8785, JCS) and content hashes (SPEC §2.5, §5)."""
+"""Canonical JSON (RFC 8785, JCS) and content hashes (reference §2.5, §5)."""
 
 from __future__ import annotations
 
@@ -18,5 +18,5 @@ def canonical_json(value: Any) -> bytes:
 
 
 def content_hash(value: Any) -> str:
-    """sha256 hex of :func:`canonical_json` — the ``outputHash`` of SPEC §2.5."""
+    """sha256 hex of :func:`canonical_json` — the ``outputHash`` of reference §2.5."""
     return hashlib.sha256(canonical_json(value)).hexdigest()

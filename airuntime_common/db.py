@@ -2,14 +2,14 @@
 
 * SQLite (aiosqlite) is the embedded default: WAL, a busy timeout, foreign keys.
 * MySQL/MariaDB (asyncmy or aiomysql): READ COMMITTED, and ``CLIENT.FOUND_ROWS`` so an
-  UPDATE's row count is rows *matched*, not rows changed (SPEC §3) — a
+  UPDATE's row count is rows *matched*, not rows changed (reference §3) — a
   same-microsecond heartbeat is never misread as a lost lease.
 * :func:`retry_transient` retries deadlocks (1213) and lock wait timeouts
   (1205), and SQLite's "database is locked", invisibly (CONVENTIONS). On a
   MariaDB Galera cluster a write set that fails certification at COMMIT (a
   conflicting write committed on another node first), or a transaction aborted
   by a replicated one, is reported as the same 1213 and retried the same way.
-* Galera (SPEC §9.6): :func:`migration_lock` takes a cluster-wide lock there
+* Galera (reference §9.6): :func:`migration_lock` takes a cluster-wide lock there
   (``GET_LOCK`` is local to one node and not replicated), and a node that is not
   in the Primary component (error 1047) counts as a lost connection, so the pool
   drops it and the next attempt reconnects (through HAProxy: to the next writer).
@@ -56,7 +56,7 @@ class DatabaseUnavailable(SystemExit):
 
 
 class UnsafeDatabaseTopology(RuntimeError):
-    """The database is reached in a way the services cannot run on safely (SPEC §9.6):
+    """The database is reached in a way the services cannot run on safely (reference §9.6):
     a Galera node written to directly (:func:`check_single_writer`). The message
     completes ``<prog>: refusing to start: <variable> …``."""
 
@@ -255,7 +255,7 @@ def _endpoint_addresses(host: str | None, port: int) -> set[tuple[str, int]]:
 
 
 def check_single_writer(connection: Any, env: Mapping[str, str] | None = None) -> None:
-    """Refuse a Galera node that this connection reaches directly (SPEC §9.6).
+    """Refuse a Galera node that this connection reaches directly (reference §9.6).
 
     Galera lets every node take writes, but the services rely on locks that stay
     on one node: ``SELECT … FOR UPDATE`` of the admission row that orders a
@@ -301,7 +301,7 @@ def check_single_writer(connection: Any, env: Mapping[str, str] | None = None) -
     if size >= 2 and direct:
         raise UnsafeDatabaseTopology(
             f"points straight at Galera node {name!r} of a {size}-node cluster: replicas"
-            " writing to different nodes at once are not safe (SPEC §9.6). Connect"
+            " writing to different nodes at once are not safe (reference §9.6). Connect"
             " through a single-writer proxy (HAProxy with one server and the others"
             f" 'backup'), or set {GALERA_ALLOW_DIRECT_NODE}=true if this process is the"
             " only writer."
@@ -321,7 +321,7 @@ def migration_lock(
 
     * MySQL / MariaDB: ``GET_LOCK`` on ``connection``'s session (it outlives the
       DDL's implicit commits, and the server frees it if the process dies).
-    * MariaDB Galera (``wsrep_on``, SPEC §9.6): first :func:`check_single_writer`
+    * MariaDB Galera (``wsrep_on``, reference §9.6): first :func:`check_single_writer`
       (every replica migrates at start, so a replica that would write to a node
       directly refuses to start here). ``GET_LOCK`` is local to one node,
       so two replicas writing to different nodes would both hold it. The lock is
@@ -480,7 +480,7 @@ def _wsrep_not_ready_is_a_disconnect(context: Any) -> None:
     instead of handing it out again, and the error carries ``connection_invalidated``,
     which callers retry as a transaction that did not commit
     (:class:`DisconnectedBeforeCommit`); the next connection goes through the proxy to
-    a node that is synced (SPEC §9.6)."""
+    a node that is synced (reference §9.6)."""
     args = getattr(context.original_exception, "args", ())
     if args and args[0] == WSREP_NOT_READY:
         context.is_disconnect = True

@@ -1,8 +1,8 @@
-"""Mapping between the spec's JSON strings and the protobuf enums.
+"""Mapping between the contract's JSON strings and the protobuf enums.
 
-The spec's strings (``learning_state_analysis``, ``pending``…) are the enum
+The contract's strings (``learning_state_analysis``, ``pending``…) are the enum
 value names without their prefix, lower-cased: ``JOB_TYPE_QUIZ_GENERATION``
-↔ ``quiz_generation``. Request enums are closed (SPEC §4): an unknown string
+↔ ``quiz_generation``. Request enums are closed (reference §4): an unknown string
 raises ``INVALID_ARGUMENT``.
 """
 
@@ -19,7 +19,7 @@ from zhixi.airuntime.common.v1 import message_pb2 as common_pb2
 from zhixi.airuntime.job.v1 import message_pb2 as job_msg_pb2
 
 #: The job types registered when this module was first imported (the built-in
-#: five, SPEC §2.1): for static schemas. Checks at run time ask
+#: five, reference §2.1): for static schemas. Checks at run time ask
 #: :mod:`airuntime_common.jobtypes`, which also knows types registered later.
 JOB_TYPES: Final = jobtypes.names()
 JOB_STATUSES: Final = tuple(JobStatus)
@@ -29,7 +29,7 @@ API_KEY_MODES: Final = ("platform_key", "user_deepseek_key")
 
 
 class EnumMap:
-    """Two-way map between a proto enum and the spec's strings.
+    """Two-way map between a proto enum and the contract's strings.
 
     Args:
         enum: the generated enum wrapper, e.g. ``common_pb2.JobType``.
@@ -51,11 +51,11 @@ class EnumMap:
 
     @property
     def values(self) -> tuple[str, ...]:
-        """The spec strings, in proto order."""
+        """The contract's strings, in proto order."""
         return tuple(self._to_proto)
 
     def to_proto(self, value: str) -> int:
-        """Spec string → enum number; unknown or empty → ``INVALID_ARGUMENT``."""
+        """Contract string → enum number; unknown or empty → ``INVALID_ARGUMENT``."""
         try:
             return self._to_proto[value]
         except (KeyError, TypeError):
@@ -66,7 +66,7 @@ class EnumMap:
             ) from None
 
     def to_str(self, number: int) -> str:
-        """Enum number → spec string; UNSPECIFIED or unknown → ``INVALID_ARGUMENT``."""
+        """Enum number → contract string; UNSPECIFIED or unknown → ``INVALID_ARGUMENT``."""
         try:
             return self._to_str[number]
         except KeyError:
@@ -77,15 +77,15 @@ class EnumMap:
             ) from None
 
     def to_str_or_none(self, number: int) -> str | None:
-        """Enum number → spec string, or None for UNSPECIFIED (an absent filter)."""
+        """Enum number → contract string, or None for UNSPECIFIED (an absent filter)."""
         return self._to_str.get(number)
 
     def optional(self, number: int) -> str | None:
-        """An optional enum of a request: UNSPECIFIED (0) → None, known → spec string.
+        """An optional enum of a request: UNSPECIFIED (0) → None, known → contract string.
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` for a number the enum does not define
-                (enums of requests are closed, SPEC §4; never read as "absent").
+                (enums of requests are closed, reference §4; never read as "absent").
         """
         if number == 0:
             return None

@@ -1,4 +1,4 @@
-"""Error codes of SPEC §4 and the exception every layer raises.
+"""Error codes of reference §4 and the exception every layer raises.
 
 Every error body, REST and gRPC, is ``{"code", "message", "details"}``; over
 gRPC the code travels as ``google.rpc.ErrorInfo.reason`` (see
@@ -15,7 +15,7 @@ import grpc
 
 
 class ErrorCode(StrEnum):
-    """Every error code of SPEC §4 and §9, spelled exactly as the spec spells it."""
+    """Every error code of reference §4 and §9, spelled exactly as the reference spells it."""
 
     MODEL_TIMEOUT = "MODEL_TIMEOUT"
     MODEL_RATE_LIMIT = "MODEL_RATE_LIMIT"
@@ -68,7 +68,7 @@ class ErrorCode(StrEnum):
     CHILD_JOBS_FAILED = "CHILD_JOBS_FAILED"
 
 
-#: Fail codes after which a job is retried while retries remain (SPEC §2.4, §4).
+#: Fail codes after which a job is retried while retries remain (reference §2.4, §4).
 #: Any other fail code, including unknown free text, is final.
 RETRYABLE_FAIL_CODES: frozenset[str] = frozenset(
     {
@@ -82,7 +82,7 @@ RETRYABLE_FAIL_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: Endings of platform-key attempts that count as breaker failures (SPEC §6).
+#: Endings of platform-key attempts that count as breaker failures (reference §6).
 BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
     {
         ErrorCode.MODEL_TIMEOUT,
@@ -94,7 +94,7 @@ BREAKER_FAILURE_CODES: frozenset[str] = frozenset(
     }
 )
 
-#: code → (HTTP status, gRPC status code), SPEC §4 and §9 ("New codes"). Fail-only
+#: code → (HTTP status, gRPC status code), reference §4 and §9 ("New codes"). Fail-only
 #: codes are absent.
 TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
     ErrorCode.INVALID_SCHEMA: (422, grpc.StatusCode.INVALID_ARGUMENT),
@@ -128,33 +128,33 @@ TRANSPORT: dict[str, tuple[int, grpc.StatusCode]] = {
 
 
 def is_retryable(code: str | None) -> bool:
-    """Whether a fail code sends a job back to pending (SPEC §2.4).
+    """Whether a fail code sends a job back to pending (reference §2.4).
 
     Args:
         code: the ``errorCode`` a worker reported, free text.
 
     Returns:
-        True only for the retryable codes of SPEC §4; unknown codes are final.
+        True only for the retryable codes of reference §4; unknown codes are final.
     """
     return code in RETRYABLE_FAIL_CODES
 
 
 def http_status(code: str) -> int:
-    """HTTP status for an error code (SPEC §4); 500 for codes with none."""
+    """HTTP status for an error code (reference §4); 500 for codes with none."""
     return TRANSPORT.get(code, (500, grpc.StatusCode.INTERNAL))[0]
 
 
 def grpc_status(code: str) -> grpc.StatusCode:
-    """gRPC status code for an error code (SPEC §4); INTERNAL for codes with none."""
+    """gRPC status code for an error code (reference §4); INTERNAL for codes with none."""
     return TRANSPORT.get(code, (500, grpc.StatusCode.INTERNAL))[1]
 
 
 @dataclass
 class AppError(Exception):
-    """A refusal with a SPEC §4 code; every layer raises this, never a bare error.
+    """A refusal with a reference §4 code; every layer raises this, never a bare error.
 
     Attributes:
-        code: the SPEC §4 code, e.g. ``"LOCK_NOT_HELD"``.
+        code: the reference §4 code, e.g. ``"LOCK_NOT_HELD"``.
         message: a human-readable sentence; never contains secrets.
         details: JSON-serialisable extra facts (offending fields, current state).
     """
@@ -167,7 +167,7 @@ class AppError(Exception):
         super().__init__(f"{self.code}: {self.message}")
 
     def body(self) -> dict[str, Any]:
-        """The error body of SPEC §4: ``{"code", "message", "details"}``."""
+        """The error body of reference §4: ``{"code", "message", "details"}``."""
         return {"code": self.code, "message": self.message, "details": self.details or {}}
 
     @property

@@ -1,4 +1,4 @@
-"""A cluster-wide named lock on MariaDB Galera (SPEC §9.6): a leased row of
+"""A cluster-wide named lock on MariaDB Galera (reference §9.6): a leased row of
 :data:`GALERA_LOCK_TABLE`, since ``GET_LOCK`` is local to one node and not replicated.
 
 :func:`airuntime_common.db.migration_lock` takes it around a migration on a Galera
@@ -184,4 +184,4 @@ class GaleraLock:
             self._conn = None
 
 
-#: The async MySQL/MariaDB drivers (aiomysql first: SPEC §1's, the default).
+#: The async MySQL/MariaDB drivers (aiomysql first: reference §1's, the default).

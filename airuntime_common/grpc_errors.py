@@ -1,7 +1,7 @@
-"""Carrying SPEC §4 errors over gRPC as rich status (google.rpc.Status).
+"""Carrying reference §4 errors over gRPC as rich status (google.rpc.Status).
 
 Servers abort with the code's gRPC status and a ``google.rpc.ErrorInfo``
-whose ``reason`` is the SPEC §4 code and whose metadata holds the details as
+whose ``reason`` is the reference §4 code and whose metadata holds the details as
 JSON; clients turn an ``AioRpcError`` back into the same :class:`AppError`.
 """
 
@@ -56,7 +56,7 @@ def _bounded(value: Any) -> Any:
 
 
 def to_status(err: AppError) -> grpc.Status:
-    """Build the rich gRPC status for ``err`` (code per SPEC §4, ErrorInfo.reason = code).
+    """Build the rich gRPC status for ``err`` (code per reference §4, ErrorInfo.reason = code).
 
     Strings in the details are cut to :data:`MAX_ECHO_CHARS` and the message to
     :data:`MAX_MESSAGE_CHARS`, so a refusal that echoes a huge input still fits
@@ -81,7 +81,7 @@ def to_status(err: AppError) -> grpc.Status:
 async def abort(context: grpc.aio.ServicerContext[Any, Any], err: AppError) -> NoReturn:
     """Abort the current RPC with ``err`` as rich status. Never returns.
 
-    With tracing on, the call's server span gets ``error.type`` = the SPEC §4 code
+    With tracing on, the call's server span gets ``error.type`` = the reference §4 code
     (never the message, which may echo input).
     """
     note_error(err.code)
@@ -94,7 +94,7 @@ def from_rpc_error(exc: grpc.aio.AioRpcError | grpc.RpcError) -> AppError:
 
     A status without ErrorInfo (a transport failure, a foreign server) maps
     by its gRPC code: UNAVAILABLE/DEADLINE_EXCEEDED → ``UNAVAILABLE``, others
-    to the nearest SPEC §4 code, else ``INTERNAL``.
+    to the nearest reference §4 code, else ``INTERNAL``.
     """
     status = rpc_status.from_call(exc)
     if status is not None:

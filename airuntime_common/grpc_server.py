@@ -3,8 +3,8 @@
 Every server gets: the internal-token interceptor (``x-internal-api-key``,
 compared in constant time; health and reflection stay open so probes and
 ``grpcurl list`` work), request-id propagation into the log context, the
-standard health service and server reflection (SPEC §1), optional TLS,
-OpenTelemetry server spans when the process has tracing (SPEC §9.5, see
+standard health service and server reflection (reference §1), optional TLS,
+OpenTelemetry server spans when the process has tracing (reference §9.5, see
 :mod:`airuntime_common.tracing`), and a graceful stop on SIGTERM/SIGINT.
 """
 
@@ -146,7 +146,7 @@ class _Undecodable:
 
 
 def _undecodable(request: _Undecodable) -> AppError:
-    """The INVALID_ARGUMENT (SPEC §4) answering a request whose bytes did not parse."""
+    """The INVALID_ARGUMENT (reference §4) answering a request whose bytes did not parse."""
     return AppError(
         ErrorCode.INVALID_ARGUMENT,
         "request is not a valid protobuf message for this method",
@@ -161,7 +161,7 @@ def _safe_deserializer(
 
     Without it grpc answers a corrupt or too deeply nested message with
     ``UNKNOWN`` and the parser's exception text; the wrapped handler answers
-    ``INVALID_ARGUMENT`` instead (SPEC §4).
+    ``INVALID_ARGUMENT`` instead (reference §4).
     """
     if deserialize is None:
         return None
@@ -253,7 +253,7 @@ def server_credentials(
     if not cert_file or not key_file:
         missing = "GRPC_TLS_CERT_FILE" if not cert_file else "GRPC_TLS_KEY_FILE"
         raise MissingSetting(
-            f"refusing to start: {missing} is required when the other TLS file is set (SPEC §7)"
+            f"refusing to start: {missing} is required when the other TLS file is set (reference §7)"
         )
     return grpc.ssl_server_credentials(
         [(Path(key_file).read_bytes(), Path(cert_file).read_bytes())]

@@ -4,7 +4,7 @@
 Exits 0 when the target is SERVING (gRPC ``grpc.health.v1.Health/Check`` with the
 overall service name ``""``) or answers HTTP 2xx; 1 otherwise. Used by the
 compose file and the Kubernetes manifests; needs no token (health is open).
-When ``GRPC_TLS_CA_FILE`` is set (as for every other gRPC client, SPEC §7) the
+When ``GRPC_TLS_CA_FILE`` is set (as for every other gRPC client, reference §7) the
 probe dials TLS and trusts that CA; otherwise plaintext.
 """
 

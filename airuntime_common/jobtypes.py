@@ -1,4 +1,4 @@
-"""The job-type registry: everything the system knows about each job type (SPEC §2.1).
+"""The job-type registry: everything the system knows about each job type (reference §2.1).
 
 Every service reads job types from here: the gateway's request schemas, the
 proto mapping of ``JobType`` (:data:`airuntime_common.enums.JOB_TYPE`),
@@ -31,7 +31,7 @@ from airuntime_common.params import FlashcardParams, NoParams, QuizParams
 
 @dataclass(frozen=True)
 class SnapshotBudget:
-    """How much material text a job's snapshot may carry (SPEC §5 snapshots).
+    """How much material text a job's snapshot may carry (reference §5 snapshots).
 
     Attributes:
         chars: block text, in characters.
@@ -61,7 +61,7 @@ class JobTypeSpec:
     """One job type.
 
     Attributes:
-        name: the SPEC's ``jobType`` string, e.g. ``"quiz_generation"``.
+        name: the ``jobType`` string (reference §2.1), e.g. ``"quiz_generation"``.
         wire: its ``JobType`` enum number in the protos (unique, ≥ 1).
         params: the create params model (:class:`NoParams` when it takes none);
             ``normalize_params`` validates with it and stores its dump.
@@ -109,7 +109,7 @@ class JobTypeSpec:
         return MAX_PROMPT_CHARS + self.max_tokens
 
 
-#: The five job types of SPEC §2.1, in proto order.
+#: The five job types of reference §2.1, in proto order.
 BUILTIN: Final = (
     JobTypeSpec(
         name="learning_state_analysis",
@@ -223,7 +223,7 @@ def get(name: str, field_name: str = "jobType") -> JobTypeSpec:
 
     Raises:
         AppError: ``INVALID_ARGUMENT`` naming ``field_name`` for an unknown type
-            (enums of requests are closed, SPEC §4).
+            (enums of requests are closed, reference §4).
     """
     spec = _BY_NAME.get(name)
     if spec is None:

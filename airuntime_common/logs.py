@@ -4,7 +4,7 @@ Context (``jobId``, ``attemptNo``, ``runtimeInstanceId``, ``requestId``) is
 carried in :data:`log_context` (a ``contextvars`` var) and added to every
 record. :class:`RedactionFilter` scrubs secrets by field name and by key
 pattern from the message, the arguments and any exception text, so no key
-ever reaches a log (SPEC §6).
+ever reaches a log (reference §6).
 """
 
 from __future__ import annotations

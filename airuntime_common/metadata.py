@@ -1,4 +1,4 @@
-"""gRPC metadata keys shared by every service (SPEC §1, §3)."""
+"""gRPC metadata keys shared by every service (reference §1, §3)."""
 
 from __future__ import annotations
 

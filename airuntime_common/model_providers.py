@@ -1,4 +1,4 @@
-"""The configured model providers, ``MODEL_PROVIDERS`` (SPEC §9.4), parsed and
+"""The configured model providers, ``MODEL_PROVIDERS`` (reference §9.4), parsed and
 validated once for every service that needs them.
 
 ``MODEL_PROVIDERS`` is a JSON list, in order of preference::
@@ -37,11 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel, field_validator, m
 
 from airuntime_common.settings import HttpBaseUrl
 
-#: ``DEEPSEEK_BASE_URL``'s default (SPEC §7).
+#: ``DEEPSEEK_BASE_URL``'s default (reference §7).
 DEFAULT_DEEPSEEK_BASE_URL = "https://api.deepseek.com"
-#: The provider of the default entry, and of jobs that name none (SPEC §2.2).
+#: The provider of the default entry, and of jobs that name none (reference §2.2).
 DEFAULT_PROVIDER = "deepseek"
-#: The variable of the default entry's platform key (SPEC §7).
+#: The variable of the default entry's platform key (reference §7).
 DEFAULT_API_KEY_ENV = "DEEPSEEK_API_KEY"
 
 #: A provider's name: fits job_service's ``model_provider`` column (32) and a URL query.
@@ -192,7 +192,7 @@ STANDIN_PLATFORM_KEY = "sk-standin-local"
 
 def platform_keys_from(providers: ModelProviders, env: Mapping[str, str]) -> dict[str, str]:
     """Each provider's platform key as ``env`` holds it (its ``apiKeyEnv``, stripped);
-    a provider whose variable is unset or blank is left out: it has none (SPEC §9.4)."""
+    a provider whose variable is unset or blank is left out: it has none (reference §9.4)."""
     keys: dict[str, str] = {}
     for provider in providers:
         value = env.get(provider.apiKeyEnv or "", "").strip()
@@ -206,7 +206,7 @@ class ModelProvidersSettings(BaseModel):
     pydantic-settings class, which reads them from the environment).
 
     Attributes:
-        DEEPSEEK_BASE_URL: the default entry's endpoint (SPEC §7).
+        DEEPSEEK_BASE_URL: the default entry's endpoint (reference §7).
         MODEL_PROVIDERS: the list; None (unset) means :func:`default_providers`.
     """
 

@@ -1,4 +1,4 @@
-"""Versioned output models of the five job types (SPEC §5), shared by the
+"""Versioned output models of the five job types (reference §5), shared by the
 worker (validation before submit) and job_service (validation before any
 business row is written).
 
@@ -7,7 +7,7 @@ business row is written).
 ``{"items": [...]}``. Unknown keys are refused (``extra="forbid"``) so a
 model cannot smuggle fields into business rows.
 
-Validation is strict (SPEC §9.4): nothing is coerced. A string is never a
+Validation is strict (reference §9.4): nothing is coerced. A string is never a
 number (``"0.5"``) nor an integer (``"3"``), a number never a boolean or a
 string. The one allowance is JSON's own: an integer may come as an integral
 number (``3.0``), as every number does once it crossed a ``google.protobuf.Struct``
@@ -62,7 +62,7 @@ Unit = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 #: A JSON integer: an int, or a float with no fraction (kept as the int).
 JsonInt = Annotated[int, BeforeValidator(_integral_number)]
 
-#: The options of every ``true_false`` question, in this order (SPEC §9.4).
+#: The options of every ``true_false`` question, in this order (reference §9.4).
 TRUE_FALSE_OPTIONS = ("true", "false")
 #: The most options of a choice question, and the fewest.
 MAX_OPTIONS = 10
@@ -118,7 +118,7 @@ class NextActionRecommendation(_Model):
 
 class QuizQuestion(_Model):
     """One ``quiz_generation`` item v1; ``answer`` fits ``questionType`` and ``options``
-    as the module's table says (SPEC §9.4)."""
+    as the module's table says (reference §9.4)."""
 
     questionType: Literal["single_choice", "multiple_choice", "true_false", "short_answer"]
     stem: Text

@@ -1,4 +1,4 @@
-"""Create parameters of the generation job types, validated strictly (SPEC §2.1, §3.1).
+"""Create parameters of the generation job types, validated strictly (reference §2.1, §3.1).
 
 One definition for the gateway (which refuses bad params before any call) and
 job_service (which refuses them from any other caller): ``count: true`` or

@@ -1,6 +1,6 @@
-"""Settings base: one pydantic-settings class per service derives from this (SPEC §7).
+"""Settings base: one pydantic-settings class per service derives from this (reference §7).
 
-Values come from the environment (names exactly as SPEC §7 spells them).
+Values come from the environment (names exactly as reference §7 spells them).
 A service that needs a secret and has none refuses to start and names the
 variable: :func:`require`.
 """
@@ -28,8 +28,8 @@ COUNT_MAX = 1_000_000_000
 
 S = TypeVar("S", bound=BaseSettings)
 
-#: The database drivers the services run on (SPEC §7: SQLite embedded, MySQL/MariaDB).
-#: For MySQL/MariaDB both aiomysql (pure Python, SPEC §1) and asyncmy (compiled:
+#: The database drivers the services run on (reference §7: SQLite embedded, MySQL/MariaDB).
+#: For MySQL/MariaDB both aiomysql (pure Python, reference §1) and asyncmy (compiled:
 #: less CPU per result set) are supported; a ``mysql://`` or ``mariadb://`` URL that
 #: names no driver runs on asyncmy (:data:`DEFAULT_MYSQL_DRIVER`).
 DATABASE_DRIVERS = (
@@ -123,18 +123,18 @@ def load(cls: type[S], prog: str) -> S:
     Raises:
         InvalidSetting: some variable failed validation, e.g. ``EVENT_LOOP=tokio``
             exits with ``job_service: refusing to start: EVENT_LOOP: Input should be
-            'uvloop' or 'asyncio' (SPEC §7)`` instead of a traceback.
+            'uvloop' or 'asyncio' (reference §7)`` instead of a traceback.
     """
     try:
         return cls()
     except ValidationError as exc:
         lines = [
-            f"{prog}: refusing to start: {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (SPEC §7)"
+            f"{prog}: refusing to start: {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (reference §7)"
             for err in exc.errors(include_url=False, include_input=False)
         ]
         raise InvalidSetting("\n".join(lines)) from None
     except SettingsError as exc:  # e.g. a JSON-valued variable that is not JSON
-        raise InvalidSetting(f"{prog}: refusing to start: {exc} (SPEC §7)") from None
+        raise InvalidSetting(f"{prog}: refusing to start: {exc} (reference §7)") from None
 
 
 class CommonSettings(BaseSettings):
@@ -176,5 +176,5 @@ def require(settings: BaseSettings, *names: str) -> None:
     missing = [n for n in names if not getattr(settings, n, None)]
     if missing:
         raise MissingSetting(
-            f"refusing to start: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (SPEC §7)"
+            f"refusing to start: {', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (reference §7)"
         )

@@ -1,4 +1,4 @@
-"""The job states of SPEC §2.3, defined once for every service.
+"""The job states of reference §2.3, defined once for every service.
 
 job_service's state machine (:mod:`job_service.lifecycle`), the gateway's
 schemas and the proto mapping (:data:`airuntime_common.enums.JOB_STATUS`) all
@@ -13,7 +13,7 @@ from typing import Final
 
 
 class JobStatus(StrEnum):
-    """Where a job is in its life (SPEC §2.3). Members compare equal to their strings.
+    """Where a job is in its life (reference §2.3). Members compare equal to their strings.
 
     Each member says which component moves a job into it and out of it.
     """

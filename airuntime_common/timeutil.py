@@ -1,4 +1,4 @@
-"""Time helpers: UTC everywhere, RFC 3339 with milliseconds on the wire (SPEC §3)."""
+"""Time helpers: UTC everywhere, RFC 3339 with milliseconds on the wire (reference §3)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 
 def utcnow() -> datetime:
-    """Current UTC time, timezone-aware. Never used for lease arithmetic (SPEC §1)."""
+    """Current UTC time, timezone-aware. Never used for lease arithmetic (reference §1)."""
     return datetime.now(UTC)
 
 

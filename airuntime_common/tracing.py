@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing, set up once per process when OTLP export is configured (SPEC §9.5).
+"""OpenTelemetry tracing, set up once per process when OTLP export is configured (reference §9.5).
 
 Each service's start-up calls :func:`setup` with its name. With
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set it
@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 TRACEPARENT = "traceparent"
 #: Length of a version-00 ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``).
 TRACEPARENT_LENGTH = 55
-#: The services' names, the default ``service.name`` of each (SPEC §9.5).
+#: The services' names, the default ``service.name`` of each (reference §9.5).
 SERVICE_NAMES = ("api_gateway", "job_service", "credential_service", "runtime_worker")
 #: Headers whose values are replaced by ``[REDACTED]`` whenever header capture is
 #: switched on, added to ``OTEL_INSTRUMENTATION_HTTP_CAPTURE_HEADERS_SANITIZE_FIELDS``.
@@ -113,7 +113,7 @@ def configured(environ: Mapping[str, str] | None = None) -> bool:
         return False
     if any(e != "otlp" for e in exporters):
         raise InvalidSetting(
-            "refusing to start: OTEL_TRACES_EXPORTER must be otlp or none (SPEC §9.5)"
+            "refusing to start: OTEL_TRACES_EXPORTER must be otlp or none (reference §9.5)"
         )
     return bool(
         env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
@@ -421,7 +421,7 @@ def _status_without_message(span: Any, _details: Any) -> None:
 
     The gRPC instrumentation copies the status details into the span; a server's
     message may quote its input (a model output, say), and nothing a body held
-    belongs in a span. The SPEC §4 code is on the server span (``error.type``).
+    belongs in a span. The reference §4 code is on the server span (``error.type``).
     """
     from opentelemetry.trace import Status, StatusCode
 
@@ -475,7 +475,7 @@ def parse_traceparent(value: str | bytes | None) -> str | None:
 
 
 def job_trace_parent(context: Any = None) -> str | None:
-    """The ``traceparent`` to store with a job created by the current gRPC call (SPEC §9.5).
+    """The ``traceparent`` to store with a job created by the current gRPC call (reference §9.5).
 
     With tracing on in this process, it names the current span (the ``CreateJob`` /
     ``RerunJob`` server span), so the attempts hang under it; otherwise the
@@ -506,7 +506,7 @@ def job_trace_parent(context: Any = None) -> str | None:
 
 
 def note_error(code: str) -> None:
-    """Mark the current span with a SPEC §4 error code (``error.type``); a no-op when off."""
+    """Mark the current span with a reference §4 error code (``error.type``); a no-op when off."""
     if not _active:
         return
     from opentelemetry import trace

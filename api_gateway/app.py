@@ -1,4 +1,4 @@
-"""The FastAPI application of the gateway (SPEC §3, §3.1, §9.3)."""
+"""The FastAPI application of the gateway (reference §3, §3.1, §9.3)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from api_gateway.middleware import GatewayMetrics, GatewayMiddleware
 from api_gateway.routes import admin, batches, health, internal, prompts, public
 from api_gateway.settings import GatewaySettings
 
-#: Where the docs pages' scripts, stylesheets and icon are served from (SPEC §9.3:
+#: Where the docs pages' scripts, stylesheets and icon are served from (reference §9.3:
 #: ``/docs`` works with no internet; the files come from the ``fastapi-offline`` package).
 DOCS_ASSETS_PATH = "/docs/assets"
 #: Swagger UI settings: no call to the public validator service.
@@ -59,7 +59,7 @@ def create_app(
         The ASGI app. Without injected channels the backends connect on startup.
         ``/docs`` (Swagger UI) and ``/redoc`` load every script and stylesheet from
         the gateway itself; a path with a trailing slash is 404, never a redirect.
-        With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`)
+        With tracing configured (reference §9.5, :func:`airuntime_common.tracing.setup`)
         every request but the probes has a server span and the backends' calls
         carry its trace context.
 
@@ -103,7 +103,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.backends = injected
-    app.state.hub = None  # the job watch (SPEC §9.1), made on first use
+    app.state.hub = None  # the job watch (reference §9.1), made on first use
     _assemble(app, settings, telemetry)
     return app
 

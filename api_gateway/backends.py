@@ -4,7 +4,7 @@ The gateway never touches a database: every route calls job_service or
 credential_service through :class:`Caller`, which adds the internal token,
 the request id and (on the shim) the runtime instance id as metadata, puts a
 deadline on the call and turns any gRPC failure back into the
-:class:`AppError` the backend raised (SPEC §4).
+:class:`AppError` the backend raised (reference §4).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Backends:
         credential_channel: channel to credential_service.
         owns_channels: close the two channels in :meth:`aclose` (False when injected).
         tracing: the gateway's tracing, for the worker status channels it opens
-            (None: the process's, if any; SPEC §9.5).
+            (None: the process's, if any; reference §9.5).
     """
 
     def __init__(
@@ -71,7 +71,7 @@ class Backends:
         """Open one channel per backend from ``JOB_SERVICE_ADDR`` / ``CREDENTIAL_SERVICE_ADDR``.
 
         Must run inside the serving event loop (the app's lifespan). With ``tracing``
-        every call carries the request's trace context (SPEC §9.5).
+        every call carries the request's trace context (reference §9.5).
         """
         ca = settings.GRPC_TLS_CA_FILE
         return cls(
@@ -136,9 +136,9 @@ def _rpc_name(method: Any) -> str:
 def map_rpc_error(exc: grpc.aio.AioRpcError, rpc: str = "?") -> AppError:
     """A backend failure as the :class:`AppError` to answer with.
 
-    The SPEC §4 code in ``ErrorInfo.reason`` is kept as is; a backend that is
+    The reference §4 code in ``ErrorInfo.reason`` is kept as is; a backend that is
     down, unreachable or too slow (gRPC UNAVAILABLE / DEADLINE_EXCEEDED) is 503
-    ``UNAVAILABLE`` (SPEC §9.3; the answer's ``Retry-After`` says a few seconds);
+    ``UNAVAILABLE`` (reference §9.3; the answer's ``Retry-After`` says a few seconds);
     a backend refusing the gateway's own token is a misconfiguration, answered
     as 500 ``INTERNAL`` (the caller's credentials were fine).
 
@@ -209,7 +209,7 @@ class Caller:
             The response message.
 
         Raises:
-            AppError: the backend's refusal (SPEC §4), 503 ``UNAVAILABLE`` when it
+            AppError: the backend's refusal (reference §4), 503 ``UNAVAILABLE`` when it
                 is down, unreachable or does not answer within the deadline.
         """
         md = outgoing(

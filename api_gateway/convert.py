@@ -1,7 +1,7 @@
-"""Protobuf ↔ JSON conversions of the gateway (SPEC §3, §3.1).
+"""Protobuf ↔ JSON conversions of the gateway (reference §3, §3.1).
 
-Messages become the camelCase JSON of the spec: every field present, unset
-optional values ``null``, enums as the spec's strings (via
+Messages become the camelCase JSON of the contract: every field present, unset
+optional values ``null``, enums as the contract's strings (via
 :mod:`airuntime_common.enums`), timestamps RFC 3339 UTC with milliseconds,
 ``Struct`` values as plain JSON (integral numbers as integers).
 """
@@ -86,7 +86,7 @@ def timestamp_or_none(value: datetime | None) -> Any:
 
 
 def job_json(job: Any) -> dict[str, Any]:
-    """A ``Job`` message → the ``Job`` JSON of SPEC §3 (every key present)."""
+    """A ``Job`` message → the ``Job`` JSON of reference §3 (every key present)."""
     return {
         "jobId": job.job_id,
         "userId": job.user_id,
@@ -226,7 +226,7 @@ def credential_json(cred: Any) -> dict[str, Any]:
 
 def breaker_json(breaker: Any) -> dict[str, Any]:
     """A ``CircuitBreaker`` → JSON: the first provider's fields, and every provider's
-    in ``providers`` (SPEC §9.4)."""
+    in ``providers`` (reference §9.4)."""
     return {
         "state": BREAKER_STATE.to_str_or_none(breaker.state),
         "consecutiveFailures": breaker.consecutive_failures,
@@ -258,7 +258,7 @@ def cost_row_json(row: Any) -> dict[str, Any]:
 
 
 def capabilities(values: Any) -> list[str]:
-    """Repeated JobType → spec strings (unknown numbers dropped)."""
+    """Repeated JobType → contract strings (unknown numbers dropped)."""
     return [s for s in (JOB_TYPE.to_str_or_none(v) for v in values) if s]
 
 
@@ -297,16 +297,16 @@ def worker_status_json(resp: Any) -> dict[str, Any]:
 
 
 def pb_enum(enum_map: Any, value: str) -> Any:
-    """Spec string → proto enum value, typed loosely for the generated stubs.
+    """Contract string → proto enum value, typed loosely for the generated stubs.
 
     Raises:
-        AppError: ``INVALID_ARGUMENT`` for an unknown value (closed enums, SPEC §4).
+        AppError: ``INVALID_ARGUMENT`` for an unknown value (closed enums, reference §4).
     """
     return enum_map.to_proto(value)
 
 
 def job_types(values: list[str]) -> list[int]:
-    """Spec job type strings → enum numbers (unknown → ``INVALID_ARGUMENT``)."""
+    """Contract job type strings → enum numbers (unknown → ``INVALID_ARGUMENT``)."""
     return [JOB_TYPE.to_proto(v) for v in values]
 
 

@@ -1,4 +1,4 @@
-"""CORS for browser clients, off unless ``CORS_ORIGINS`` lists origins (SPEC §9.3).
+"""CORS for browser clients, off unless ``CORS_ORIGINS`` lists origins (reference §9.3).
 
 Starlette's :class:`~starlette.middleware.cors.CORSMiddleware`, with two changes
 a browser client and a cache rely on:
@@ -11,7 +11,7 @@ a browser client and a cache rely on:
   origin's answer to another;
 
 and a refused preflight from a listed origin (a method or header not allowed)
-is a SPEC §4 error body, not plain text.
+is a reference §4 error body, not plain text.
 
 It wraps the whole app, so every answer a listed origin gets carries the CORS
 headers, the gateway's own refusals (413, 500…) included.
@@ -30,7 +30,7 @@ from api_gateway.errors import error_response
 #: Methods a browser may use (the API's; OPTIONS is the preflight itself).
 ALLOW_METHODS = ("GET", "POST", "PUT", "DELETE")
 #: Request headers a browser may send beyond the CORS-safelisted ones: the bearer
-#: token, JSON bodies, create idempotency, job waits and event streams (SPEC §9.1),
+#: token, JSON bodies, create idempotency, job waits and event streams (reference §9.1),
 #: and the request id.
 ALLOW_HEADERS = (
     "Authorization",
@@ -40,7 +40,7 @@ ALLOW_HEADERS = (
     "Last-Event-ID",
     "X-Request-Id",
 )
-#: Response headers a browser script may read (SPEC §9.3 names the first three).
+#: Response headers a browser script may read (reference §9.3 names the first three).
 EXPOSE_HEADERS = ("ETag", "Idempotent-Replayed", "Retry-After", "X-Request-Id")
 #: How long a browser may cache a preflight answer (seconds).
 MAX_AGE_SECONDS = 600
@@ -87,7 +87,7 @@ class GatewayCORS(CORSMiddleware):
         await super().__call__(scope, receive, send)
 
     def preflight_response(self, request_headers: Headers) -> Response:
-        """Starlette's preflight answer; a refusal rendered as a SPEC §4 body."""
+        """Starlette's preflight answer; a refusal rendered as a reference §4 body."""
         response = super().preflight_response(request_headers)
         if response.status_code < 400:
             return response

@@ -1,18 +1,18 @@
-"""Authentication and per-request dependencies (SPEC §3, §3.1).
+"""Authentication and per-request dependencies (reference §3, §3.1).
 
 * :data:`UserPrincipal` — ``Authorization: Bearer <JWT>``: HS256 only, ``sub``,
   ``role`` (``user``/``admin``) and ``exp`` required, ``iss`` checked when
   ``JWT_ISSUER`` is set. Missing, expired, badly signed, ``alg=none`` or the
   service token itself → 401 ``UNAUTHENTICATED``; so is a token whose ``exp``
   (``nbf``, ``iat``) is not a JSON number or whose ``sub`` is empty, over 128
-  characters or holds a control character (SPEC §9.3).
+  characters or holds a control character (reference §9.3).
 * :data:`AdminPrincipal` — as above, and a user token → 403 ``PERMISSION_DENIED``.
 * :data:`RuntimeCaller` — the shim: ``x-internal-api-key`` equal (constant time)
   to ``RUNTIME_SERVICE_TOKEN``, else 401 (checked first); ``X-Runtime-Instance-Id``
   required (400 ``INVALID_ARGUMENT``) except on ``/internal/runtime/health``.
 
 Both tokens are OpenAPI security schemes and the instance id a header parameter
-(:mod:`api_gateway.headers`), so a generated client sends them (SPEC §9.3).
+(:mod:`api_gateway.headers`), so a generated client sends them (reference §9.3).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from api_gateway.settings import GatewaySettings
 from api_gateway.watch import JobHub
 
 ROLES = ("user", "admin")
-#: The longest ``sub`` (user id) accepted (SPEC §9.3).
+#: The longest ``sub`` (user id) accepted (reference §9.3).
 SUB_MAX = 128
-#: Unicode categories a ``sub`` must not hold: control (SPEC §9.3), and the other
+#: Unicode categories a ``sub`` must not hold: control (reference §9.3), and the other
 #: invisible or unencodable ones (format, surrogate, private use, unassigned, line
 #: and paragraph separators), since the id is shown in admin views and logs.
 _FORBIDDEN_SUB_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
@@ -66,7 +66,7 @@ class Principal:
     Attributes:
         user_id: the ``sub`` claim.
         role: ``"user"`` or ``"admin"``.
-        plan: the optional ``plan`` claim (per-plan quotas, SPEC §6).
+        plan: the optional ``plan`` claim (per-plan quotas, reference §6).
     """
 
     user_id: str
@@ -98,7 +98,7 @@ def get_backends(request: Request) -> Backends:
 
 
 def get_hub(request: Request) -> JobHub:
-    """The app's :class:`JobHub` (made on first use, on the app's backends; SPEC §9.1).
+    """The app's :class:`JobHub` (made on first use, on the app's backends; reference §9.1).
 
     Raises:
         AppError: 503 ``UNAVAILABLE`` before the lifespan has connected the backends.
@@ -137,14 +137,14 @@ def _is_number(value: Any) -> bool:
 
 def valid_sub(sub: Any) -> TypeGuard[str]:
     """Whether ``sub`` can be a user id: text of 1..128 characters with no control (or
-    other invisible) character (SPEC §9.3)."""
+    other invisible) character (reference §9.3)."""
     if not isinstance(sub, str) or not 1 <= len(sub) <= SUB_MAX:
         return False
     return not any(unicodedata.category(ch) in _FORBIDDEN_SUB_CATEGORIES for ch in sub)
 
 
 def decode_token(token: str, settings: GatewaySettings) -> Principal:
-    """Verify a user/admin JWT (SPEC §3.1, §9.3).
+    """Verify a user/admin JWT (reference §3.1, §9.3).
 
     ``exp``, ``nbf`` and ``iat`` are judged with ``JWT_LEEWAY_SECONDS`` of clock skew
     (reference §9.3): a token is taken until ``exp`` + leeway, and from ``nbf`` and

@@ -1,4 +1,4 @@
-"""Error bodies and exception handlers (SPEC §4, §9.3).
+"""Error bodies and exception handlers (reference §4, §9.3).
 
 Every error answer is ``{"code", "message", "details"}`` with the HTTP status of
 its code: :class:`AppError` as raised, request validation as 400
@@ -46,7 +46,7 @@ MAX_ECHO_CHARS = 128
 #: Longest string of an error answer's message or details, whatever its spaces.
 MAX_TEXT_CHARS = 512
 _LONG_RUN = re.compile(rf"\S{{{MAX_ECHO_CHARS + 1},}}")
-#: The content type a JSON body must be sent with (SPEC §3: bodies are JSON).
+#: The content type a JSON body must be sent with (reference §3: bodies are JSON).
 JSON_CONTENT_TYPE = "application/json"
 
 
@@ -92,7 +92,7 @@ def error_headers(err: AppError, status: int) -> dict[str, str]:
 def error_response(
     err: AppError, status: int | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
-    """The JSON answer for ``err`` (SPEC §4).
+    """The JSON answer for ``err`` (reference §4).
 
     Args:
         err: the refusal.
@@ -212,7 +212,7 @@ def _serves(routes: list[Any], scope: dict[str, Any]) -> bool:
 
 def allowed_methods(request: Request) -> list[str]:
     """Every method some route answers at this request's path, sorted (for ``Allow``,
-    RFC 9110 §10.2.1; SPEC §9.3), docs, console and static files included.
+    RFC 9110 §10.2.1; reference §9.3), docs, console and static files included.
 
     Each candidate method is tried against the app's routes as the router would
     (FastAPI nests included routers, so their routes are not listed flat).

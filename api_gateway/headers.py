@@ -1,6 +1,6 @@
 """Request headers the API reads, declared once for routes and the OpenAPI document.
 
-SPEC §9.3: the OpenAPI document declares every header the API reads, so a
+reference §9.3: the OpenAPI document declares every header the API reads, so a
 generated client sends them. A route (or dependency) takes one by naming its
 alias here as a parameter type, e.g. ``idempotency_key: IdempotencyKeyHeader = None``;
 FastAPI then reads it and lists it among the operation's ``in: header``
@@ -20,7 +20,7 @@ from typing import Annotated
 
 from fastapi import Header
 
-#: The longest ``Idempotency-Key`` a create takes (SPEC §2.5).
+#: The longest ``Idempotency-Key`` a create takes (reference §2.5).
 IDEMPOTENCY_KEY_MAX = 200
 #: The longest ``X-Runtime-Instance-Id`` (it travels on as gRPC metadata).
 INSTANCE_ID_MAX = 128
@@ -42,7 +42,7 @@ IdempotencyKeyHeader = Annotated[
         max_length=IDEMPOTENCY_KEY_MAX,
         pattern=PRINTABLE_ASCII,
         description=(
-            "Makes the create idempotent (SPEC §2.5): a repeat with the same key, job "
+            "Makes the create idempotent (reference §2.5): a repeat with the same key, job "
             "type and target returns the original job (200, Idempotent-Replayed: true). "
             "1..200 printable ASCII characters, no surrounding spaces."
         ),
@@ -51,7 +51,7 @@ IdempotencyKeyHeader = Annotated[
 
 _INSTANCE_ID_DOC = (
     "The calling runtime instance; with jobId and attemptNo it is the lease holder's "
-    "fencing token (SPEC §3). 1..128 printable ASCII characters."
+    "fencing token (reference §3). 1..128 printable ASCII characters."
 )
 
 RuntimeInstanceIdHeader = Annotated[
@@ -76,7 +76,7 @@ OptionalRuntimeInstanceIdHeader = Annotated[
     ),
 ]
 
-#: SPEC §9.1 (waiting for a job): ``GET /v1/ai/jobs/{jobId}`` answers 304 while the
+#: reference §9.1 (waiting for a job): ``GET /v1/ai/jobs/{jobId}`` answers 304 while the
 #: job's ETag still equals this.
 IfNoneMatchHeader = Annotated[
     str | None,
@@ -86,7 +86,7 @@ IfNoneMatchHeader = Annotated[
     ),
 ]
 
-#: SPEC §9.1: an event stream resumes after this event id.
+#: reference §9.1: an event stream resumes after this event id.
 LastEventIdHeader = Annotated[
     str | None,
     Header(

@@ -1,4 +1,4 @@
-"""Job creation shared by ``/v1/ai/jobs`` and ``/admin/ai/jobs`` (SPEC §2.1, §2.5, §3.1)."""
+"""Job creation shared by ``/v1/ai/jobs`` and ``/admin/ai/jobs`` (reference §2.1, §2.5, §3.1)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ async def create_job(
 
     Raises:
         AppError: 400 for bad params/target, 404 for a foreign user target, and
-            whatever job_service refuses with (SPEC §3.1, §6).
+            whatever job_service refuses with (reference §3.1, §6).
     """
     target_id = body.targetId
     if body.targetType == "user":
@@ -53,7 +53,7 @@ async def create_job(
     except AppError:
         if key is None:
             raise
-        # a repeat returns the original whatever its params (SPEC §2.5): job_service
+        # a repeat returns the original whatever its params (reference §2.5): job_service
         # looks for it first, and refuses these params the same way when there is none
         params = body.params or {}
     req = rr.CreateJobRequest(

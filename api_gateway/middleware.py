@@ -8,7 +8,7 @@ reach the endpoint. For each HTTP request it
 * marks answers under ``/internal/`` and ``/v1/me/`` ``Cache-Control: no-store``
   (the resolved key, errors included);
 * gives any 429 or 503 that reaches it without ``Retry-After`` the default one
-  (SPEC §9.3; error answers get theirs from :mod:`api_gateway.retry_after`);
+  (reference §9.3; error answers get theirs from :mod:`api_gateway.retry_after`);
 * counts requests and latency by route template and status (Prometheus);
 * turns any unhandled exception into 500 ``INTERNAL`` without a stack trace.
 

@@ -1,4 +1,4 @@
-"""``Retry-After`` on every 429 and 503 answer (SPEC §9.3).
+"""``Retry-After`` on every 429 and 503 answer (reference §9.3).
 
 How long a refused client should wait, in whole seconds (RFC 9110 §10.2.3's
 delay-seconds form), decided in this order:
@@ -8,7 +8,7 @@ delay-seconds form), decided in this order:
    breaker goes half-open); rounded up, at most a day;
 2. the rule of its code (:data:`RULES`): ``QUOTA_EXCEEDED`` and
    ``PLATFORM_BUDGET_EXCEEDED`` until the next UTC midnight (the quota and the
-   budget are per UTC day, SPEC §6); ``PLATFORM_CIRCUIT_OPEN`` without a hint
+   budget are per UTC day, reference §6); ``PLATFORM_CIRCUIT_OPEN`` without a hint
    the breaker's default cool-down; ``UNAVAILABLE`` and ``TOO_MANY_STREAMS`` a few
    seconds;
 3. any other code on a 429 or 503: :data:`DEFAULT_SECONDS`.
@@ -34,7 +34,7 @@ STATUSES = frozenset({429, 503})
 #: "A few seconds": a backend that is down or slow, a stream slot, any other 429/503.
 DEFAULT_SECONDS = 5
 #: ``PLATFORM_CIRCUIT_OPEN`` without ``details.retryAfterSeconds``: the default
-#: ``BREAKER_COOLDOWN_SECONDS`` (SPEC §7).
+#: ``BREAKER_COOLDOWN_SECONDS`` (reference §7).
 BREAKER_FALLBACK_SECONDS = 60
 #: The key of a backend's own hint in an error's ``details``.
 HINT_KEY = "retryAfterSeconds"
@@ -95,7 +95,7 @@ def retry_after_seconds(
     """Seconds for the ``Retry-After`` of an error answer, or None when it takes none.
 
     Args:
-        code: the SPEC §4/§9 error code of the answer.
+        code: the reference §4/§9 error code of the answer.
         status: its HTTP status; only 429 and 503 get a value.
         details: the error's details (a backend's ``retryAfterSeconds`` hint wins).
         now: the current time (UTC); the wall clock by default.

@@ -1,4 +1,4 @@
-"""Pydantic request and response models of the REST API (SPEC §3, §3.1).
+"""Pydantic request and response models of the REST API (reference §3, §3.1).
 
 Field names are the camelCase JSON names themselves. Enumerations are closed
 ``Literal`` types, so an unknown value is a 400 ``INVALID_ARGUMENT`` and the
@@ -23,7 +23,7 @@ INT64_MAX = 2**53
 ID = Field(min_length=1, max_length=128)
 #: An id in a body naming an existing resource (a job, material, block, knowledge
 #: point, job target), forwarded as is: ids are opaque, so an unknown one of any
-#: length is the backend's 404 (``JOB_NOT_FOUND`` or ``NOT_FOUND``, SPEC §3 "any
+#: length is the backend's 404 (``JOB_NOT_FOUND`` or ``NOT_FOUND``, reference §3 "any
 #: unknown id → 404, never 400"), not a length error (the body size limit bounds it).
 REF = Field(min_length=1)
 
@@ -128,7 +128,7 @@ class LearningEventIn(Body):
 
     eventId: str = ID
     type: Literal["reading", "quiz_attempt"]
-    materialId: str | None = Field(default=None, min_length=1)  # ids: unknown → 404 (SPEC §3)
+    materialId: str | None = Field(default=None, min_length=1)  # ids: unknown → 404 (reference §3)
     blockId: str | None = Field(default=None, min_length=1)
     knowledgePointId: str | None = Field(default=None, min_length=1)
     dwellSeconds: float | None = Field(default=None, ge=0, le=86400)  # one day, as job_service
@@ -148,7 +148,7 @@ class JobCreate(Body):
 
     jobType: JobType
     targetType: TargetType
-    targetId: str | None = None  # an id: unknown, of any length → 404 (SPEC §3)
+    targetId: str | None = None  # an id: unknown, of any length → 404 (reference §3)
     params: dict[str, Any] | None = None
     apiKeyMode: ApiKeyMode = "platform_key"
 
@@ -157,7 +157,7 @@ class BatchTargetIn(Body):
     """One target of a batch's child."""
 
     targetType: TargetType
-    targetId: str = REF  # an id: unknown, of any length → 404 (SPEC §3)
+    targetId: str = REF  # an id: unknown, of any length → 404 (reference §3)
 
 
 class TargetsOfIn(Body):
@@ -222,7 +222,7 @@ class CredentialPut(Body):
     """``PUT /v1/me/model-credential``.
 
     ``provider`` is any provider the deployment configures (``MODEL_PROVIDERS``,
-    SPEC §9.4); credential_service, which knows them, refuses another with 400
+    reference §9.4); credential_service, which knows them, refuses another with 400
     ``INVALID_ARGUMENT`` naming the field. Omitted: the first configured provider.
     """
 
@@ -270,7 +270,7 @@ class JobBatchOut(BaseModel):
 
 
 class JobOut(BaseModel):
-    """The ``Job`` JSON (SPEC §3): every field present, absent values null."""
+    """The ``Job`` JSON (reference §3): every field present, absent values null."""
 
     jobId: str
     userId: str
@@ -339,7 +339,7 @@ class JobEventOut(BaseModel):
     actor: str
     attemptNo: int
     at: str | None
-    #: The provider a lease grant gave the attempt (its ``locked`` event; SPEC §9.4).
+    #: The provider a lease grant gave the attempt (its ``locked`` event; reference §9.4).
     modelProvider: str | None = None
 
 
@@ -375,7 +375,7 @@ class AdminJobOut(JobOut):
 
 class AdminJobList(JobList):
     """``GET /admin/ai/jobs``: a page, and with ``includeCounts`` the exact number of
-    jobs in each state matching every filter but ``status`` (SPEC §9.5 console)."""
+    jobs in each state matching every filter but ``status`` (reference §9.5 console)."""
 
     counts: dict[JobStatus, int] | None = None
 
@@ -453,7 +453,7 @@ class BlockOut(BaseModel):
 
 
 class MaterialOut(BaseModel):
-    """A material with its blocks (a page of them with ``blocksPageSize``, SPEC §9.2)."""
+    """A material with its blocks (a page of them with ``blocksPageSize``, reference §9.2)."""
 
     materialId: str
     title: str
@@ -573,7 +573,7 @@ class CostsOut(BaseModel):
 
 
 class ProviderBreakerOut(BaseModel):
-    """One model provider's platform-key breaker (SPEC §9.4)."""
+    """One model provider's platform-key breaker (reference §9.4)."""
 
     name: str
     state: BreakerState | None
@@ -583,8 +583,8 @@ class ProviderBreakerOut(BaseModel):
 
 
 class BreakerOut(BaseModel):
-    """The platform circuit breaker (SPEC §6): the first provider's fields, and every
-    provider's in ``providers``, in ``MODEL_PROVIDERS`` order (SPEC §9.4)."""
+    """The platform circuit breaker (reference §6): the first provider's fields, and every
+    provider's in ``providers``, in ``MODEL_PROVIDERS`` order (reference §9.4)."""
 
     state: BreakerState | None
     consecutiveFailures: int
@@ -658,7 +658,7 @@ class AdminRuntimeOut(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """Every error answer (SPEC §4)."""
+    """Every error answer (reference §4)."""
 
     code: str
     message: str

@@ -1,4 +1,4 @@
-"""Gateway settings from the environment (SPEC §7)."""
+"""Gateway settings from the environment (reference §7)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class GatewaySettings(CommonSettings):
             reference §9.3): a token minted a few seconds "in the future" is taken.
         GATEWAY_HOST, GATEWAY_PORT: listen address (port 0 picks a free port).
         CORS_ORIGINS: comma list of allowed browser origins (``scheme://host[:port]``,
-            or ``*`` for any); empty (the default) turns CORS off (SPEC §9.3).
+            or ``*`` for any); empty (the default) turns CORS off (reference §9.3).
         MAX_BODY_BYTES: largest request body accepted (bytes); above it → 413.
         MAX_JSON_DEPTH: deepest JSON nesting accepted in a body; deeper → 400.
         RUNTIME_WORKER_ADDRS: comma list of worker status addresses polled by
@@ -50,9 +50,9 @@ class GatewaySettings(CommonSettings):
         GRPC_TIMEOUT_SECONDS: deadline of every backend call (seconds).
         WORKER_STATUS_TIMEOUT_SECONDS: deadline of each worker ``GetStatus`` (seconds).
         SSE_MAX_STREAMS_PER_USER: most event streams one user may hold open on one
-            gateway process; one more → 429 ``TOO_MANY_STREAMS`` (SPEC §9.1).
+            gateway process; one more → 429 ``TOO_MANY_STREAMS`` (reference §9.1).
         SSE_PING_SECONDS: seconds between ``: ping`` comments on an idle event
-            stream (at most 15, SPEC §9.1).
+            stream (at most 15, reference §9.1).
         WATCH_RECONNECT_SECONDS: pause before re-opening a failed watch of job
             changes (seconds).
     """

@@ -26,7 +26,7 @@ from api_gateway.schemas import (
 
 
 class PollBody(Body):
-    """Poll / claim (SPEC §2.6): ``limit`` ≥ 1 (capped at 50 by the server), ``waitMs`` 0..20000."""
+    """Poll / claim (reference §2.6): ``limit`` ≥ 1 (capped at 50 by the server), ``waitMs`` 0..20000."""
 
     capabilities: list[JobType] = Field(min_length=1, max_length=10)
     limit: int = Field(default=10, ge=1, le=INT32_MAX)
@@ -35,7 +35,7 @@ class PollBody(Body):
 
 
 class ClaimBody(PollBody):
-    """Claim (SPEC §3): a poll body; ``withSnapshots`` also starts each claimed job
+    """Claim (reference §3): a poll body; ``withSnapshots`` also starts each claimed job
     (locked → running, the start a snapshot read implies) and answers its snapshot."""
 
     withSnapshots: bool = False
@@ -146,7 +146,7 @@ class PolledJobs(BaseModel):
 
 
 class SnapshotOut(BaseModel):
-    """An immutable snapshot (SPEC §5, COMMON payload v1)."""
+    """An immutable snapshot (reference §5, COMMON payload v1)."""
 
     snapshotId: str
     schemaVersion: str

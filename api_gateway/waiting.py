@@ -1,4 +1,4 @@
-"""Waiting for a job without polling (SPEC §9.1): ETags, held GETs and event streams.
+"""Waiting for a job without polling (reference §9.1): ETags, held GETs and event streams.
 
 * :func:`get_job` answers ``GET /v1/ai/jobs/{jobId}`` with ``ETag: "<version>"``,
   304 for a current ``If-None-Match``, and holds the answer for ``waitSeconds``.
@@ -123,7 +123,7 @@ async def get_job(
     wait_seconds: int,
     if_none_match: str | None,
 ) -> Response:
-    """``GET /v1/ai/jobs/{jobId}`` (SPEC §9.1).
+    """``GET /v1/ai/jobs/{jobId}`` (reference §9.1).
 
     Args:
         wait_seconds: 0..60. With a matching ``If-None-Match``: held until the job
@@ -205,7 +205,7 @@ async def job_events(
     last_event_id: str | None,
     ping_seconds: float,
 ) -> Response:
-    """``GET /v1/ai/jobs/{jobId}/events`` (SPEC §9.1): the job as it is, then one
+    """``GET /v1/ai/jobs/{jobId}/events`` (reference §9.1): the job as it is, then one
     ``event: job`` per change (``id`` its version), ending after a terminal state.
 
     ``Last-Event-ID`` resumes after that version; at the terminal event the
@@ -279,7 +279,7 @@ async def user_events(
     last_event_id: str | None,
     ping_seconds: float,
 ) -> Response:
-    """``GET /v1/ai/events`` (SPEC §9.1): every change of the caller's jobs as
+    """``GET /v1/ai/events`` (reference §9.1): every change of the caller's jobs as
     ``event: job`` with a cursor as ``id``; never ends by itself.
 
     ``Last-Event-ID`` (a cursor) first replays the jobs changed after it, each

@@ -1,4 +1,4 @@
-"""The gateway's one watch of job changes and its local fan-out (SPEC §9.1).
+"""The gateway's one watch of job changes and its local fan-out (reference §9.1).
 
 :class:`JobHub` keeps one ``JobService.WatchJobs`` stream per gateway process
 (opened on the first waiter, closed after :data:`IDLE_SECONDS` without any)
@@ -178,7 +178,7 @@ class JobHub:
 
         Raises:
             AppError: 429 ``TOO_MANY_STREAMS`` when all ``SSE_MAX_STREAMS_PER_USER``
-                are taken (SPEC §9.1).
+                are taken (reference §9.1).
         """
         held = self._streams.get(user_id, 0)
         if held >= self.max_streams_per_user:

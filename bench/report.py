@@ -317,7 +317,7 @@ def _batch_rows(b: dict[str, Any]) -> list[Row]:
 
 
 def _waiting_rows(wt: dict[str, Any]) -> list[Row]:
-    """The ``waiting`` scenario's rows (SPEC §9.1)."""
+    """The ``waiting`` scenario's rows (reference §9.1)."""
     if "delivery" not in wt:
         return []
     d = wt["delivery"]

@@ -1,4 +1,4 @@
-"""What tracing costs a unary gRPC call through the shared server and channel (SPEC §9.5).
+"""What tracing costs a unary gRPC call through the shared server and channel (reference §9.5).
 
 ``python -m bench.tracing_overhead [--calls N] [--rounds R] [--mode off|on]`` serves
 ``WorkerStatusService.GetStatus`` on a :class:`~airuntime_common.grpc_server.GrpcServer`

@@ -1,4 +1,4 @@
-"""The ``waiting`` scenario (SPEC §9.1): commit-to-event delivery across replicas, and
+"""The ``waiting`` scenario (reference §9.1): commit-to-event delivery across replicas, and
 what 1,000 open event streams cost one gateway.
 
 Two job_service replicas and one gateway (no worker) on a fresh MariaDB database:
@@ -169,7 +169,7 @@ async def _streams(system: System, p: Params) -> dict[str, Any]:
 
 
 async def waiting(p: Params) -> dict[str, Any]:
-    """Scenario: SPEC §9.1 delivery latency and the cost of open streams (module doc)."""
+    """Scenario: reference §9.1 delivery latency and the cost of open streams (module doc)."""
     env = {"SSE_MAX_STREAMS_PER_USER": str(STREAMS_PER_USER)}
     with fresh_database(p.base_url) as url:
         async with System(

@@ -2,7 +2,7 @@
 
 :func:`audit` reads ``ai_runtime_jobs``, ``ai_runtime_job_events``,
 ``ai_results``, the five business tables and the generation plans, and
-checks, for the jobs a scenario created (SPEC §2.3-2.5):
+checks, for the jobs a scenario created (reference §2.3-2.5):
 
 * **lost** — a job the API acknowledged (201/200) that is not in the table;
 * **stuck** — a job not terminal at the end of the scenario (after the
@@ -15,7 +15,7 @@ checks, for the jobs a scenario created (SPEC §2.3-2.5):
 * **lease** problems — a live lease (``lockUntil`` ≥ now) whose holder is not
   a live worker, two holders (event actors) for one attempt, lock events whose
   ``attemptNo`` does not step by one;
-* **history** problems — events that are not a valid path of the SPEC §2.3
+* **history** problems — events that are not a valid path of the reference §2.3
   state machine: first event the creation (— → pending), each ``fromStatus``
   the previous ``toStatus``, the last ``toStatus`` the job's status;
   ``attemptNo`` = number of lock events, ``retryCount`` = number of retries,
@@ -39,7 +39,7 @@ from airuntime_common.canonical import content_hash
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
-#: SPEC §2.3: allowed (fromStatus, toStatus) pairs of the event history.
+#: reference §2.3: allowed (fromStatus, toStatus) pairs of the event history.
 ALLOWED_TRANSITIONS: frozenset[tuple[str | None, str]] = frozenset(
     {
         (None, "pending"),
@@ -73,7 +73,7 @@ PLAN_TABLE: dict[str, str] = {
 
 
 def output_items(job_type: str, output: Any) -> list[Any]:
-    """The business items of a result's output (SPEC §5: the object itself or ``items``)."""
+    """The business items of a result's output (reference §5: the object itself or ``items``)."""
     if job_type == "learning_state_analysis":
         return [output]
     if isinstance(output, dict) and isinstance(output.get("items"), list):

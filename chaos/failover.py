@@ -1,4 +1,4 @@
-"""The provider failover scenario (SPEC §9.4): two stand-in providers, the primary down
+"""The provider failover scenario (reference §9.4): two stand-in providers, the primary down
 and back, two job_service replicas on one MariaDB database.
 
 ``MODEL_PROVIDERS`` lists ``primary`` then ``backup`` (which calls the job's model

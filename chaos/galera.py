@@ -1,4 +1,4 @@
-"""A private 3-node MariaDB Galera cluster for the harness (SPEC §9.6).
+"""A private 3-node MariaDB Galera cluster for the harness (reference §9.6).
 
 :class:`GaleraCluster` starts its own ``mariadbd`` processes with Debian's
 ``galera-4`` provider on loopback ports, each node in its own data directory

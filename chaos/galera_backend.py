@@ -1,4 +1,4 @@
-"""The harness's database when it runs on Galera (SPEC §9.6): a 3-node cluster
+"""The harness's database when it runs on Galera (reference §9.6): a 3-node cluster
 (:mod:`chaos.galera`), HAProxy in front (:mod:`chaos.haproxy`), and the services'
 and the commit probe's databases on it.
 """

@@ -1,4 +1,4 @@
-"""The Galera faults (SPEC §9.6): the services on a 3-node cluster, under load.
+"""The Galera faults (reference §9.6): the services on a 3-node cluster, under load.
 
 * ``galera_writer_kill`` — SIGKILL the node HAProxy writes to; HAProxy moves
   to a backup; the node is started again, rejoins by IST and must hold the
@@ -594,7 +594,7 @@ async def galera_multi_writer(
     if race["slipped"]:
         result.checks.append(
             f"{race['slipped']} of {race['created']} jobs created while their user turned AI"
-            " off were admitted after the revoke and never cancelled (SPEC §6)"
+            " off were admitted after the revoke and never cancelled (reference §6)"
         )
     after = await asyncio.to_thread(cluster.counters)
     conflicts = _delta(after, before)
@@ -653,7 +653,7 @@ REVOKE_RACE_PAIRS = 60
 
 
 async def _revoke_race(run: Run, pairs: int) -> dict[str, Any]:
-    """For ``pairs`` users: a job create and an AI revoke sent at once (SPEC §6).
+    """For ``pairs`` users: a job create and an AI revoke sent at once (reference §6).
 
     Whatever the order they commit in, a create that is acknowledged must end
     ``cancelled`` (the revoke came second and cancelled it) unless it was refused
@@ -701,7 +701,7 @@ async def _revoke_race_outcome(run: Run, created: dict[str, str]) -> dict[str, A
     A create and a revoke of one user are ordered by the user's admission lock: the
     create first, and the revoke finds the job (pending → ``cancelled``; leased →
     ``cancelRequested``, after which a result committed before the worker saw it still
-    wins, SPEC §2.3); or the revoke first, and the create is refused. A job the
+    wins, reference §2.3); or the revoke first, and the create is refused. A job the
     revoke neither cancelled nor flagged, and that had not finished before the revoke
     (``finishedAt`` ≤ the switch's ``changedAt``), was admitted after AI was turned off:
     it *slipped*.

@@ -1,4 +1,4 @@
-"""HAProxy in front of the harness's Galera cluster (SPEC §9.6): one writer.
+"""HAProxy in front of the harness's Galera cluster (reference §9.6): one writer.
 
 :class:`HAProxy` puts one TCP listener in front of the nodes: one writer and
 the other two as ``backup`` servers, health-checked by

@@ -1,7 +1,7 @@
-"""Steady load through the PUBLIC REST API (SPEC §3.1).
+"""Steady load through the PUBLIC REST API (reference §3.1).
 
 Each job gets its own user with its own small material, so a succeeded job's
-business rows can be counted exactly (the per-user dedupe of SPEC §5 never
+business rows can be counted exactly (the per-user dedupe of reference §5 never
 hides a second write). A create carries an ``Idempotency-Key`` and is retried
 with the same key on transport errors and 5xx answers (other than
 ``PLATFORM_CIRCUIT_OPEN``) for up to ``retry_seconds``: a create that committed
@@ -61,7 +61,7 @@ class LoadStats:
 
     Attributes:
         job_ids: jobs acknowledged by the API (201, or 200 on a replay).
-        refused: definite refusals by SPEC §4 code.
+        refused: definite refusals by reference §4 code.
         gave_up: creates abandoned after ``retry_seconds`` of transient errors, by cause.
         transient: transient errors that were retried, by cause.
         replays: creates answered 200 ``Idempotent-Replayed`` after a retry.

@@ -44,7 +44,7 @@ FAULTS: tuple[str, ...] = (
     "provider_failover",
     "batch_faults",
 )
-#: SPEC §9.6: faults of a Galera cluster behind HAProxy (each on its own cluster).
+#: reference §9.6: faults of a Galera cluster behind HAProxy (each on its own cluster).
 GALERA_FAULTS: tuple[str, ...] = ("galera_writer_kill", "galera_conn_kill", "galera_multi_writer")
 ALL_SCENARIOS: tuple[str, ...] = (*FAULTS, "soak", *GALERA_FAULTS)
 #: Scenarios that can share one running system (same settings, faults they recover from).

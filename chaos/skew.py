@@ -4,7 +4,7 @@ The fallback of the clock-skew fault when libfaketime is not installed:
 ``time.time``/``time.time_ns`` and ``datetime.datetime.now``/``utcnow`` are
 shifted by ``SECONDS`` before the module is imported (the monotonic clock,
 which asyncio and timeouts use, is left alone — as a real NTP-less machine
-would). SPEC §1 / case L7: leases must be unaffected, since only the
+would). reference §1 / case L7: leases must be unaffected, since only the
 database clock is used for them.
 """
 

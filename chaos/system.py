@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from launcher import Launcher, build_plan, isolated_env
 from launcher.plan import LOCAL_HOST, ServiceSpec, free_port, grpc_address_list
 
-#: Short leases and timeouts for the harness (SPEC §7 names). The heartbeat
+#: Short leases and timeouts for the harness (reference §7 names). The heartbeat
 #: interval is a third of the lease; the model-call cap is below the job
 #: timeout so a hanging model ends as ``MODEL_TIMEOUT`` first.
 CHAOS_ENV: dict[str, str] = {

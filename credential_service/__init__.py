@@ -1,4 +1,4 @@
-"""credential_service: users' model keys, AES-256-GCM at rest, resolved only for lease holders (SPEC §6).
+"""credential_service: users' model keys, AES-256-GCM at rest, resolved only for lease holders (reference §6).
 
 Layers: :mod:`.servicer` (proto ↔ domain) → :mod:`.domain` (rules) →
 :mod:`.repository` (SQL) and :mod:`.vault` (the AES-GCM keyring).

@@ -84,7 +84,7 @@ async def serve(
         verifier: lease verifier override; by default a gRPC client of ``JOB_SERVICE_ADDR``.
         run_migrations: upgrade the database to head first (as production serve does).
 
-    With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`) every
+    With tracing configured (reference §9.5, :func:`airuntime_common.tracing.setup`) every
     call gets a server span, joined to its caller's trace, and the lease checks
     with job_service carry it on.
 

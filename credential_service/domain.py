@@ -1,11 +1,11 @@
-"""The rules of credential_service (SPEC §5, §6, §9.4), independent of gRPC.
+"""The rules of credential_service (reference §5, §6, §9.4), independent of gRPC.
 
 :class:`CredentialStore` stores, masks, checks, invalidates, rotates and resolves
 users' model keys. Plaintext lives only in local variables here and in the
 :class:`ResolvedKey` handed to the lease holder; it is never logged, never part of an
 error message and never written to the database.
 
-Providers (``MODEL_PROVIDERS``, SPEC §9.4): a platform-key job is resolved for the
+Providers (``MODEL_PROVIDERS``, reference §9.4): a platform-key job is resolved for the
 provider its lease names (job_service chooses it when it grants the lease), with that
 provider's base URL, platform key and model name; a user-key job for its key's
 provider. A key is only ever handed out with its own provider's base URL, so it is
@@ -53,7 +53,7 @@ from credential_service.vault import Keyring, Sealed, mask_key
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: A job's model name when it names none (SPEC §2.2).
+#: A job's model name when it names none (reference §2.2).
 DEFAULT_MODEL_NAME = "deepseek-chat"
 MIN_KEY_CHARS = 8
 MAX_KEY_CHARS = 512
@@ -117,7 +117,7 @@ class CheckResult:
         reason: why not, when not usable.
         providers: where such a job may run, in order of preference: for
             ``platform_key`` the providers with a platform key, for a user key its
-            key's provider (SPEC §9.4).
+            key's provider (reference §9.4).
     """
 
     usable: bool
@@ -231,7 +231,7 @@ class CredentialStore:
     async def _write(self, fn: Callable[[AsyncSession], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction on a new session, run again on a deadlock, a
         lock wait timeout, a Galera certification failure (all 1213/1205) or a
-        connection lost before its COMMIT (a failover to another node, SPEC §9.6)."""
+        connection lost before its COMMIT (a failover to another node, reference §9.6)."""
 
         async def once() -> T:
             async with self._sm() as session, session.begin():
@@ -372,7 +372,7 @@ class CredentialStore:
         log.info("credential deleted", extra={"fields": {"userId": user_id}})
 
     async def erase(self, user_id: str) -> int:
-        """Delete every credential row of the user, valid or not (SPEC §9.2 ``DELETE
+        """Delete every credential row of the user, valid or not (reference §9.2 ``DELETE
         /v1/me``); idempotent: a user with none answers 0.
 
         Raises:
@@ -384,7 +384,7 @@ class CredentialStore:
         return int(removed)
 
     async def check(self, user_id: str, api_key_mode: str) -> CheckResult:
-        """Whether a job with ``api_key_mode`` may be created for the user (SPEC §5, §6).
+        """Whether a job with ``api_key_mode`` may be created for the user (reference §5, §6).
 
         ``platform_key``: usable iff some provider has a platform key (or the dev
         stand-in is allowed); ``providers`` names them. ``user_deepseek_key``: usable iff
@@ -435,7 +435,7 @@ class CredentialStore:
         return CheckResult(True, row.credential_id, "", (row.provider,))
 
     async def mark_invalid(self, credential_id: str, reason: str) -> None:
-        """Mark a key the model rejected as invalid (idempotent; SPEC §6).
+        """Mark a key the model rejected as invalid (idempotent; reference §6).
 
         Raises:
             AppError: ``NOT_FOUND`` for an unknown credential id (e.g. already replaced).
@@ -453,7 +453,7 @@ class CredentialStore:
     # --- rotation ------------------------------------------------------------------------
 
     async def rotate_batch(self, batch_size: int = 0) -> RotationResult:
-        """Re-encrypt up to ``batch_size`` rows not on the current key (resumable, SPEC §6).
+        """Re-encrypt up to ``batch_size`` rows not on the current key (resumable, reference §6).
 
         Each row is read, resealed with a fresh nonce under the current key and written
         back only if it still holds the ciphertext that was read, so it is safe while
@@ -541,13 +541,13 @@ class CredentialStore:
         runtime_instance_id: str | None,
         request_id: str | None = None,
     ) -> ResolvedKey:
-        """The key of a leased job, for its lease holder only (SPEC §3, §6, §9.4).
+        """The key of a leased job, for its lease holder only (reference §3, §6, §9.4).
 
         A platform-key job gets the platform key of the provider its lease names
         (``modelProvider``; a lease naming none: the first configured provider that
         serves its model and has a platform key), a user-key job the user's current
         key, whichever key the job recorded at create (a key stored since replaces it:
-        SPEC §9.4, case P5), with its key's provider. Either way the answer carries
+        reference §9.4, case P5), with its key's provider. Either way the answer carries
         that provider's name, base URL and model name for the job's ``modelName``; a
         user key stored with its own base URL is answered with that URL instead,
         flagged ``user_base_url`` (reference §10.5; a platform key never is).

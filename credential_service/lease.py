@@ -1,6 +1,6 @@
 """Asking job_service whether a caller holds a job's lease (``JobService.VerifyLeases``).
 
-The fencing token is ``(jobId, x-runtime-instance-id, attemptNo)`` (SPEC §3); only
+The fencing token is ``(jobId, x-runtime-instance-id, attemptNo)`` (reference §3); only
 job_service knows the lease, so credential_service asks it on every resolve (the
 resolves that arrive together in one call).
 """

@@ -1,4 +1,4 @@
-"""ORM model of ``ai_model_credentials`` (SPEC §6). There is never a plaintext column.
+"""ORM model of ``ai_model_credentials`` (reference §6). There is never a plaintext column.
 
 One row per user (``user_id`` UNIQUE: one active key per user; the only provider is
 ``deepseek``). Replacing a key deletes the row and inserts a new one with a new

@@ -1,10 +1,10 @@
-"""gRPC servicer of ``zhixi.airuntime.credential.v1.CredentialService`` (SPEC §3, §6).
+"""gRPC servicer of ``zhixi.airuntime.credential.v1.CredentialService`` (reference §3, §6).
 
 Proto ↔ domain only: every method converts the request, calls
 :class:`~credential_service.domain.CredentialStore`, and converts the answer. An
-:class:`AppError` becomes a rich status (ErrorInfo.reason = the SPEC §4 code); a
+:class:`AppError` becomes a rich status (ErrorInfo.reason = the reference §4 code); a
 database that cannot be reached (a lost connection, a refused one, a Galera node
-that left its cluster) is ``UNAVAILABLE`` (retryable: SPEC §9.3, §9.6); any other
+that left its cluster) is ``UNAVAILABLE`` (retryable: reference §9.3, §9.6); any other
 exception is logged (redacted) and answered ``INTERNAL`` without its text.
 """
 
@@ -123,7 +123,7 @@ class CredentialServiceServicer(service_pb2_grpc.CredentialServiceServicer):  # 
     async def EraseUserCredentials(
         self, request: rr.EraseUserCredentialsRequest, context: Context
     ) -> rr.EraseUserCredentialsResponse:
-        """Delete every credential row of the user (SPEC §9.2 erasure); idempotent."""
+        """Delete every credential row of the user (reference §9.2 erasure); idempotent."""
         return rr.EraseUserCredentialsResponse(removed=await self.store.erase(request.user_id))
 
     @_rpc

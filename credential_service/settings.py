@@ -1,4 +1,4 @@
-"""Settings of credential_service, read from the environment (SPEC §7, §9.4).
+"""Settings of credential_service, read from the environment (reference §7, §9.4).
 
 Secrets (``CREDENTIAL_ENCRYPTION_KEYS``, ``DEEPSEEK_API_KEY``, the other providers'
 platform keys) are :class:`pydantic.SecretStr`, so neither a ``repr`` nor a
@@ -30,7 +30,7 @@ from airuntime_common.settings import (
 )
 
 #: The literal platform key used only when ``ALLOW_PLATFORM_KEY_STANDIN=1`` and no
-#: ``DEEPSEEK_API_KEY`` is configured (dev launcher, demo, tests; SPEC §5).
+#: ``DEEPSEEK_API_KEY`` is configured (dev launcher, demo, tests; reference §5).
 
 
 class CredentialSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
@@ -69,7 +69,7 @@ class CredentialSettings(EgressSettings, ModelProvidersSettings, CommonSettings)
     ROTATE_BATCH_SIZE: int = 100
 
     def platform_keys(self, env: Mapping[str, str] | None = None) -> dict[str, SecretStr]:
-        """Each provider's platform key, read from its ``apiKeyEnv`` (SPEC §9.4).
+        """Each provider's platform key, read from its ``apiKeyEnv`` (reference §9.4).
 
         Args:
             env: the environment (default ``os.environ``); ``DEEPSEEK_API_KEY`` is
@@ -103,7 +103,7 @@ class CredentialSettings(EgressSettings, ModelProvidersSettings, CommonSettings)
             keys: :meth:`platform_keys` as read at start (default: read now).
 
         Returns:
-            The key, or None when the provider has no platform key (SPEC §5: never a
+            The key, or None when the provider has no platform key (reference §5: never a
             fake model in production).
         """
         name = provider if provider is not None else self.providers().first.name

@@ -1,4 +1,4 @@
-"""The AES-256-GCM keyring that seals users' model keys at rest (SPEC §6).
+"""The AES-256-GCM keyring that seals users' model keys at rest (reference §6).
 
 * A fresh 96-bit random nonce for every encryption.
 * Associated data binds a ciphertext to its user id, credential id and key id, so a

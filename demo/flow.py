@@ -1,4 +1,4 @@
-"""The demo's walk through the PUBLIC REST API (SPEC §3.1), as a learner's app would do it.
+"""The demo's walk through the PUBLIC REST API (reference §3.1), as a learner's app would do it.
 
 Upload a document → define knowledge points from its headings → record
 reading and quiz activity → create one job of each of the five types (with
@@ -49,7 +49,7 @@ POLL_SECONDS = 0.5
 
 
 class ApiError(RuntimeError):
-    """A REST call answered with an unexpected status; carries the SPEC §4 error body."""
+    """A REST call answered with an unexpected status; carries the reference §4 error body."""
 
     def __init__(self, method: str, path: str, status: int, body: Any) -> None:
         self.status = status

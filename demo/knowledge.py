@@ -275,7 +275,7 @@ def plan_learning_activity(
     now: datetime,
     run_tag: str,
 ) -> LearningActivity:
-    """Reading events and quiz attempts over the last three days (SPEC §3.1 event shape).
+    """Reading events and quiz attempts over the last three days (reference §3.1 event shape).
 
     Knowledge point *i* gets reading events for the first
     ``READ_SHARE_PATTERN[i]`` of its blocks (dwell seconds = text length / 15
@@ -386,7 +386,7 @@ def check_citations(
     material_id: str,
     user_id: str,
 ) -> CitationReport:
-    """Check every id the results cite against the demo's own data (SPEC §5 ownership).
+    """Check every id the results cite against the demo's own data (reference §5 ownership).
 
     Args:
         results: jobType → result items.

@@ -1,6 +1,6 @@
 """Readable text for the demo's results (not raw JSON).
 
-Each ``render_*`` function takes the result items of one job type (SPEC §5
+Each ``render_*`` function takes the result items of one job type (reference §5
 shapes, camelCase) and a :class:`Lookup` that turns ids into what a reader
 recognises: block ids into their ordinals ("block #12"), knowledge point ids
 into names, targets into "material "Title"" / "knowledge point "Name"" / "you".

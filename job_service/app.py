@@ -101,7 +101,7 @@ async def serve(
         MissingSetting: without ``RUNTIME_SERVICE_TOKEN``.
     """
     require(settings, "RUNTIME_SERVICE_TOKEN")
-    # first: the servers and channels built below take the process's tracing (SPEC §9.5)
+    # first: the servers and channels built below take the process's tracing (reference §9.5)
     tracing.setup("job_service")
     if settings.JOB_SERVICE_MIGRATE_ON_START:
         await upgrade_head_async(settings.DATABASE_URL)

@@ -89,11 +89,11 @@ MODEL_COST = Counter(
 
 WATCHERS = Gauge(
     "airt_job_watchers",
-    "WatchJobs streams open on this replica (gateways waiting on job changes, SPEC §9.1)",
+    "WatchJobs streams open on this replica (gateways waiting on job changes, reference §9.1)",
 )
 CHANGES_DELIVERED = Counter(
     "airt_job_changes_delivered_total",
-    "Job changes this replica's change poller handed to its watchers (SPEC §9.1)",
+    "Job changes this replica's change poller handed to its watchers (reference §9.1)",
 )
 
 BREAKER_STATES = ("closed", "open", "half_open")

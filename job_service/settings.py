@@ -1,4 +1,4 @@
-"""job_service configuration from the environment (SPEC §7)."""
+"""job_service configuration from the environment (reference §7)."""
 
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ DEFAULT_MODEL_PRICES: dict[str, dict[str, float]] = {
 
 
 class JobServiceSettings(ModelProvidersSettings, CommonSettings):
-    """Every variable job_service reads (SPEC §7, §9.4); names are the env var names.
+    """Every variable job_service reads (reference §7, §9.4); names are the env var names.
 
     ``MODEL_PROVIDERS`` (the same list credential_service and the workers read) names
     the providers a platform-key attempt may run on, in order of preference, and so
-    the per-provider breakers (SPEC §9.4); its ``apiKeyEnv`` variables are read by
+    the per-provider breakers (reference §9.4); its ``apiKeyEnv`` variables are read by
     credential_service only.
 
     Times are seconds unless the name says ``_MS``. ``RUNTIME_SERVICE_TOKEN``
@@ -91,7 +91,7 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: is deleted by the reaper (unless it still holds a lease); one week by default.
     WORKER_RETENTION_SECONDS: float = Field(default=7 * DAY, ge=60, le=365 * DAY)
     #: Key of the one-way pseudonym (HMAC-SHA256) an erased user's cost and day's
-    #: quota use are kept under (SPEC §9.2). Unset: derived from RUNTIME_SERVICE_TOKEN
+    #: quota use are kept under (reference §9.2). Unset: derived from RUNTIME_SERVICE_TOKEN
     #: (then rotating the token changes the pseudonyms: an erased user's day of quota
     #: use is forgotten, nothing else).
     ERASURE_PSEUDONYM_KEY: str = ""
@@ -102,10 +102,10 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     #: How often the queue-depth and breaker gauges are re-read from the database.
     METRICS_REFRESH_SECONDS: float = Field(default=5, gt=0, le=DAY)
     #: How often the one change poller of the process reads the job changes every
-    #: replica committed, while someone watches (``WatchJobs``, SPEC §9.1).
+    #: replica committed, while someone watches (``WatchJobs``, reference §9.1).
     WATCH_POLL_INTERVAL_MS: int = Field(default=100, ge=5, le=60_000)
     #: How long a hole in the event sequence (a transaction still to commit) is
-    #: looked for again before it counts as rolled back (SPEC §9.1).
+    #: looked for again before it counts as rolled back (reference §9.1).
     WATCH_GAP_SECONDS: float = Field(default=5, ge=0, le=600)
 
     #: ``fair`` (default): within one priority, jobs are taken in fair order across
@@ -144,7 +144,7 @@ class JobServiceSettings(ModelProvidersSettings, CommonSettings):
     def worker_alive_seconds(self) -> float:
         """How recently an instance must have been seen for health to be SERVING.
 
-        Three poll intervals (SPEC §3), but at least ``WORKER_ALIVE_MIN_SECONDS``
+        Three poll intervals (reference §3), but at least ``WORKER_ALIVE_MIN_SECONDS``
         (30 s): a worker in a 20 s long poll is not seen between its calls.
         """
         return max(3 * self.POLL_INTERVAL_MS / 1000.0, self.WORKER_ALIVE_MIN_SECONDS)

@@ -258,7 +258,7 @@ class Launcher:
         A job_service replica or a runtime worker that dies while another of its kind
         still runs is reported (and kept in :attr:`failure`) but does not end the
         wait: the clients skip a dead replica, and a dead worker's leases expire and
-        its jobs are retried by the others (SPEC §2.3).
+        its jobs are retried by the others (reference §2.3).
         """
         if self._failed is None:
             raise RuntimeError("launcher not started")
@@ -282,7 +282,7 @@ class Launcher:
     async def stop_service(self, name: str, sig: signal.Signals = signal.SIGTERM) -> int:
         """Stop one child on purpose (not reported as a failure); returns its exit status.
 
-        ``sig=signal.SIGKILL`` simulates a hard crash (SPEC cases L5/L6); any
+        ``sig=signal.SIGKILL`` simulates a hard crash (cases L5/L6); any
         other signal is followed by SIGKILL after the grace period.
 
         Raises:
@@ -407,7 +407,7 @@ class Launcher:
             host, port = spec.bind
             raise LauncherError(
                 f"{spec.name}: {host}:{port} is already in use (another instance running?);"
-                " stop it or choose another port (SPEC §7 *_LISTEN / GATEWAY_PORT variables)"
+                " stop it or choose another port (reference §7 *_LISTEN / GATEWAY_PORT variables)"
             )
         if self._log_dir is not None:
             child.log = (self._log_dir / f"{spec.name}.log").open("a", encoding="utf-8")

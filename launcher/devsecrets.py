@@ -1,7 +1,7 @@
 """Local development secrets and env files.
 
 The launcher is the one place allowed to invent the secrets every service
-otherwise refuses to start without (SPEC §7): ``RUNTIME_SERVICE_TOKEN``,
+otherwise refuses to start without (reference §7): ``RUNTIME_SERVICE_TOKEN``,
 ``JWT_SECRET`` and ``CREDENTIAL_ENCRYPTION_KEYS``. A value set in the
 environment always wins; a missing one is read from ``var/dev-secrets.env``
 or, the first time, generated and written there (mode 0600) so that the next

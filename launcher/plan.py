@@ -659,7 +659,7 @@ def build_plan(
     only: Iterable[str] | str | None = None,
     python: str | None = None,
 ) -> LaunchPlan:
-    """Assemble the children's environments (LAUNCHER brief; SPEC §7).
+    """Assemble the children's environments (LAUNCHER brief; reference §7).
 
     Args:
         base_env: the launcher's environment (``os.environ`` plus any env file).

@@ -3,7 +3,7 @@
 ``python -m launcher.token --sub u1 --role admin [--plan pro] [--ttl 3600]``
 prints an HS256 token signed with ``JWT_SECRET`` (from the environment, an
 ``--env-file``, or the launcher's ``var/dev-secrets.env``), with claims
-``sub``, ``role``, ``iat``, ``exp`` (SPEC §3.1), ``plan`` when given and
+``sub``, ``role``, ``iat``, ``exp`` (reference §3.1), ``plan`` when given and
 ``iss`` when ``JWT_ISSUER`` is set.
 """
 

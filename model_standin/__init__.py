@@ -1,7 +1,7 @@
 """A local stand-in for DeepSeek's chat-completions API, with fault injection.
 
 Used only where configured explicitly — the launcher's dev mode, the demo and
-tests (SPEC §5) — never as a fallback for a missing platform key.
+tests (reference §5) — never as a fallback for a missing platform key.
 
 Run it as ``python -m model_standin --host 127.0.0.1 --port 8600`` (or, one port
 per provider, ``--providers deepseek=8600,backup=8601:backup-chat``), or

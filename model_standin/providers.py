@@ -1,5 +1,5 @@
 """Several providers at once: one stand-in per provider, each on its own port
-(SPEC §9.4, case P6).
+(reference §9.4, case P6).
 
 Each :class:`~model_standin.server.StandIn` keeps its own faults, statistics and
 record of the keys and models it was sent, so a test or the demo can make one

@@ -5,7 +5,7 @@ its own (:mod:`model_standin.wire`) so that faults are real on the wire: headers
 without a body, blank keep-alive lines, connections closed mid-body, requests
 never answered (:mod:`model_standin.wire_faults`). The answers are
 :mod:`model_standin.completions` of :mod:`model_standin.answers`. Used only where
-configured explicitly (launcher dev mode, demo, tests; SPEC §5).
+configured explicitly (launcher dev mode, demo, tests; reference §5).
 
 Endpoints:
 

@@ -35,7 +35,7 @@ def _advertised(settings: WorkerSettings, port: int) -> str:
 class WorkerApp:
     """The whole worker process in one object.
 
-    With tracing configured (SPEC §9.5, :func:`airuntime_common.tracing.setup`) each
+    With tracing configured (reference §9.5, :func:`airuntime_common.tracing.setup`) each
     attempt's spans join its job's trace (:mod:`runtime_worker.spans`), every gRPC
     call is a client span and the DeepSeek provider's HTTP calls are aiohttp client spans.
 
@@ -93,7 +93,7 @@ class WorkerApp:
         """Check settings, serve status, start the loop.
 
         Raises:
-            MissingSetting: a required or unsafe setting (SPEC §7, case L2).
+            MissingSetting: a required or unsafe setting (reference §7, case L2).
         """
         self.settings.check()
         status = WorkerStatusService(self.worker)
@@ -155,7 +155,7 @@ async def run(
     """Run a worker until ``stop_event`` is set, then shut down gracefully.
 
     Args:
-        settings: worker settings; refused at start if unsafe (SPEC §7).
+        settings: worker settings; refused at start if unsafe (reference §7).
         stop_event: set it (SIGTERM) to stop claiming and drain.
         provider: optional model provider override (tests).
 

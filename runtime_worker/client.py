@@ -1,4 +1,4 @@
-"""gRPC client of the worker to JobService and CredentialService (SPEC §3).
+"""gRPC client of the worker to JobService and CredentialService (reference §3).
 
 Every call carries ``x-internal-api-key`` and ``x-runtime-instance-id``
 metadata and a deadline. Idempotent calls (HeartbeatLeases — retried
@@ -52,9 +52,9 @@ T = TypeVar("T")
 
 #: gRPC status codes after which an idempotent call is tried again.
 RETRY_STATUS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-#: SPEC §4 codes (from ErrorInfo) after which an idempotent call is tried again.
+#: reference §4 codes (from ErrorInfo) after which an idempotent call is tried again.
 RETRY_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
-#: Most leases per HeartbeatLeases call (SPEC §3).
+#: Most leases per HeartbeatLeases call (reference §3).
 MAX_LEASES_PER_CALL = 500
 #: Longest retryAfterSeconds a FailJob may carry (job_service refuses more: one day).
 MAX_RETRY_AFTER_SECONDS = float(DAY)
@@ -167,7 +167,7 @@ class RuntimeClient:
         self, capabilities: Sequence[str], limit: int, wait_ms: int, status_address: str
     ) -> tuple[list[Any], dict[str, Any]]:
         """ClaimJobs with start: poll + lock + start up to ``limit`` jobs, with their
-        snapshots (SPEC §2.3, §2.6, §3). Not retried.
+        snapshots (reference §2.3, §2.6, §3). Not retried.
 
         Returns:
             ``(jobs, snapshots)``: the claimed ``Job`` messages, each leased to this
@@ -273,10 +273,10 @@ class RuntimeClient:
         retry_after_seconds: float | None = None,
         invocations: Sequence[Any] = (),
     ) -> Any:
-        """FailJob with a SPEC §4 code (a repeat answers 200). Returns ``FailJobResponse``.
+        """FailJob with a reference §4 code (a repeat answers 200). Returns ``FailJobResponse``.
 
         ``invocations`` (``ModelCall`` messages) are logged with the fail, once.
-        ``retry_after_seconds`` (a provider's Retry-After, SPEC §2.4) is sent as at
+        ``retry_after_seconds`` (a provider's Retry-After, reference §2.4) is sent as at
         most :data:`MAX_RETRY_AFTER_SECONDS`, the most job_service accepts: a fail it
         refused would leave the job to its lease's expiry, its code lost.
         """

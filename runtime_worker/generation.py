@@ -1,4 +1,4 @@
-"""One attempt's model work: call, parse, validate, and at most one re-ask (SPEC §5).
+"""One attempt's model work: call, parse, validate, and at most one re-ask (reference §5).
 
 Inside a well-formed envelope, blank content, ``finish_reason=length`` or
 content that is not JSON / fails the output schema is ``INVALID_SCHEMA``
@@ -40,11 +40,11 @@ _FENCE = re.compile(r"^```[A-Za-z0-9_-]*[ \t]*\r?\n(.*?)\r?\n?```$", re.DOTALL)
 
 @dataclass
 class Invocation:
-    """One model call, as RecordInvocation records it (SPEC §5 invocation logs).
+    """One model call, as RecordInvocation records it (reference §5 invocation logs).
 
     Attributes:
         outcome: ``"succeeded"`` or ``"failed"``.
-        error_code: SPEC §4 code of a failed call (or :data:`ABORTED`), else None.
+        error_code: reference §4 code of a failed call (or :data:`ABORTED`), else None.
         latency_ms: wall time of the call (ms).
     """
 
@@ -77,7 +77,7 @@ def parse_content(
         content: ``choices[0].message.content``.
         finish_reason: ``choices[0].finish_reason``.
         max_items: the job's ``count``: of a longer ``items`` list only the first
-            ``max_items`` are kept, and validated (SPEC §9.4); None keeps them all.
+            ``max_items`` are kept, and validated (reference §9.4); None keeps them all.
 
     Returns:
         The parsed JSON object (as the model wrote it, ``items`` cut to

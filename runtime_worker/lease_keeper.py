@@ -1,4 +1,4 @@
-"""Keeps the worker's leases alive with ONE batched heartbeat (SPEC §2.3, §3).
+"""Keeps the worker's leases alive with ONE batched heartbeat (reference §2.3, §3).
 
 Every ``HEARTBEAT_INTERVAL_SECONDS`` all in-flight leases are renewed with one
 ``HeartbeatLeases`` call. A lease answered ``held=false`` is lost (expired and

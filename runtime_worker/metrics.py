@@ -34,7 +34,7 @@ MODEL_LATENCY = Histogram(
 #: This worker's calls to job_service and credential_service, retries included.
 RPC_SECONDS = Histogram(
     "airt_worker_rpc_seconds",
-    "Wall time of one internal gRPC call made by the worker, by method and SPEC §4 code",
+    "Wall time of one internal gRPC call made by the worker, by method and reference §4 code",
     ["rpc", "code"],
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 25),
     registry=None,

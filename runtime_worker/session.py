@@ -1,4 +1,4 @@
-"""The worker's end of ``RuntimeSession``: its runtime calls over one stream (SPEC §3).
+"""The worker's end of ``RuntimeSession``: its runtime calls over one stream (reference §3).
 
 :class:`RuntimeSession` keeps one bidirectional stream to job_service open and
 multiplexes the worker's calls over it: each call is a numbered message, its

@@ -1,6 +1,6 @@
-"""Worker settings from the environment (SPEC §7).
+"""Worker settings from the environment (reference §7).
 
-Names are exactly the spec's. :meth:`WorkerSettings.check` is called at start
+Names are exactly the contract's. :meth:`WorkerSettings.check` is called at start
 and refuses a configuration that cannot keep its leases (case L2).
 """
 
@@ -42,7 +42,7 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
         POLL_INTERVAL_MS: sleep between claims when nothing was found (ms).
         WORKER_CONCURRENCY: jobs executed at once.
         HEARTBEAT_INTERVAL_SECONDS: period of the batched lease heartbeat (s); at most
-            ``LOCK_LEASE_SECONDS / 3`` (SPEC §7).
+            ``LOCK_LEASE_SECONDS / 3`` (reference §7).
         LOCK_LEASE_SECONDS: the lease job_service grants (s); only used for the check above.
         RUNTIME_WORKER_LISTEN: listen address of the status gRPC server (port 0 = any).
         RUNTIME_WORKER_ADVERTISE_ADDR: address reported to job_service as ``status_address``;
@@ -61,7 +61,7 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
         MODEL_CALL_MAX_SECONDS: overall cap of one model call incl. body read (s).
         MODEL_MAX_RESPONSE_BYTES: most bytes of one model answer's body (bytes, decoded;
             default 8 MiB, 1 KiB..1 GiB): a longer answer is ``TEMPORARY_PROVIDER_ERROR``
-            and is not read further (SPEC §9.4), so a worker holds at most
+            and is not read further (reference §9.4), so a worker holds at most
             ``WORKER_CONCURRENCY`` × this in answer bodies.
         RPC_TIMEOUT_SECONDS: deadline of one internal gRPC call (s).
         RPC_RETRY_SECONDS: how long idempotent internal calls retry on UNAVAILABLE (s).
@@ -111,7 +111,7 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
         return out
 
     def check(self) -> None:
-        """Refuse to start on an unsafe or meaningless configuration (SPEC §7, case L2).
+        """Refuse to start on an unsafe or meaningless configuration (reference §7, case L2).
 
         Raises:
             MissingSetting: ``RUNTIME_SERVICE_TOKEN`` is empty.
@@ -119,12 +119,14 @@ class WorkerSettings(EgressSettings, ModelProvidersSettings, CommonSettings):
                 empty capabilities.
         """
         if not self.RUNTIME_SERVICE_TOKEN:
-            raise MissingSetting("refusing to start: RUNTIME_SERVICE_TOKEN is required (SPEC §7)")
+            raise MissingSetting(
+                "refusing to start: RUNTIME_SERVICE_TOKEN is required (reference §7)"
+            )
         if self.HEARTBEAT_INTERVAL_SECONDS * 3 > self.LOCK_LEASE_SECONDS + 1e-9:
             raise InvalidSettings(
                 "refusing to start: HEARTBEAT_INTERVAL_SECONDS="
                 f"{self.HEARTBEAT_INTERVAL_SECONDS:g} is above a third of "
-                f"LOCK_LEASE_SECONDS={self.LOCK_LEASE_SECONDS:g} (SPEC §7)"
+                f"LOCK_LEASE_SECONDS={self.LOCK_LEASE_SECONDS:g} (reference §7)"
             )
         caps = self.capabilities
         unknown = [c for c in caps if jobtypes.find(c) is None]

@@ -1,4 +1,4 @@
-"""The spans of one attempt, in the trace of the job's create (SPEC §9.5).
+"""The spans of one attempt, in the trace of the job's create (reference §9.5).
 
 ::
 
@@ -14,7 +14,7 @@ Every span carries :data:`JOB_ID`, :data:`JOB_ATTEMPT`, :data:`JOB_TYPE`,
 known, :data:`MODEL_PROVIDER`. A claimed job without ``trace_parent`` (a job_service
 that stores none, a create that carried no trace) gets an ``attempt`` root, so
 the attempt's spans still form one trace. Errors are recorded as ``error.type``
-(a SPEC §4 code) and the span's status; never an exception's text, which could
+(a reference §4 code) and the span's status; never an exception's text, which could
 quote a provider's answer. Nothing here sees the key, the prompt or any body.
 
 With tracing off, :class:`AttemptSpans` hands out :data:`NO_TRACE`, whose every
@@ -50,11 +50,11 @@ JOB_ATTEMPT = "job.attempt"
 JOB_TYPE_ATTR = "job.type"
 #: The job's ``promptVersion`` (``quiz_generation.v2``): the template the attempt renders.
 PROMPT_VERSION = "job.prompt_version"
-#: The model provider the attempt runs on (``deepseek``…; SPEC §9.4).
+#: The model provider the attempt runs on (``deepseek``…; reference §9.4).
 MODEL_PROVIDER = "model.provider"
-#: On ``fail``: the SPEC §4 code the attempt is failed with.
+#: On ``fail``: the reference §4 code the attempt is failed with.
 JOB_ERROR_CODE = "job.error_code"
-#: Why a span failed: a SPEC §4 code (OpenTelemetry's ``error.type``).
+#: Why a span failed: a reference §4 code (OpenTelemetry's ``error.type``).
 ERROR_TYPE = "error.type"
 #: ``error.type`` of a model call the worker stopped (cancel, lease loss, shutdown).
 ABORTED = "ABORTED"
@@ -100,7 +100,7 @@ class AttemptTrace:
         return _NOTHING
 
     def failed(self, code: str) -> None:
-        """Mark the attempt as ended without success for ``code`` (SPEC §4)."""
+        """Mark the attempt as ended without success for ``code`` (reference §4)."""
 
 
 #: The attempt trace of a worker without tracing.

@@ -1,4 +1,4 @@
-"""``zhixi.airuntime.worker.v1.WorkerStatusService``: GetStatus and Drain (SPEC §3)."""
+"""``zhixi.airuntime.worker.v1.WorkerStatusService``: GetStatus and Drain (reference §3)."""
 
 from __future__ import annotations
 

@@ -47,6 +47,7 @@ from pydantic import BaseModel, SecretStr  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
+from airuntime_common.egress import EgressSettings  # noqa: E402
 from airuntime_common.model_providers import ModelProviders, ModelProvidersSettings  # noqa: E402
 from airuntime_common.settings import CommonSettings  # noqa: E402
 from api_gateway.settings import GatewaySettings  # noqa: E402
@@ -90,6 +91,14 @@ SECTIONS: tuple[Section, ...] = (
         ("job_service", "credential_service", "runtime_worker"),
     ),
     Section(
+        EgressSettings,
+        "Users' own base URLs",
+        "Whether a learner's key may carry its own endpoint, and where such an endpoint "
+        "may be: give credential_service and the workers the same values (reference "
+        "§10.5, [the threat model](security/egress.md)).",
+        ("credential_service", "runtime_worker"),
+    ),
+    Section(
         GatewaySettings,
         "api_gateway",
         "The public HTTP server: tokens, CORS, request limits, event streams.",
@@ -99,7 +108,7 @@ SECTIONS: tuple[Section, ...] = (
         JobServiceSettings,
         "job_service",
         "The job state machine: database, leases, retries, the breakers, budgets and "
-        "quotas, the change feed, result groups.",
+        "quotas, the change feed, fair order and provider limits, batches, prompts.",
         ("job_service",),
     ),
     Section(

@@ -1,9 +1,9 @@
-"""Field lists copied from SPEC §3, shared by the tests that check them (independent of
+"""Field lists copied from reference §3, shared by the tests that check them (independent of
 the product's own converters, so a converter bug cannot hide)."""
 
 from __future__ import annotations
 
-#: Every key of the ``Job`` JSON (SPEC §3), in the spec's order.
+#: Every key of the ``Job`` JSON (reference §3), in the contract's order.
 JOB_KEYS = (
     "jobId",
     "userId",

@@ -1,4 +1,4 @@
-"""Admin REST under ``/admin`` (SPEC §3.1) and the operator console page.
+"""Admin REST under ``/admin`` (reference §3.1) and the operator console page.
 
 Every route except ``GET /admin/console`` needs an admin JWT (a user token →
 403 ``PERMISSION_DENIED``).
@@ -123,7 +123,7 @@ async def admin_list_jobs(
     """All users' jobs, newest first, filtered by status, job type, user, creation
     time ``[createdFrom, createdTo)`` and batch (``parentJobId``, reference §10.3); with
     ``includeCounts`` also the exact number of jobs in each state for the other filters
-    (SPEC §3.1, §9.5 console).
+    (reference §3.1, §9.5 console).
 
     A bad filter (unknown status or type, a time without an offset, ``createdFrom``
     not before ``createdTo``) is 400 ``INVALID_ARGUMENT``.
@@ -156,7 +156,7 @@ async def admin_list_jobs(
 @router.get("/ai/jobs/{jobId}", response_model=AdminJobDetailOut)
 async def admin_get_job(principal: AdminPrincipal, call: Backend, jobId: JobId) -> dict[str, Any]:
     """One job with its whole history (events oldest first) and its model calls, the
-    same grouped by attempt, and what its snapshot holds (SPEC §3.1, §9.5 console)."""
+    same grouped by attempt, and what its snapshot holds (reference §3.1, §9.5 console)."""
     resp = await call(call.job.GetJob, rr.GetJobRequest(job_id=jobId, include_history=True))
     return {
         **convert.job_json(resp.job),
@@ -176,7 +176,7 @@ async def admin_throughput(
     hours: Annotated[int, Query(ge=1, le=168, description="the window, in hours")] = 6,
 ) -> dict[str, Any]:
     """Jobs ended per minute by outcome (succeeded, failed, cancelled) over the last
-    ``hours``, and the window's failure rate, counted by the database (SPEC §9.5)."""
+    ``hours``, and the window's failure rate, counted by the database (reference §9.5)."""
     resp = await call(call.job.GetJobThroughput, rr.GetJobThroughputRequest(hours=hours))
     return convert.throughput_json(resp, hours)
 
@@ -192,7 +192,7 @@ async def admin_rerun_job(
 
     The new job is refused as a create of its user would be: 403 AI_NOT_AUTHORIZED,
     422 INVALID_CREDENTIAL (no usable key; it takes the user's current one), 429/503
-    for the platform budget and breaker (SPEC §2.3, §6).
+    for the platform budget and breaker (reference §2.3, §6).
     """
     resp = await call(
         call.job.RerunJob,
@@ -258,7 +258,7 @@ async def admin_breaker_reset(
     provider: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
 ) -> dict[str, Any]:
     """Close the platform circuit breaker of ``provider``, or of every provider without
-    it (SPEC §9.4); a provider not configured is 400 INVALID_ARGUMENT."""
+    it (reference §9.4); a provider not configured is 400 INVALID_ARGUMENT."""
     request = rr.ResetCircuitBreakerRequest()
     if provider is not None:
         request.provider = provider
@@ -312,7 +312,7 @@ async def admin_runtime(
 
 @router.get("/console", response_class=HTMLResponse, include_in_schema=False)
 async def admin_console() -> HTMLResponse:
-    """The operator's console (static; it asks for an admin token itself, SPEC §3.1, §9.5):
+    """The operator's console (static; it asks for an admin token itself, reference §3.1, §9.5):
     job list, job page, charts, workers and breakers, drawn from the admin API."""
     return HTMLResponse(
         CONSOLE_FILE.read_text(encoding="utf-8"),

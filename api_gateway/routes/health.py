@@ -1,4 +1,4 @@
-"""Liveness, readiness and metrics (SPEC §3.1)."""
+"""Liveness, readiness and metrics (reference §3.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The runtime REST shim under ``/internal/runtime`` (SPEC §3 table).
+"""The runtime REST shim under ``/internal/runtime`` (reference §3 table).
 
 Same semantics as the gRPC runtime contract: each route forwards to
 job_service / credential_service with ``x-runtime-instance-id`` from the

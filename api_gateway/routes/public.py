@@ -1,4 +1,4 @@
-"""Public REST under ``/v1`` (SPEC §3.1): learning data, jobs, results, key, AI authorization.
+"""Public REST under ``/v1`` (reference §3.1): learning data, jobs, results, key, AI authorization.
 
 Every route needs a user or admin JWT and acts on the caller's own rows only;
 another user's job is 404 ``JOB_NOT_FOUND``.
@@ -56,7 +56,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, **({"headers": RETRY_AFTER_HEADER} if code in (429, 503) else {})}
     for code in (400, 401, 403, 404, 409, 413, 422, 429, 500, 503)
 }
-#: The create's answer to a repeat of its ``Idempotency-Key`` (SPEC §2.5).
+#: The create's answer to a repeat of its ``Idempotency-Key`` (reference §2.5).
 REPLAYED: dict[int | str, dict[str, Any]] = {
     200: {
         "model": JobOut,
@@ -71,7 +71,7 @@ REPLAYED: dict[int | str, dict[str, Any]] = {
     }
 }
 
-#: The job's ETag on its GET answers (SPEC §9.1).
+#: The job's ETag on its GET answers (reference §9.1).
 ETAG_HEADER: dict[str, Any] = {
     "ETag": {
         "description": 'The job\'s version in double quotes (e.g. "7"); it changes on every '
@@ -89,7 +89,7 @@ JOB_GET_RESPONSES: dict[int | str, dict[str, Any]] = {
         "headers": ETAG_HEADER,
     },
 }
-#: The event streams' answers besides the errors (SPEC §9.1). Their routes' response
+#: The event streams' answers besides the errors (reference §9.1). Their routes' response
 #: class is the bare ``Response`` (no media type of its own), so only the 200 is
 #: ``text/event-stream`` and the errors stay ``application/json`` as they are sent
 #: (a route's media type is what FastAPI declares every ``model`` response under).
@@ -171,7 +171,7 @@ async def list_materials(
     pageSize: PageSize = 20,
     pageToken: PageToken = None,
 ) -> dict[str, Any]:
-    """The caller's materials, newest first, paged (SPEC §9.2; no blocks, their count)."""
+    """The caller's materials, newest first, paged (reference §9.2; no blocks, their count)."""
     resp = await call(
         call.job.ListMaterials,
         rr.ListMaterialsRequest(
@@ -195,7 +195,7 @@ async def get_material(
     """One of the caller's materials with its blocks (another's → 404 ``NOT_FOUND``).
 
     With ``blocksPageSize`` (1..1000) the blocks come a page at a time, in order,
-    with ``nextBlocksPageToken`` (SPEC §9.2); without it, every block.
+    with ``nextBlocksPageToken`` (reference §9.2); without it, every block.
     """
     if blocksPageToken and blocksPageSize is None:
         raise AppError(
@@ -221,7 +221,7 @@ async def delete_material(
     call: Backend,
     materialId: Annotated[str, Path(min_length=1)],
 ) -> Response:
-    """Delete one of the caller's materials (SPEC §9.2): its blocks, knowledge points,
+    """Delete one of the caller's materials (reference §9.2): its blocks, knowledge points,
     the learning events on it, every snapshot built from it and every business row
     citing it go; its pending jobs are cancelled, leased ones asked to cancel (a
     result still sent for them writes nothing). Job rows stay. Another's → 404."""
@@ -277,7 +277,7 @@ async def delete_knowledge_point(
     call: Backend,
     knowledgePointId: Annotated[str, Path(min_length=1)],
 ) -> Response:
-    """Delete one of the caller's knowledge points (SPEC §9.2): the items that named it
+    """Delete one of the caller's knowledge points (reference §9.2): the items that named it
     keep their text with ``knowledgePointId`` null; another's → 404 ``NOT_FOUND``."""
     await call(
         call.job.DeleteKnowledgePoint,
@@ -358,7 +358,7 @@ async def list_ai_jobs(
         Query(
             max_length=MAX_IDS_QUERY,
             description="Comma-separated job ids (at most 100): those of the caller's jobs,"
-            " in the order asked; unknown and other users' ids are left out (SPEC §9.2)."
+            " in the order asked; unknown and other users' ids are left out (reference §9.2)."
             " Not combinable with status, jobType or pageToken.",
         ),
     ] = None,
@@ -394,7 +394,7 @@ async def list_ai_jobs(
 
 
 async def _jobs_by_ids(user_id: str, call: Backend, ids: str, other_filter: Any) -> dict[str, Any]:
-    """``GET /v1/ai/jobs?ids=a,b,…`` (SPEC §9.2).
+    """``GET /v1/ai/jobs?ids=a,b,…`` (reference §9.2).
 
     Raises:
         AppError: INVALID_ARGUMENT for no ids, more than 100, or ``ids`` with another filter.
@@ -428,14 +428,14 @@ async def get_ai_job(
             ge=0,
             le=60,
             description="Hold the answer up to this many seconds: with If-None-Match until "
-            "the job changes (else 304), without it until the job is terminal (SPEC §9.1).",
+            "the job changes (else 304), without it until the job is terminal (reference §9.1).",
         ),
     ] = 0,
     if_none_match: IfNoneMatchHeader = None,
 ) -> Response:
     """One of the caller's jobs with its ``ETag`` (another user's → 404
     ``JOB_NOT_FOUND``); 304 while ``If-None-Match`` is current; ``waitSeconds`` holds
-    the answer (SPEC §9.1)."""
+    the answer (reference §9.1)."""
     return await waiting.get_job(
         call,
         hub,
@@ -460,7 +460,7 @@ async def ai_job_events(
     last_event_id: LastEventIdHeader = None,
 ) -> Response:
     """The job as an event stream: the job as it is, one event per change (``id`` its
-    version), the end after a terminal state; ``Last-Event-ID`` resumes (SPEC §9.1)."""
+    version), the end after a terminal state; ``Last-Event-ID`` resumes (reference §9.1)."""
     return await waiting.job_events(
         call,
         hub,
@@ -480,7 +480,7 @@ async def ai_events(
     last_event_id: LastEventIdHeader = None,
 ) -> Response:
     """Every change of the caller's jobs as an event stream (``id`` a cursor that
-    ``Last-Event-ID`` resumes from); it does not end by itself (SPEC §9.1)."""
+    ``Last-Event-ID`` resumes from); it does not end by itself (reference §9.1)."""
     return await waiting.user_events(
         call,
         hub,
@@ -515,7 +515,7 @@ async def retry_ai_job(
     idempotency_key: IdempotencyKeyHeader = None,
 ) -> dict[str, Any]:
     """Retry one of the caller's failed jobs as a new job with ``retriedFromJobId``
-    (SPEC §9.2): 201, or 200 + ``Idempotent-Replayed`` on a repeat of the key.
+    (reference §9.2): 201, or 200 + ``Idempotent-Replayed`` on a repeat of the key.
 
     Only from ``failed`` (else 409 ``INVALID_JOB_STATE``); every check of a create
     applies (403 ``AI_NOT_AUTHORIZED``, 422 ``INVALID_CREDENTIAL``, 429 quota and
@@ -584,7 +584,7 @@ async def delete_result_item(
     kind: ResultKind,
     itemId: Annotated[str, Path(min_length=1)],
 ) -> Response:
-    """Delete one of the caller's business items (its ``itemId``) of ``kind`` (SPEC §9.2);
+    """Delete one of the caller's business items (its ``itemId``) of ``kind`` (reference §9.2);
     unknown or another user's → 404 ``NOT_FOUND``."""
     await call(
         call.job.DeleteResultItem,
@@ -623,7 +623,7 @@ async def rate_result_item(
 
 @router.delete("/me", status_code=204)
 async def erase_me(principal: UserPrincipal, call: Backend) -> Response:
-    """Erase the caller (SPEC §9.2, the right to erasure): their jobs are ended and
+    """Erase the caller (reference §9.2, the right to erasure): their jobs are ended and
     removed, every row of theirs in both services' databases is deleted (materials,
     blocks, knowledge points, events, snapshots, results, plans, AI switch, model
     key); cost and that day's quota use stay under a one-way pseudonym. 204 once
@@ -656,7 +656,7 @@ async def erase_me(principal: UserPrincipal, call: Backend) -> Response:
 async def put_model_credential(
     principal: UserPrincipal, call: Backend, body: CredentialPut
 ) -> dict[str, Any]:
-    """Store (or replace) the caller's key for a configured provider (SPEC §9.4), with
+    """Store (or replace) the caller's key for a configured provider (reference §9.4), with
     the caller's own endpoint when ``baseUrl`` is given (reference §10.5: checked now and
     before every model call); answers the masked view only."""
     resp = await call(

@@ -1,4 +1,4 @@
-"""The learner's data and what jobs make of it (SPEC §3.1, §5).
+"""The learner's data and what jobs make of it (reference §3.1, §5).
 
 Materials split into blocks (:mod:`.materials`), knowledge points
 (:mod:`.knowledge_points`), learning events and their running totals

@@ -1,4 +1,4 @@
-"""Deleting the learner's data (SPEC §9.2): a knowledge point, a business item, a
+"""Deleting the learner's data (reference §9.2): a knowledge point, a business item, a
 material with everything built from it, and every learning row of a user.
 
 Every function runs in the caller's transaction (it never commits) and reads
@@ -82,7 +82,7 @@ class MaterialScope:
 async def delete_knowledge_point(
     session: AsyncSession, user_id: str, knowledge_point_id: str
 ) -> None:
-    """Delete one of the user's knowledge points (SPEC §9.2).
+    """Delete one of the user's knowledge points (reference §9.2).
 
     Its block links and quiz totals go; business items that named it keep their
     text with ``knowledgePointId`` null (columns, and ``evidence[]`` entries of
@@ -146,7 +146,7 @@ async def _forget_knowledge_points(session: AsyncSession, user_id: str, kp_ids: 
 
 
 async def delete_result_item(session: AsyncSession, user_id: str, kind: str, item_id: str) -> None:
-    """Delete one of the user's business items of ``kind`` (SPEC §9.2).
+    """Delete one of the user's business items of ``kind`` (reference §9.2).
 
     Raises:
         AppError: ``INVALID_ARGUMENT`` for an unknown kind; ``NOT_FOUND`` when the
@@ -234,7 +234,7 @@ def _cites(model: Any, row: Any, scope: MaterialScope) -> bool:
 async def delete_material(
     session: AsyncSession, scope: MaterialScope, job_ids: Sequence[str]
 ) -> None:
-    """Delete the material of ``scope`` and everything built from it (SPEC §9.2): its
+    """Delete the material of ``scope`` and everything built from it (reference §9.2): its
     blocks, knowledge points (items naming them keep their text), the learning
     events and reading totals on it, the snapshots built from it, every business
     row citing it or written by one of ``job_ids`` (the jobs on it or on those
@@ -281,7 +281,7 @@ async def delete_material(
 
 
 async def erase_user(session: AsyncSession, user_id: str, job_ids: Sequence[str]) -> None:
-    """Delete every learning-room row of the user (SPEC §9.2 ``DELETE /v1/me``):
+    """Delete every learning-room row of the user (reference §9.2 ``DELETE /v1/me``):
     materials, blocks, knowledge points and their links, learning events and
     totals, snapshots, business rows, generation plans, and the result rows of
     ``job_ids`` (their jobs). Idempotent: a second run deletes nothing."""

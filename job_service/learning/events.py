@@ -1,4 +1,4 @@
-"""Learning events: reading and quiz attempts, idempotent per user by ``eventId`` (SPEC §3.1).
+"""Learning events: reading and quiz attempts, idempotent per user by ``eventId`` (reference §3.1).
 
 The rows are written one ``INSERT … ON CONFLICT DO NOTHING`` (SQLite) /
 ``INSERT IGNORE`` (MySQL/MariaDB) each, in one batch, against
@@ -39,14 +39,14 @@ from job_service.store import cache
 from job_service.store.batch import new_batch
 from job_service.store.engine import dialect_name
 
-#: Largest learning-event batch (SPEC §3.1).
+#: Largest learning-event batch (reference §3.1).
 MAX_EVENT_BATCH: Final = 500
 #: Largest ``dwellSeconds`` of one reading event (a day).
 MAX_DWELL_SECONDS: Final = 86_400.0
 
 
 class LearningEventIn(BaseModel):
-    """One learning event as the public API sends it (SPEC §3.1), camelCase.
+    """One learning event as the public API sends it (reference §3.1), camelCase.
 
     ``reading`` needs ``blockId`` or ``materialId`` (``dwellSeconds`` ≥ 0,
     default 0); ``quiz_attempt`` needs ``knowledgePointId`` and ``correct``.
@@ -58,7 +58,7 @@ class LearningEventIn(BaseModel):
     eventId: str = Field(min_length=1, max_length=128)
     type: Literal["reading", "quiz_attempt"]
     # Ids of existing rows: no length limit, so an unknown one of any length is
-    # 404 NOT_FOUND (SPEC §3 "any unknown id → 404, never 400"); only ids found
+    # 404 NOT_FOUND (reference §3 "any unknown id → 404, never 400"); only ids found
     # among the user's rows are ever written.
     materialId: str | None = None
     blockId: str | None = None
@@ -78,7 +78,7 @@ def _bad_event(index: int, field_name: str, message: str, value: Any = None) -> 
 
 
 def _unknown_in_event(index: int, field_name: str, kind: str, value: str) -> AppError:
-    """An event naming an id that is unknown or another user's: 404 (SPEC §3)."""
+    """An event naming an id that is unknown or another user's: 404 (reference §3)."""
     return AppError(
         ErrorCode.NOT_FOUND,
         f"events[{index}].{field_name}: {kind} {value!r} not found",
@@ -122,7 +122,7 @@ async def record_learning_events(
     user_id: str,
     events: Sequence[LearningEventIn | Mapping[str, Any]],
 ) -> tuple[int, int]:
-    """Ingest a batch of learning events, idempotent by ``eventId`` (SPEC §3.1).
+    """Ingest a batch of learning events, idempotent by ``eventId`` (reference §3.1).
 
     The whole batch is validated before anything is written: every id an event
     names must be the user's, and a block / knowledge point must belong to the

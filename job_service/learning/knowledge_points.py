@@ -1,4 +1,4 @@
-"""Knowledge points: named sets of blocks of one material (SPEC §3.1 ``/v1/knowledge-points``).
+"""Knowledge points: named sets of blocks of one material (reference §3.1 ``/v1/knowledge-points``).
 
 Refusals as in :mod:`job_service.learning.materials`.
 """
@@ -66,7 +66,7 @@ async def create_knowledge_point(
 
     Raises:
         AppError: ``NOT_FOUND`` when the material is unknown or another user's, or
-        when block ids are (listed in ``details.unknownBlockIds``, SPEC §3);
+        when block ids are (listed in ``details.unknownBlockIds``, reference §3);
         ``INVALID_ARGUMENT`` for a bad name, no blocks, or the user's blocks of
         another material (listed in ``details.otherMaterialBlockIds``).
     """
@@ -180,7 +180,7 @@ async def list_knowledge_points(
     page_size_value: int,
     page_token: str,
 ) -> tuple[list[KnowledgePointView], str | None]:
-    """A page of the user's knowledge points, newest first (SPEC §9.2).
+    """A page of the user's knowledge points, newest first (reference §9.2).
 
     Args:
         material_id: only this material's (it must be the user's), or None for all.

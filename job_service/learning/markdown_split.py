@@ -1,4 +1,4 @@
-"""Split a material (plain text or Markdown) into ordered blocks (SPEC §3.1, §5).
+"""Split a material (plain text or Markdown) into ordered blocks (reference §3.1, §5).
 
 The document is parsed with ``markdown-it-py`` (CommonMark plus tables) and
 cut along its own structure; every top-level construct becomes one block:
@@ -45,7 +45,7 @@ BlockKind = Literal["heading", "paragraph", "list", "code", "quote"]
 
 #: Largest block, in characters (code points).
 MAX_BLOCK_CHARS: Final = 2000
-#: Largest material content, in UTF-8 bytes (SPEC §3.1: ≤ 1 MiB).
+#: Largest material content, in UTF-8 bytes (reference §3.1: ≤ 1 MiB).
 MAX_CONTENT_BYTES: Final = 1024 * 1024
 
 _SENTENCE_END = re.compile(

@@ -1,9 +1,9 @@
-"""Materials: a study text split into ordered blocks (SPEC §3.1 ``/v1/materials``).
+"""Materials: a study text split into ordered blocks (reference §3.1 ``/v1/materials``).
 
 Every function runs inside the caller's transaction (it never commits) and
 raises :class:`~airuntime_common.errors.AppError` for every refusal: an unknown
 id, or another user's material, → ``NOT_FOUND`` (never 403, so a user cannot
-probe other users' ids; never 400, SPEC §3); a bad field → ``INVALID_ARGUMENT``
+probe other users' ids; never 400, reference §3); a bad field → ``INVALID_ARGUMENT``
 with the offending field in ``details``; content over 1 MiB → ``PAYLOAD_TOO_LARGE``.
 """
 
@@ -32,7 +32,7 @@ from job_service.learning.paging import (
 from job_service.learning.tables import Material, MaterialBlock
 
 MAX_TITLE_CHARS: Final = 500
-#: Most blocks one page of ``GET /v1/materials/{id}`` holds (SPEC §9.2).
+#: Most blocks one page of ``GET /v1/materials/{id}`` holds (reference §9.2).
 MAX_BLOCKS_PAGE: Final = 1000
 
 
@@ -147,7 +147,7 @@ async def get_material(
     blocks_page_size: int = 0,
     blocks_page_token: str = "",
 ) -> MaterialView:
-    """Read one of the user's materials with its blocks in order (SPEC §3.1, §9.2).
+    """Read one of the user's materials with its blocks in order (reference §3.1, §9.2).
 
     Args:
         blocks_page_size: 1..1000 blocks per page; 0 = every block (no paging).
@@ -200,7 +200,7 @@ async def get_material(
 async def list_materials(
     session: AsyncSession, user_id: str, *, page_size_value: int, page_token: str
 ) -> tuple[list[MaterialView], str | None]:
-    """A page of the user's materials, newest first, without their blocks (SPEC §9.2).
+    """A page of the user's materials, newest first, without their blocks (reference §9.2).
 
     Args:
         page_size_value: 1..100; 0 → 20.

@@ -1,4 +1,4 @@
-"""Opaque page tokens and page sizes of the learner's lists (SPEC §3.1 paging, §9.2).
+"""Opaque page tokens and page sizes of the learner's lists (reference §3.1 paging, §9.2).
 
 A token is the url-safe base64 (no padding) of a small JSON object naming the last
 row of the page before (its sort key); clients treat it as opaque. A token that

@@ -1,4 +1,4 @@
-"""The snapshot payload v1: what a job's model call is given about its target (SPEC §5).
+"""The snapshot payload v1: what a job's model call is given about its target (reference §5).
 
 Payload v1 (``schemaVersion: "v1"``), camelCase::
 
@@ -174,7 +174,7 @@ async def _chunked_in(
 async def ensure_target(
     session: AsyncSession, *, user_id: str, target_type: str, target_id: str
 ) -> None:
-    """Check that a job target exists and is the user's (SPEC §2.1).
+    """Check that a job target exists and is the user's (reference §2.1).
 
     Raises:
         AppError: ``NOT_FOUND`` when not; ``INVALID_ARGUMENT`` for an unknown target type.

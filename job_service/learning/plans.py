@@ -1,4 +1,4 @@
-"""Generation plans (SPEC §5): what a quiz or flashcard job was asked for, and what it wrote.
+"""Generation plans (reference §5): what a quiz or flashcard job was asked for, and what it wrote.
 
 A job type with a ``plan_table`` (:mod:`airuntime_common.jobtypes`) gets one
 plan row at create: its target, ``requested_count`` (the params' ``count``)
@@ -27,7 +27,7 @@ _OWN_COLUMNS: Final = frozenset(
     {"job_id", "user_id", "target_type", "target_id", "requested_count", "generated",
      "written", "skipped_duplicates", "created_at", "completed_at"}
 )  # fmt: skip
-#: The defaults of a plan whose params lack ``count`` (SPEC §3.1).
+#: The defaults of a plan whose params lack ``count`` (reference §3.1).
 DEFAULT_COUNT: Final = 5
 
 

@@ -18,8 +18,8 @@ from job_service.store.engine import DbExec
 
 
 class LearningModulePort:
-    """Snapshots, generation plans and business rows, in the caller's transaction (SPEC §5);
-    deleting and erasing the learner's data (SPEC §9.2, :mod:`.deletion`)."""
+    """Snapshots, generation plans and business rows, in the caller's transaction (reference §5);
+    deleting and erasing the learner's data (reference §9.2, :mod:`.deletion`)."""
 
     async def build_snapshot(self, session: AsyncSession, **kw: Any) -> str:
         """:func:`job_service.learning.snapshots.build_snapshot`."""

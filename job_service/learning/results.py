@@ -1,11 +1,11 @@
-"""Server-side result validation and business rows (SPEC §2.5, §5).
+"""Server-side result validation and business rows (reference §2.5, §5).
 
 :func:`prepare_result` is what job_service runs, inside the result transaction,
 before a job becomes ``succeeded`` (the writes then go in the result's batch):
 
 1. schema — :func:`airuntime_common.outputs.validate_output` (``INVALID_SCHEMA``),
    the worker's strict models (no coercion, quiz answers that fit their options,
-   SPEC §9.4); of a list longer than the job's ``count`` only the first ``count``
+   reference §9.4); of a list longer than the job's ``count`` only the first ``count``
    items go on (:func:`requested_count`);
 2. ownership — every block id an item cites (``sourceBlockIds``,
    ``evidenceBlockIds``, ``evidence[].blockId``) is one of the snapshot's
@@ -99,7 +99,7 @@ def _camel(name: str) -> str:
 
 
 def result_idempotency_key(job_id: str, attempt_no: int, output_hash: str) -> str:
-    """``jobId:attemptNo:outputHash`` (SPEC §2.5)."""
+    """``jobId:attemptNo:outputHash`` (reference §2.5)."""
     return f"{job_id}:{attempt_no}:{output_hash}"
 
 
@@ -297,7 +297,7 @@ class PreparedResult:
 def requested_count(job_type: str, params: Any) -> int | None:
     """How many items a job asked for: ``params.count`` (as its snapshot stores the
     job's params) of a job type whose output is a list and whose params have a count;
-    None when the type has none (SPEC §9.4: a result with more items writes only the
+    None when the type has none (reference §9.4: a result with more items writes only the
     first ``count``; the worker trims the same way)."""
     spec = jobtypes.find(job_type)
     if spec is None or not spec.itemized or "count" not in spec.params.model_fields:
@@ -320,7 +320,7 @@ async def prepare_result(
     output_schema_version: str,
     output: Any,
 ) -> PreparedResult:
-    """Validate a result's output and build its business rows, writing nothing (SPEC §5).
+    """Validate a result's output and build its business rows, writing nothing (reference §5).
 
     Args:
         session: the result transaction (reads only).
@@ -347,7 +347,7 @@ async def prepare_result(
         ) from None
     count = requested_count(job_type, snapshot.payload.get("params"))
     if count is not None:
-        items = items[:count]  # SPEC §9.4: only the first count are written
+        items = items[:count]  # reference §9.4: only the first count are written
     block_ids = {str(b.get("blockId")) for b in snapshot.payload.get("blocks", [])}
     await check_ownership(
         session, user_id=user_id, job_type=job_type, snapshot_block_ids=block_ids, items=items
@@ -390,7 +390,7 @@ async def accept_result(session: DbExec, **kw: Any) -> AcceptOutcome:
 
 
 def _row_json(row: Any, id_key: str) -> dict[str, Any]:
-    """A business row as its camelCase item: ``itemId`` (SPEC §9.2) and the kind's own
+    """A business row as its camelCase item: ``itemId`` (reference §9.2) and the kind's own
     id key (the same id), then the item's fields, ``jobId`` and ``createdAt``."""
     view: dict[str, Any] = {"itemId": row.id, id_key: row.id}
     for col in row.__table__.columns:
@@ -409,9 +409,9 @@ async def result_items(
     user_id: str | None = None,
 ) -> list[dict[str, Any]]:
     """The business rows of a job's result, in output order, as camelCase items
-    (GET result, SPEC §3.1).
+    (GET result, reference §3.1).
 
-    Each item carries its ``itemId`` (SPEC §9.2; also as ``analysisId`` /
+    Each item carries its ``itemId`` (reference §9.2; also as ``analysisId`` /
     ``weakPointId`` / ``recommendationId`` / ``questionId`` / ``flashcardId``), the item's
     fields, ``jobId`` (the job that wrote the row) and ``createdAt``.
 

@@ -1,4 +1,4 @@
-"""Snapshots: the immutable input of a job, built at create and stored once (SPEC §2.3, §5).
+"""Snapshots: the immutable input of a job, built at create and stored once (reference §2.3, §5).
 
 The payload is :mod:`job_service.learning.payload`'s. Its content hash is
 :func:`airuntime_common.canonical.content_hash` of the payload; a snapshot is
@@ -37,7 +37,7 @@ _IN_CHUNK: Final = 500
 
 @dataclass(frozen=True)
 class SnapshotView:
-    """A stored snapshot (SPEC §3 ``GET …/snapshot``)."""
+    """A stored snapshot (reference §3 ``GET …/snapshot``)."""
 
     snapshot_id: str
     schema_version: str
@@ -72,7 +72,7 @@ async def build_snapshot(
     target_id: str,
     params: dict[str, Any] | None,
 ) -> str:
-    """Build the snapshot payload v1 for a new job and store it once (SPEC §2.3, §5).
+    """Build the snapshot payload v1 for a new job and store it once (reference §2.3, §5).
 
     Args:
         session: the caller's session (the job-create transaction); not committed.

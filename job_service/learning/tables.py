@@ -1,4 +1,4 @@
-"""Learning data, snapshots, results and business tables of job_service (SPEC §5).
+"""Learning data, snapshots, results and business tables of job_service (reference §5).
 
 All tables live on :class:`job_service.store.base.Base`. Ids are opaque strings
 (uuid4 hex). Time columns hold naive UTC and are ``DATETIME(6)`` on
@@ -242,7 +242,7 @@ def _business_args(table: str) -> tuple[Any, ...]:
 
 
 class AiLearningAnalysis(_BusinessRow, Base):
-    """``ai_learning_analyses``: one ``AiLearningAnalysis`` (SPEC §5)."""
+    """``ai_learning_analyses``: one ``AiLearningAnalysis`` (reference §5)."""
 
     __tablename__ = "ai_learning_analyses"
     __table_args__ = _business_args("ai_learning_analyses")
@@ -256,13 +256,13 @@ class AiLearningAnalysis(_BusinessRow, Base):
 
 
 class AiWeakPointCandidate(_BusinessRow, Base):
-    """``ai_weak_point_candidates``: one ``WeakPointCandidate`` (SPEC §5)."""
+    """``ai_weak_point_candidates``: one ``WeakPointCandidate`` (reference §5)."""
 
     __tablename__ = "ai_weak_point_candidates"
     __table_args__ = _business_args("ai_weak_point_candidates")
 
     id: Mapped[str] = mapped_column(Id, primary_key=True)
-    #: NULL once the knowledge point is deleted (the item keeps its text, SPEC §9.2).
+    #: NULL once the knowledge point is deleted (the item keeps its text, reference §9.2).
     knowledge_point_id: Mapped[str | None] = mapped_column(Id)
     reason: Mapped[str] = mapped_column(Text, nullable=False)
     severity: Mapped[float] = mapped_column(Double, nullable=False)
@@ -270,7 +270,7 @@ class AiWeakPointCandidate(_BusinessRow, Base):
 
 
 class AiNextActionRecommendation(_BusinessRow, Base):
-    """``ai_next_action_recommendations``: one ``NextActionRecommendation`` (SPEC §5)."""
+    """``ai_next_action_recommendations``: one ``NextActionRecommendation`` (reference §5)."""
 
     __tablename__ = "ai_next_action_recommendations"
     __table_args__ = _business_args("ai_next_action_recommendations")
@@ -284,7 +284,7 @@ class AiNextActionRecommendation(_BusinessRow, Base):
 
 
 class AiQuizQuestion(_BusinessRow, Base):
-    """``ai_quiz_questions``: one ``QuizQuestion`` (SPEC §5)."""
+    """``ai_quiz_questions``: one ``QuizQuestion`` (reference §5)."""
 
     __tablename__ = "ai_quiz_questions"
     __table_args__ = _business_args("ai_quiz_questions")
@@ -301,7 +301,7 @@ class AiQuizQuestion(_BusinessRow, Base):
 
 
 class AiFlashcard(_BusinessRow, Base):
-    """``ai_flashcards``: one ``Flashcard`` (SPEC §5)."""
+    """``ai_flashcards``: one ``Flashcard`` (reference §5)."""
 
     __tablename__ = "ai_flashcards"
     __table_args__ = _business_args("ai_flashcards")
@@ -314,7 +314,7 @@ class AiFlashcard(_BusinessRow, Base):
 
 
 class AiQuestionGenerationPlan(Base):
-    """``ai_question_generation_plans``: a quiz job's plan and outcome counts (SPEC §5)."""
+    """``ai_question_generation_plans``: a quiz job's plan and outcome counts (reference §5)."""
 
     __tablename__ = "ai_question_generation_plans"
     __table_args__ = (Index("ix_ai_question_generation_plans_user", "user_id", "created_at"),)
@@ -334,7 +334,7 @@ class AiQuestionGenerationPlan(Base):
 
 
 class AiFlashcardGenerationPlan(Base):
-    """``ai_flashcard_generation_plans``: a flashcard job's plan and outcome counts (SPEC §5)."""
+    """``ai_flashcard_generation_plans``: a flashcard job's plan and outcome counts (reference §5)."""
 
     __tablename__ = "ai_flashcard_generation_plans"
     __table_args__ = (Index("ix_ai_flashcard_generation_plans_user", "user_id", "created_at"),)

@@ -1,4 +1,4 @@
-"""The job lifecycle: states, the transition table and how an attempt ends (SPEC §2.3, §2.4).
+"""The job lifecycle: states, the transition table and how an attempt ends (reference §2.3, §2.4).
 
 Pure rules, no SQL: :mod:`job_service.store` turns them into statements and
 :mod:`job_service.services` applies them.

@@ -1,14 +1,14 @@
-"""How an attempt ends: one pure decision, used by fail, result and the reaper (SPEC §2.3, §2.4).
+"""How an attempt ends: one pure decision, used by fail, result and the reaper (reference §2.3, §2.4).
 
 An attempt ends when its worker fails it (FailJob), when its result is
 refused as invalid (SubmitResult with ``INVALID_SCHEMA``), or when the reaper
 finds its lease lapsed (``LEASE_EXPIRED``) or its time used up
 (``JOB_TIMEOUT``). :func:`end_attempt` decides what follows from the job's
-facts and the code alone, in the order of SPEC §2.3:
+facts and the code alone, in the order of reference §2.3:
 
 1. a cancel was requested, or the code is ``CANCELLED`` (the worker
    acknowledging one) → :attr:`Ending.CANCEL`, never retried;
-2. a retryable code (SPEC §4) while ``retryCount < maxRetryCount`` →
+2. a retryable code (reference §4) while ``retryCount < maxRetryCount`` →
    :attr:`Ending.RETRY`, pollable again after :func:`backoff_seconds`;
 3. anything else → :attr:`Ending.FAIL`.
 
@@ -64,7 +64,7 @@ _EXPIRED_OPS = {
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff of a retried job (SPEC §2.4; ``RETRY_BACKOFF_*_SECONDS``).
+    """Backoff of a retried job (reference §2.4; ``RETRY_BACKOFF_*_SECONDS``).
 
     Attributes:
         base_seconds: the first retry's delay before jitter.
@@ -97,7 +97,7 @@ def backoff_seconds(
     retry_after: float | None,
     rng: Callable[[], float] = random.random,
 ) -> float:
-    """Delay before a retried job is pollable again (SPEC §2.4), in seconds.
+    """Delay before a retried job is pollable again (reference §2.4), in seconds.
 
     ``base × 2^(retryCount−1)`` capped at ``max``, ±10 % jitter; on a
     ``MODEL_RATE_LIMIT`` a longer ``retry_after`` (the provider's
@@ -130,12 +130,12 @@ def end_attempt(
     policy: RetryPolicy,
     rng: Callable[[], float] = random.random,
 ) -> AttemptEnding:
-    """Decide how an attempt that did not succeed ends (module doc; SPEC §2.3, §2.4).
+    """Decide how an attempt that did not succeed ends (module doc; reference §2.3, §2.4).
 
     Args:
         cancel_requested: the job's ``cancelRequested``.
         retry_count / max_retry_count: the job's counters before this ending.
-        code: the attempt's error code (an unknown code is final, SPEC §4).
+        code: the attempt's error code (an unknown code is final, reference §4).
         retry_after: a ``MODEL_RATE_LIMIT`` fail's ``retryAfterSeconds``, or None.
         policy: the backoff settings.
         rng: the jitter's source.

@@ -1,4 +1,4 @@
-"""The job state machine of SPEC §2.3, defined once as a table (no SQL here).
+"""The job state machine of reference §2.3, defined once as a table (no SQL here).
 
 Every operation of the services and the reaper applies a :class:`Transition`:
 one conditional UPDATE whose WHERE clause is the transition's guard
@@ -28,7 +28,7 @@ ALL_STATES: Final = frozenset(JobStatus)
 
 
 class Op(StrEnum):
-    """Transitions of SPEC §2.3 (one per table row and effect)."""
+    """Transitions of reference §2.3 (one per table row and effect)."""
 
     CREATE = "create"
     LOCK = "lock"
@@ -48,7 +48,7 @@ class Op(StrEnum):
 
 @dataclass(frozen=True)
 class Transition:
-    """One row of the SPEC §2.3 table.
+    """One row of the reference §2.3 table.
 
     Attributes:
         op: the operation.

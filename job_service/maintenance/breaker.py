@@ -1,5 +1,5 @@
 """The platform-key circuit breakers, one per model provider, shared by all replicas
-through the database (SPEC §6, §9.4).
+through the database (reference §6, §9.4).
 
 Each provider's row follows the §6 rules: ``closed`` → (``BREAKER_FAILURE_THRESHOLD``
 consecutive failures) → ``open`` → (``BREAKER_COOLDOWN_SECONDS`` later) →
@@ -51,7 +51,7 @@ PROBE_RETRY_AFTER_SECONDS = 5
 
 @dataclass(frozen=True)
 class BreakerView:
-    """One provider's breaker as the admin API shows it (SPEC §3.1, §9.4)."""
+    """One provider's breaker as the admin API shows it (reference §3.1, §9.4)."""
 
     state: str
     consecutive_failures: int
@@ -186,7 +186,7 @@ async def read(
     An ``open`` row whose cool-down (``cooldown_seconds``, ``BREAKER_COOLDOWN_SECONDS``)
     has run out is shown ``half_open`` since ``opened_at + cooldown``: the next
     platform-key job would pass as a probe, and the admission records the same
-    moment when it writes the transition (SPEC §6).
+    moment when it writes the transition (reference §6).
     """
     row = await _row(session, clock, provider, lock=False)
     return _as_acting(row, await clock.read(session), cooldown_seconds)
@@ -271,7 +271,7 @@ def judge_failover_create(
 ) -> None:
     """Guard of a new platform-key job that may run on any of several providers
     (``rows``: their breakers, as read): refused only while every one is open
-    (SPEC §9.4); the probes are counted when attempts are leased.
+    (reference §9.4); the probes are counted when attempts are leased.
 
     Raises:
         AppError: ``PLATFORM_CIRCUIT_OPEN``, ``retryAfterSeconds`` until the first
@@ -319,7 +319,7 @@ async def choose_providers(
     n: int,
 ) -> list[str]:
     """The providers of ``n`` platform-key attempts being leased now, in the lease's
-    transaction (SPEC §9.4 failover): for each, the first of ``candidates`` (in order
+    transaction (reference §9.4 failover): for each, the first of ``candidates`` (in order
     of preference, at least two) whose breaker admits it: closed, or half-open with
     a free probe slot (taken: the attempt is a probe; an open breaker whose
     cool-down has run out turns half-open here). An attempt no breaker admits runs

@@ -1,5 +1,5 @@
 """The change feed: every job change committed by any replica, to this process's watchers
-(SPEC §9.1).
+(reference §9.1).
 
 One poller per process reads, every ``WATCH_POLL_INTERVAL_MS`` and only while
 someone watches, the job events above its cursor joined with their jobs (one
@@ -118,7 +118,7 @@ class Subscription:
 
 
 class ChangeFeed:
-    """The process's one change poller and its subscribers (SPEC §9.1).
+    """The process's one change poller and its subscribers (reference §9.1).
 
     Args:
         store: the job database.

@@ -1,4 +1,4 @@
-"""The reaper: ends attempts whose lease lapsed or that ran past their timeout (SPEC §2.3, §2.4).
+"""The reaper: ends attempts whose lease lapsed or that ran past their timeout (reference §2.3, §2.4).
 
 Every ``REAPER_INTERVAL_SECONDS`` it finds ``locked``/``running`` jobs with
 ``lockUntil < now`` (code ``LEASE_EXPIRED``) or ``startedAt + timeoutSeconds <

@@ -1,4 +1,4 @@
-"""Long-poll wake-ups (SPEC §2.6).
+"""Long-poll wake-ups (reference §2.6).
 
 Long poll: a waiter re-runs the poll query when :class:`JobSignal` fires (a
 job became pending in *this* process: create, retry, reaper requeue) and in

@@ -1,4 +1,4 @@
-"""The runtime-instance registry (SPEC §3): workers are discovered, not configured.
+"""The runtime-instance registry (reference §3): workers are discovered, not configured.
 
 Instances are upserted from the ``x-runtime-instance-id`` and capabilities of
 their poll/claim/heartbeat calls, at most once a second per instance and

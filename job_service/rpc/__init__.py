@@ -1,4 +1,4 @@
-"""``zhixi.airuntime.job.v1.JobService``: the servicers, proto ↔ domain translation only (SPEC §3).
+"""``zhixi.airuntime.job.v1.JobService``: the servicers, proto ↔ domain translation only (reference §3).
 
 One servicer class answers every RPC; each area's RPCs live in their own module
 and are combined here: :mod:`.jobs` (users' and admins' jobs), :mod:`.runtime`

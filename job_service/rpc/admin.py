@@ -1,4 +1,4 @@
-"""JobService RPCs of the admin views (SPEC §3, §3.1, §9.5): costs, the breaker, runtime
+"""JobService RPCs of the admin views (reference §3, §3.1, §9.5): costs, the breaker, runtime
 health, jobs per minute. Proto ↔ domain translation only."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def _times(out: Any, view: BreakerView) -> None:
 
 
 def _breaker(views: list[BreakerView]) -> msg.CircuitBreaker:
-    """The first provider's fields, and every provider's in ``providers`` (SPEC §9.4)."""
+    """The first provider's fields, and every provider's in ``providers`` (reference §9.4)."""
     first = views[0]
     out = msg.CircuitBreaker(
         state=_enum(BREAKER_STATE.to_proto(first.state)),

@@ -88,7 +88,7 @@ def instance_of(context: Ctx) -> str:
 
 
 def job_id_of(value: str) -> str:
-    """A request's job id (any non-empty string: ids are opaque, SPEC §3).
+    """A request's job id (any non-empty string: ids are opaque, reference §3).
 
     Raises:
         AppError: INVALID_ARGUMENT when empty.

@@ -1,4 +1,4 @@
-"""Domain records ↔ protobuf messages for the JobService servicer (SPEC §3 field names)."""
+"""Domain records ↔ protobuf messages for the JobService servicer (reference §3 field names)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def job_to_proto(job: JobRecord, provider: ProviderConfig | None = None) -> msg.
     Args:
         provider: for a claim or lock answer, the configured provider of the
             attempt (``job.model_provider``): its model name for the job's and its
-            base URL are set (SPEC §9.4).
+            base URL are set (reference §9.4).
     """
     out = msg.Job(
         job_id=job.job_id,
@@ -181,7 +181,7 @@ def worker_to_proto(w: WorkerView) -> msg.RuntimeWorker:
 
 
 def attempt_to_proto(a: AttemptView) -> msg.JobAttempt:
-    """One attempt with its events and model calls (SPEC §9.5 console)."""
+    """One attempt with its events and model calls (reference §9.5 console)."""
     out = msg.JobAttempt(
         attempt_no=a.attempt_no,
         events=[event_to_proto(e) for e in a.events],

@@ -1,4 +1,4 @@
-"""JobService RPCs of users and admins on jobs (SPEC §3.1): create, read, list, cancel,
+"""JobService RPCs of users and admins on jobs (reference §3.1): create, read, list, cancel,
 re-run, and the AI switch. Proto ↔ domain translation only."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""JobService RPCs of the learner's data and results (SPEC §3.1, §5).
+"""JobService RPCs of the learner's data and results (reference §3.1, §5).
 
 Proto ↔ :mod:`job_service.learning` translation only: one transaction per RPC
 (retried on deadlocks), every refusal a rich gRPC status (:func:`rpc`).
@@ -177,7 +177,7 @@ class LearningRpcs:
     async def ListMaterials(
         self, request: rr.ListMaterialsRequest, context: Ctx
     ) -> rr.ListMaterialsResponse:
-        """A page of the user's materials, newest first (``GET /v1/materials``, SPEC §9.2)."""
+        """A page of the user's materials, newest first (``GET /v1/materials``, reference §9.2)."""
         views, token = await self._read(
             lambda s: learning.list_materials(
                 s,
@@ -207,7 +207,7 @@ class LearningRpcs:
         self, request: rr.DeleteMaterialRequest, context: Ctx
     ) -> rr.DeleteMaterialResponse:
         """Delete one of the user's materials and everything built from it; its live jobs
-        are cancelled or asked to cancel (``DELETE /v1/materials/{id}``, SPEC §9.2)."""
+        are cancelled or asked to cancel (``DELETE /v1/materials/{id}``, reference §9.2)."""
         ended = await self.domain.delete_material(request.user_id, request.material_id)
         return rr.DeleteMaterialResponse(
             cancelled=ended.cancelled, cancel_requested=ended.cancel_requested
@@ -215,7 +215,7 @@ class LearningRpcs:
 
     @rpc
     async def EraseUser(self, request: rr.EraseUserRequest, context: Ctx) -> rr.EraseUserResponse:
-        """Erase every row of the user in job_service (``DELETE /v1/me``, SPEC §9.2)."""
+        """Erase every row of the user in job_service (``DELETE /v1/me``, reference §9.2)."""
         erased = await self.domain.erase_user(request.user_id)
         return rr.EraseUserResponse(
             cancelled=erased.cancelled,
@@ -227,7 +227,7 @@ class LearningRpcs:
     async def ListKnowledgePoints(
         self, request: rr.ListKnowledgePointsRequest, context: Ctx
     ) -> rr.ListKnowledgePointsResponse:
-        """A page of the user's knowledge points, newest first (SPEC §9.2)."""
+        """A page of the user's knowledge points, newest first (reference §9.2)."""
         material_id = request.material_id if request.HasField("material_id") else None
         views, token = await self._read(
             lambda s: learning.list_knowledge_points(
@@ -258,7 +258,7 @@ class LearningRpcs:
     async def DeleteResultItem(
         self, request: rr.DeleteResultItemRequest, context: Ctx
     ) -> rr.DeleteResultItemResponse:
-        """Delete one of the user's business items of one kind (SPEC §9.2)."""
+        """Delete one of the user's business items of one kind (reference §9.2)."""
         kind = _kind(request.kind)
         await self._tx(
             lambda s: learning.delete_result_item(s, request.user_id, kind, request.item_id)

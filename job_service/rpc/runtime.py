@@ -1,4 +1,4 @@
-"""JobService RPCs of the runtime contract (SPEC §3): poll, claim, lock, start,
+"""JobService RPCs of the runtime contract (reference §3): poll, claim, lock, start,
 heartbeats, snapshot, result, fail, invocation logs, and the lease checks behind
 credential resolution. Proto ↔ domain translation and request checks only."""
 
@@ -129,7 +129,7 @@ class RuntimeRpcs:
 
     def _leased(self, job: JobRecord) -> msg.Job:
         """A job of a claim answer: with its attempt's provider model name and base URL
-        (SPEC §9.4: the claim answer carries what a resolve would)."""
+        (reference §9.4: the claim answer carries what a resolve would)."""
         return job_to_proto(job, self.domain.core.provider(job.model_provider))
 
     def _claimed_snapshots(

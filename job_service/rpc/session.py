@@ -1,4 +1,4 @@
-"""``RuntimeSession``: a worker's runtime calls over one bidirectional stream (SPEC §3).
+"""``RuntimeSession``: a worker's runtime calls over one bidirectional stream (reference §3).
 
 Each request message names one call (``claim_jobs``, ``start_job``,
 ``heartbeat_leases``, ``get_snapshot``, ``submit_result``, ``fail_job``,

@@ -1,4 +1,4 @@
-"""JobService RPCs of waiting without polling (SPEC §9.1): ``WatchJobs`` and
+"""JobService RPCs of waiting without polling (reference §9.1): ``WatchJobs`` and
 ``ListJobChanges``. Proto ↔ domain translation only."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Accounting: model calls logged with their cost, the platform's daily spend, cost roll-ups
-(SPEC §5 invocation logs, §6 budget, §3.1 ``/admin/ai/costs``)."""
+(reference §5 invocation logs, §6 budget, §3.1 ``/admin/ai/costs``)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def cost_usd(
 ) -> Decimal:
     """Cost of one call from ``MODEL_PRICES`` (USD per million tokens), keyed by the
     provider's model name; a model with no price costs 0, and the first such call of
-    each model is logged (SPEC §9.4)."""
+    each model is logged (reference §9.4)."""
     p = prices.get(model_name)
     if not p:
         if model_name not in _UNPRICED and len(_UNPRICED) < 1000:
@@ -77,7 +77,7 @@ class Accounting:
         Raises:
             AppError: INVALID_ARGUMENT (``apiKeyMode``) for a call that gives a key mode
                 other than the job's: a platform-key call logged as a user-key one
-                would escape the daily budget (SPEC §6). Raised before anything is
+                would escape the daily budget (reference §6). Raised before anything is
                 written; the caller's transaction rolls back.
         """
         rows = []
@@ -162,11 +162,11 @@ class Accounting:
             ).inc(float(row["cost_usd"]))
 
     async def record_invocation(self, *, job_id: str, attempt_no: int, call: ModelCallInput) -> str:
-        """Store one model call with its cost (SPEC §5); returns the log id.
+        """Store one model call with its cost (reference §5); returns the log id.
 
         The call must belong to the job as it stands: an attempt the job has had
         (``attemptNo`` ≤ the job's), and the job's own ``apiKeyMode`` when one is
-        given (a call on the platform key counts toward the daily budget, SPEC §6,
+        given (a call on the platform key counts toward the daily budget, reference §6,
         so it cannot be logged as a user-key call, nor the other way round).
 
         Raises:
@@ -198,7 +198,7 @@ class Accounting:
         return str(rows[0]["id"])
 
     async def costs(self, from_date: str, to_date: str, group_by: str) -> list[dict[str, Any]]:
-        """Cost roll-up over UTC days, inclusive (SPEC §3.1 /admin/ai/costs).
+        """Cost roll-up over UTC days, inclusive (reference §3.1 /admin/ai/costs).
 
         Returns:
             ``[{"key","calls","promptTokens","completionTokens","cacheHitTokens","costUsd"}]``.
@@ -249,7 +249,7 @@ def spend_row(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """What logged call ``rows`` add to the day's platform spend (values of
     :data:`~job_service.store.statements.add_platform_spend`: ``shard``, ``cost_usd``,
     ``calls``); None when no row used the platform key. The shard is random,
-    spreading concurrent reports over the day's rows (SPEC §6 budget;
+    spreading concurrent reports over the day's rows (reference §6 budget;
     :class:`~job_service.store.tables.PlatformSpend`)."""
     platform = [r for r in rows if r["api_key_mode"] == "platform_key"]
     if not platform:

@@ -1,5 +1,5 @@
 """Admission: creating jobs and re-running failed ones, with every create-time check
-(SPEC §2.3 create, §2.5 idempotency, §6 authorization, quota, budget, breaker).
+(reference §2.3 create, §2.5 idempotency, §6 authorization, quota, budget, breaker).
 
 A create is one transaction on both databases: the admission checks read
 together in one batch (the user's admission lock first on MySQL/MariaDB, so one
@@ -51,7 +51,7 @@ T = TypeVar("T")
 #: How many users' admission lock rows a process remembers as existing (LRU, about
 #: 170 bytes each); a user who fell out costs one more ``INSERT IGNORE``.
 ADMISSION_ROWS_KNOWN = 10_000
-#: The model every new job asks for (SPEC §2.2 ``modelName``).
+#: The model every new job asks for (reference §2.2 ``modelName``).
 DEFAULT_MODEL_NAME = "deepseek-chat"
 
 
@@ -128,12 +128,12 @@ class Plan:
 
 class AdmissionRowMissing(Exception):
     """The user's admission lock row was gone (MySQL/MariaDB): erased with its user
-    (SPEC §9.2) while this process remembered it. The admission ran unlocked, so its
+    (reference §9.2) while this process remembered it. The admission ran unlocked, so its
     transaction is rolled back and run again once the row exists."""
 
 
 class Admission:
-    """Creates jobs (SPEC §2.3, §2.5, §6).
+    """Creates jobs (reference §2.3, §2.5, §6).
 
     Args:
         core: the shared core.
@@ -149,11 +149,11 @@ class Admission:
 
     @cached_property
     def pseudonym_key(self) -> bytes:
-        """The key of erased users' pseudonyms (their day's jobs still count, SPEC §9.2)."""
+        """The key of erased users' pseudonyms (their day's jobs still count, reference §9.2)."""
         return pseudonym_key(self.core.settings)
 
     async def create(self, req: CreateJobInput) -> tuple[JobRecord, bool]:
-        """Create a job, or return the original in its idempotency scope (SPEC §2.3, §2.5).
+        """Create a job, or return the original in its idempotency scope (reference §2.3, §2.5).
 
         Returns:
             ``(job, replayed)``.
@@ -166,7 +166,7 @@ class Admission:
         _check_request(req)
         if req.idempotency_key is not None:
             existing = await self.by_scope(req)
-            if existing is not None:  # whatever its params, even invalid ones (SPEC §2.5)
+            if existing is not None:  # whatever its params, even invalid ones (reference §2.5)
                 return existing, True
         plan = Plan(
             req.user_id, req.job_type, [(req.target_type, req.target_id)],
@@ -307,9 +307,9 @@ class Admission:
         actor: str,
         trace_parent: str | None = None,
     ) -> JobRecord:
-        """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (SPEC §2.3).
+        """Admin re-run of a failed job: a new job with ``retriedFromJobId`` (reference §2.3).
 
-        The new job passes the create-time checks a create of its user would (SPEC
+        The new job passes the create-time checks a create of its user would (reference
         §6): the user's AI switch (serialised with a revoke by the user's admission
         lock, as a create is), a usable key of the job's ``apiKeyMode`` (the user's
         *current* credential is recorded, not the failed job's, which may have been
@@ -327,7 +327,7 @@ class Admission:
         return job
 
     async def retry(self, req: RetryInput) -> tuple[JobRecord, bool]:
-        """Re-run a failed job as a new one (SPEC §2.3 admin re-run, §9.2 user retry).
+        """Re-run a failed job as a new one (reference §2.3 admin re-run, §9.2 user retry).
 
         With ``req.user_id`` (``POST /v1/ai/jobs/{id}/retry``) the job must be that
         user's and the new job is held to their daily quota (``req.plan``) as a create
@@ -447,7 +447,7 @@ class Admission:
         self.admission_rows.put(user_id, True)
 
     async def by_scope(self, req: CreateJobInput) -> JobRecord | None:
-        """The job of ``req``'s idempotency scope (SPEC §2.5), or None."""
+        """The job of ``req``'s idempotency scope (reference §2.5), or None."""
         sql = st.scope_job.sql(self.core.clock, _scope_params(req))
         found = await self.core.store.read(lambda conn: run_one(conn, sql))
         return job_of(found.rows[0]) if found.rows else None
@@ -464,7 +464,7 @@ class Admission:
         count: int = 1,
     ) -> JobRecord | None:
         """The admission checks of ``count`` new jobs (a batch's children, reference
-        §10.3: all or none), in the caller's transaction (SPEC §6).
+        §10.3: all or none), in the caller's transaction (reference §6).
 
         One batch reads, in order: the user's admission row ``FOR UPDATE`` (one
         create per user at a time on every replica), the job of ``scope``'s
@@ -528,7 +528,7 @@ class Admission:
 
     def initial_provider(self, api_key_mode: str, model_name: str, old: str | None = None) -> str:
         """A new job's ``modelProvider``: for the platform key the provider its first
-        attempt would prefer (each lease grant chooses again, SPEC §9.4); for a user
+        attempt would prefer (each lease grant chooses again, reference §9.4); for a user
         key ``old`` (a re-run's) or the first configured provider."""
         if api_key_mode == "platform_key":
             candidates = self.core.platform_candidates(model_name)
@@ -537,7 +537,7 @@ class Admission:
         return old or self.core.providers.first.name
 
     async def check_breakers(self, db: DbExec, names: list[str], rows: Any) -> None:
-        """The breaker guard of a new platform-key job (SPEC §6, §9.4), given the rows of
+        """The breaker guard of a new platform-key job (reference §6, §9.4), given the rows of
         ``names``' breakers as the admission batch read them: with one provider, its
         breaker's :func:`breaker.admit_new_job` unless it is closed; with several,
         refused only while every one is open (:func:`breaker.judge_failover_create`).
@@ -579,7 +579,7 @@ class Admission:
         return self.core.settings.USER_DAILY_JOB_QUOTA
 
     def check_budget(self, spent: Any) -> None:
-        """Refuse a platform-key job once the day's spend reached the budget (SPEC §6).
+        """Refuse a platform-key job once the day's spend reached the budget (reference §6).
 
         Raises:
             AppError: PLATFORM_BUDGET_EXCEEDED.
@@ -689,7 +689,7 @@ def _or(value: int | None, default: int) -> int:
 
 
 def _check_request(req: CreateJobInput) -> None:
-    """The checks of a create that need no database (SPEC §2.1, §2.5, §3.1).
+    """The checks of a create that need no database (reference §2.1, §2.5, §3.1).
 
     Raises:
         AppError: INVALID_ARGUMENT; NOT_FOUND for a ``user`` target that is not the caller.
@@ -712,7 +712,7 @@ def _check_request(req: CreateJobInput) -> None:
 
 
 def check_key(key: str | None) -> None:
-    """An idempotency key is 1..255 characters (SPEC §2.5).
+    """An idempotency key is 1..255 characters (reference §2.5).
 
     Raises:
         AppError: INVALID_ARGUMENT.
@@ -753,7 +753,7 @@ def _scope_params(req: CreateJobInput) -> dict[str, Any]:
 
 
 def check_granted(granted: Any) -> None:
-    """Refuse when the user turned AI off (``granted`` false; no row = granted, SPEC §6).
+    """Refuse when the user turned AI off (``granted`` false; no row = granted, reference §6).
 
     Raises:
         AppError: AI_NOT_AUTHORIZED.
@@ -766,7 +766,7 @@ def check_granted(granted: Any) -> None:
 
 def check_quota(quota: int, used: Any, count: int = 1) -> None:
     """Refuse ``count`` new jobs unless the user's jobs of the day stay within ``quota``
-    with all of them (SPEC §6; a batch is all or none, reference §10.3).
+    with all of them (reference §6; a batch is all or none, reference §10.3).
 
     Raises:
         AppError: QUOTA_EXCEEDED.

@@ -1,4 +1,4 @@
-"""The per-user AI switch (SPEC §6): granted by default; turning it off cancels the user's
+"""The per-user AI switch (reference §6): granted by default; turning it off cancels the user's
 pending jobs, asks their leased ones to cancel and refuses new jobs until granted again."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Authorization:
         self.admission = admission
 
     async def get(self, user_id: str) -> AuthorizationView:
-        """Per-user AI authorization; granted by default (SPEC §6)."""
+        """Per-user AI authorization; granted by default (reference §6)."""
         sql = st.authorization_row.sql(self.core.clock, {"a_user": user_id})
         found = await self.core.store.read(lambda conn: run_one(conn, sql))
         if not found.rows:
@@ -43,7 +43,7 @@ class Authorization:
         return AuthorizationView(bool(granted), changed_at)
 
     async def set(self, user_id: str, granted: bool) -> AuthorizationView:
-        """Grant or revoke AI for a user; revoking cancels pending and flags leased jobs (SPEC §6).
+        """Grant or revoke AI for a user; revoking cancels pending and flags leased jobs (reference §6).
 
         Serialised with the user's creates and re-runs by their admission lock
         (MySQL/MariaDB), so no new pending job slips past a revoke.

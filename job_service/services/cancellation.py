@@ -1,4 +1,4 @@
-"""Cancellation by a user or an admin (SPEC §2.3): a pending job is cancelled at once; a
+"""Cancellation by a user or an admin (reference §2.3): a pending job is cancelled at once; a
 leased one gets ``cancelRequested`` and its worker acknowledges at its next heartbeat.
 A batch's parent is cancelled at once with its children (reference §10.3)."""
 
@@ -30,7 +30,7 @@ async def end_jobs(
     clock: DbClock, db: DbExec, actor: str, rows: Sequence[Sequence[Any]]
 ) -> tuple[int, int]:
     """Cancel the pending jobs of ``rows`` and ask the leased ones to cancel, in one
-    batch, in the caller's transaction (SPEC §6 revoke, §9.2 deletes and erasure);
+    batch, in the caller's transaction (reference §6 revoke, §9.2 deletes and erasure);
     a batch's parent among them is cancelled at once, and the parents of the children
     that moved follow them (reference §10.3).
 
@@ -114,7 +114,7 @@ class Cancellation:
         self.core = core
 
     async def cancel(self, job_id: str, *, user_id: str | None, actor: str) -> JobRecord:
-        """pending → cancelled; leased → cancelRequested; terminal → INVALID_JOB_STATE (SPEC §2.3).
+        """pending → cancelled; leased → cancelRequested; terminal → INVALID_JOB_STATE (reference §2.3).
 
         A batch's parent is cancelled at once and its children as jobs are
         (:meth:`cancel_parent`); a child cancelled alone counts as cancelled in its

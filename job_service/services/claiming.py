@@ -1,4 +1,4 @@
-"""Claiming: poll, claim, lock and the long poll (SPEC §2.6, §3).
+"""Claiming: poll, claim, lock and the long poll (reference §2.6, §3).
 
 A claim is poll + lock of up to ``limit`` jobs in one short transaction: the
 pick (``FOR UPDATE SKIP LOCKED`` on MySQL/MariaDB, so concurrent claimers get
@@ -59,7 +59,7 @@ class Claimed:
 
 
 def check_poll_args(capabilities: Sequence[str], limit: int, wait_ms: int) -> int:
-    """Validate poll/claim arguments (SPEC §2.6); returns the effective limit.
+    """Validate poll/claim arguments (reference §2.6); returns the effective limit.
 
     Raises:
         AppError: ``INVALID_ARGUMENT`` for empty/unknown capabilities, limit < 0
@@ -97,7 +97,7 @@ class Claiming:
     async def poll(
         self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int
     ) -> list[JobRecord]:
-        """Pending jobs the caller can run, not locked (SPEC §2.6), long-polling up to ``wait_ms``."""
+        """Pending jobs the caller can run, not locked (reference §2.6), long-polling up to ``wait_ms``."""
         n = check_poll_args(capabilities, limit, wait_ms)
         sql = sched.poll_pending.sql(self.core.clock, {"caps": list(capabilities), "n": n})
 
@@ -110,12 +110,12 @@ class Claiming:
     async def claim(
         self, instance_id: str, capabilities: list[str], limit: int, wait_ms: int, *, start: bool
     ) -> Claimed:
-        """Poll + lock up to ``limit`` jobs in one short transaction (SPEC §3 claim),
+        """Poll + lock up to ``limit`` jobs in one short transaction (reference §3 claim),
         long-polling up to ``wait_ms`` for the first.
 
         With ``start`` each claimed job is also started in the same transaction
         (pending → locked → running, two event rows: the start is the one a
-        snapshot read implies, SPEC §2.3) and its snapshot read: what a claim then
+        snapshot read implies, reference §2.3) and its snapshot read: what a claim then
         GetSnapshot for every job would do, without a call per job.
 
         Raises:
@@ -293,7 +293,7 @@ class Claiming:
         }
 
     async def lock(self, job_id: str, instance_id: str) -> JobRecord:
-        """pending → locked for the caller (SPEC §2.3 lock).
+        """pending → locked for the caller (reference §2.3 lock).
 
         The job's provider is granted as a claim's are (:class:`Granting`).
 
@@ -396,7 +396,7 @@ class Claiming:
     async def long_poll(
         self, once: Callable[[], Awaitable[list[JobRecord]]], wait_ms: int
     ) -> list[JobRecord]:
-        """Run ``once`` until it finds jobs or ``wait_ms`` pass (SPEC §2.6 long poll).
+        """Run ``once`` until it finds jobs or ``wait_ms`` pass (reference §2.6 long poll).
 
         Between tries it waits for a local wake-up (:class:`~job_service.maintenance.scheduler.JobSignal`) or asks the
         shared probe (one query per process per :data:`RECHECK_SECONDS`) instead of

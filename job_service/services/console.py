@@ -1,4 +1,4 @@
-"""The operator console's reads (SPEC §9.5): job counts for a filter, a job explained
+"""The operator console's reads (reference §9.5): job counts for a filter, a job explained
 attempt by attempt, and jobs ended per minute with the failure rate.
 
 Reads only; every query is named in :mod:`job_service.store.statements`
@@ -118,7 +118,7 @@ def check_created_range(created_from: datetime | None, created_to: datetime | No
 def attempts_of(
     events: Sequence[EventRecord], invocations: Sequence[InvocationRecord]
 ) -> list[AttemptView]:
-    """Group a job's events and model calls by attempt (SPEC §9.5 timeline).
+    """Group a job's events and model calls by attempt (reference §9.5 timeline).
 
     Events of attempt 0 (the creation, a cancel while pending) belong to no
     attempt. An attempt ends with its first event that leaves a leased state (a
@@ -213,7 +213,7 @@ class Console:
         created_to: datetime | None,
     ) -> dict[str, int]:
         """Exact counts per state (every state, zeros included) of the jobs matching
-        the filters but the status (SPEC §9.5); one GROUP BY.
+        the filters but the status (reference §9.5); one GROUP BY.
 
         Raises:
             AppError: INVALID_ARGUMENT for an empty creation range.
@@ -244,7 +244,7 @@ class Console:
             if job.snapshot_id:
                 try:
                     view = await self.core.load_snapshot(session, job.snapshot_id)
-                except AppError as exc:  # deleted with its material (SPEC §9.2)
+                except AppError as exc:  # deleted with its material (reference §9.2)
                     if exc.code != ErrorCode.NOT_FOUND:
                         raise
                 else:
@@ -253,7 +253,7 @@ class Console:
 
     async def throughput(self, hours: int) -> ThroughputView:
         """Jobs ended per minute by outcome over the last ``hours`` (0 = 6; 1..168) by
-        the database's clock, and the window's failure rate (SPEC §9.5).
+        the database's clock, and the window's failure rate (reference §9.5).
 
         Raises:
             AppError: INVALID_ARGUMENT (``hours``) outside 1..168.

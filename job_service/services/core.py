@@ -43,7 +43,7 @@ class Core:
         credentials: the credential service.
         signal: wakes this process's long polls when a job becomes pending.
         registry: the runtime-instance registry.
-        changes: the change feed of ``WatchJobs`` (SPEC §9.1).
+        changes: the change feed of ``WatchJobs`` (reference §9.1).
         claimed_snapshots: jobId → snapshotId of jobs this process handed out by
             claim (a job's snapshot never changes), so GetSnapshot after a claim
             skips reading the job row for it.
@@ -80,7 +80,7 @@ class Core:
 
     def platform_candidates(self, model_name: str) -> list[str]:
         """The providers a platform-key attempt of a job asking for ``model_name`` may
-        run on, in order of preference (SPEC §9.4): those of ``MODEL_PROVIDERS`` that
+        run on, in order of preference (reference §9.4): those of ``MODEL_PROVIDERS`` that
         serve the model and have a platform key. Which have one only credential_service
         knows; it says so in every platform-key check at create
         (``platform_providers`` of the checker), and until this process has seen
@@ -98,12 +98,12 @@ class Core:
 
     @property
     def clock(self) -> DbClock:
-        """The database clock (SPEC §1: one clock)."""
+        """The database clock (reference §1: one clock)."""
         return self.store.clock
 
     @property
     def retry_policy(self) -> RetryPolicy:
-        """Backoff of retried jobs (SPEC §2.4)."""
+        """Backoff of retried jobs (reference §2.4)."""
         s = self.settings
         return RetryPolicy(s.RETRY_BACKOFF_BASE_SECONDS, s.RETRY_BACKOFF_MAX_SECONDS)
 
@@ -115,7 +115,7 @@ class Core:
     async def must_get_job(
         self, db: DbExec, job_id: str, *, user_id: str | None = None, lock: bool = False
     ) -> JobRecord:
-        """:meth:`get_job`; another user's job is missing too (SPEC §4).
+        """:meth:`get_job`; another user's job is missing too (reference §4).
 
         Raises:
             AppError: JOB_NOT_FOUND.
@@ -159,7 +159,7 @@ def runtime_actor(instance_id: str) -> str:
 
 def lease_refusal(lease: Lease, status: str | None) -> AppError:
     """The refusal of a lease not held: ``JOB_NOT_FOUND`` (no job, ``status`` None) or
-    ``LOCK_NOT_HELD`` with the job's current status (SPEC §3 fencing)."""
+    ``LOCK_NOT_HELD`` with the job's current status (reference §3 fencing)."""
     if status is None:
         return AppError(ErrorCode.JOB_NOT_FOUND, "job not found", {"jobId": lease.job_id})
     return AppError(

@@ -145,7 +145,7 @@ class JobDomain:
 
     @property
     def changes(self) -> ChangeFeed:
-        """The change feed of ``WatchJobs`` (SPEC §9.1)."""
+        """The change feed of ``WatchJobs`` (reference §9.1)."""
         return self.core.changes
 
     async def user_changes(

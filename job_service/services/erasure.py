@@ -1,4 +1,4 @@
-"""Erasing a user (SPEC §9.2 ``DELETE /v1/me``, the right to erasure): one transaction.
+"""Erasing a user (reference §9.2 ``DELETE /v1/me``, the right to erasure): one transaction.
 
 Under the user's admission lock (no create of theirs runs meanwhile), their jobs
 are ended (pending → cancelled, leased → ``cancelRequested``) and then removed with

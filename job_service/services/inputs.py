@@ -15,7 +15,7 @@ from airuntime_common.errors import AppError, ErrorCode
 
 #: Most tokens one model call may log per count (prompt, completion, cache hits):
 #: ten million, far above any context window, so a broken count (2^53) cannot be
-#: priced into billions of dollars and exhaust the platform budget (SPEC §5, §6).
+#: priced into billions of dollars and exhaust the platform budget (reference §5, §6).
 MAX_CALL_TOKENS = 10_000_000
 #: Longest latency (ms) one model call may log: a day.
 MAX_CALL_LATENCY_MS = 86_400_000
@@ -23,13 +23,13 @@ MAX_CALL_LATENCY_MS = 86_400_000
 
 @dataclass
 class CreateJobInput:
-    """A create request after transport decoding (SPEC §3.1 create / admin create).
+    """A create request after transport decoding (reference §3.1 create / admin create).
 
     Attributes:
         priority, max_retry_count, timeout_seconds: admin overrides; None = defaults.
         plan: the caller's ``plan`` claim for the per-plan daily quota.
         actor: ``"user:<id>"`` / ``"admin:<id>"``.
-        trace_parent: the create request's W3C ``traceparent`` (SPEC §9.5), or None.
+        trace_parent: the create request's W3C ``traceparent`` (reference §9.5), or None.
     """
 
     user_id: str
@@ -80,7 +80,7 @@ class CreateBatchInput:
 
 @dataclass(frozen=True)
 class RetryInput:
-    """A re-run of a failed job (SPEC §2.3 admin re-run, §9.2 user retry).
+    """A re-run of a failed job (reference §2.3 admin re-run, §9.2 user retry).
 
     Attributes:
         job_id: the failed job.
@@ -103,7 +103,7 @@ class RetryInput:
 
 @dataclass(frozen=True)
 class LeaseHolderView:
-    """A leased job as credential resolution sees it (SPEC §3 VerifyLease)."""
+    """A leased job as credential resolution sees it (reference §3 VerifyLease)."""
 
     user_id: str
     api_key_mode: str
@@ -114,7 +114,7 @@ class LeaseHolderView:
 
 @dataclass(frozen=True)
 class ModelCallInput:
-    """One model call of an attempt, as reported by its worker (SPEC §5 invocation log).
+    """One model call of an attempt, as reported by its worker (reference §5 invocation log).
 
     Attributes:
         model_provider / model_name: empty → the job's.
@@ -123,7 +123,7 @@ class ModelCallInput:
         prompt_tokens / completion_tokens / cache_hit_tokens: token counts (≥ 0).
         latency_ms: wall time of the call in milliseconds (≥ 0).
         outcome: ``succeeded`` or ``failed``.
-        error_code: SPEC §4 code of a failed call.
+        error_code: reference §4 code of a failed call.
         provider_request_id: the provider's request id header.
     """
 
@@ -185,7 +185,7 @@ class SubmitOutcome:
 
 @dataclass(frozen=True)
 class LeaseAnswer:
-    """One answer of a batched heartbeat (SPEC §3 leases/heartbeat)."""
+    """One answer of a batched heartbeat (reference §3 leases/heartbeat)."""
 
     job_id: str
     attempt_no: int
@@ -196,7 +196,7 @@ class LeaseAnswer:
 
 @dataclass(frozen=True)
 class AuthorizationView:
-    """Per-user AI authorization (SPEC §6)."""
+    """Per-user AI authorization (reference §6)."""
 
     granted: bool
     changed_at: datetime | None

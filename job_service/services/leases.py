@@ -1,4 +1,4 @@
-"""The lease holder's calls: start, heartbeats, lease checks and the snapshot (SPEC §2.3, §3).
+"""The lease holder's calls: start, heartbeats, lease checks and the snapshot (reference §2.3, §3).
 
 Each is one transaction, on MySQL/MariaDB one round trip where it can be: the
 guarded UPDATE, its event row (appended only when the UPDATE matched) and the
@@ -95,7 +95,7 @@ class Leases:
         return job
 
     async def start(self, lease: Lease) -> JobRecord:
-        """locked → running; a repeat by the holder returns the same ``startedAt`` (SPEC §2.3).
+        """locked → running; a repeat by the holder returns the same ``startedAt`` (reference §2.3).
 
         One batch, COMMIT included (run again after a lost answer, the start
         matches no row and appends no event).
@@ -114,7 +114,7 @@ class Leases:
         return await self.core.store.lean_tx(body)
 
     async def heartbeat(self, lease: Lease) -> JobRecord:
-        """Renew the lease (``lockUntil = now + lease``); implies start (SPEC §2.3).
+        """Renew the lease (``lockUntil = now + lease``); implies start (reference §2.3).
 
         One batch: the renewal of a running job, else the start of a locked one
         (with its event), then the read; COMMIT included.
@@ -151,7 +151,7 @@ class Leases:
     async def heartbeat_leases(
         self, instance_id: str, leases: list[tuple[str, int]]
     ) -> list[LeaseAnswer]:
-        """Renew up to 500 leases; one answer per lease, in order (SPEC §3).
+        """Renew up to 500 leases; one answer per lease, in order (reference §3).
 
         One UPDATE renews every running lease and one SELECT reads them all back;
         only a job not started yet needs its own implied start (and event row),
@@ -220,7 +220,7 @@ class Leases:
         return held
 
     async def verify_lease(self, lease: Lease) -> LeaseHolderView:
-        """What credential resolution needs when ``lease`` is live (SPEC §3 fencing).
+        """What credential resolution needs when ``lease`` is live (reference §3 fencing).
 
         One read of the few columns it needs (no full row), under the lease guard.
 
@@ -280,7 +280,7 @@ class Leases:
         return out
 
     async def snapshot(self, lease: Lease) -> SnapshotView:
-        """The leased job's snapshot; reading it implies start (SPEC §2.3, §3).
+        """The leased job's snapshot; reading it implies start (reference §2.3, §3).
 
         One transaction: the implied start, the lease check and the snapshot read.
         Right after this process's claim the job's snapshot id is known

@@ -106,7 +106,7 @@ class MaterialScopeView(Protocol):
 
 
 class LearnerDataPort(Protocol):
-    """Deleting and erasing the learner's data (SPEC §9.2), in the caller's transaction."""
+    """Deleting and erasing the learner's data (reference §9.2), in the caller's transaction."""
 
     async def material_scope(
         self, session: AsyncSession, user_id: str, material_id: str
@@ -130,7 +130,7 @@ class LearnerDataPort(Protocol):
 
 
 class LearningPort(LearnerDataPort, Protocol):
-    """Snapshots, generation plans and business rows (SPEC §5), in the caller's transaction.
+    """Snapshots, generation plans and business rows (reference §5), in the caller's transaction.
 
     The real port is :class:`job_service.learning.port.LearningModulePort`;
     core tests substitute a fake.
@@ -223,12 +223,12 @@ class LearningPort(LearnerDataPort, Protocol):
 
     async def snapshot_stored(self, db: DbExec, snapshot_id: str) -> bool:
         """Whether the snapshot's row still exists: a cancel-requested job whose
-        snapshot is gone had its data deleted (SPEC §9.2)."""
+        snapshot is gone had its data deleted (reference §9.2)."""
         ...
 
 
 class CredentialChecker(Protocol):
-    """The credential service as seen from job create and fail (SPEC §6)."""
+    """The credential service as seen from job create and fail (reference §6)."""
 
     async def check(self, user_id: str, api_key_mode: str) -> str | None:
         """Return the credential id (None for the platform key) if usable.
@@ -261,7 +261,7 @@ class GrpcCredentialChecker:
         self._token = token
         self._timeout = timeout
         #: The providers with a platform key, as the last platform-key check said
-        #: (None before the first): where platform-key attempts may run (SPEC §9.4).
+        #: (None before the first): where platform-key attempts may run (reference §9.4).
         self.platform_providers: frozenset[str] | None = None
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:

@@ -1,4 +1,4 @@
-"""The one-way pseudonym an erased user's kept rows go under (SPEC §9.2 ``DELETE /v1/me``).
+"""The one-way pseudonym an erased user's kept rows go under (reference §9.2 ``DELETE /v1/me``).
 
 A keyed HMAC, not a plain hash: with a hash anyone could hash candidate user ids
 and find whose rows they are; without the key, a pseudonym names nobody. The same

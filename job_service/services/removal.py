@@ -1,4 +1,4 @@
-"""Deleting a material with its jobs' data, and erasing a user (SPEC §9.2).
+"""Deleting a material with its jobs' data, and erasing a user (reference §9.2).
 
 Both are one transaction, serialised with the user's creates by their admission
 lock (so no create builds a snapshot from data being deleted and commits after):
@@ -47,7 +47,7 @@ class Removal:
         self.admission = admission
 
     async def delete_material(self, user_id: str, material_id: str) -> EndedJobs:
-        """Delete one of the user's materials and everything built from it (SPEC §9.2).
+        """Delete one of the user's materials and everything built from it (reference §9.2).
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` without a user; ``NOT_FOUND`` when the

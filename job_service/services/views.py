@@ -1,5 +1,5 @@
 """Read views of jobs and the runtime: a job, its history, job lists, health, gauges and the
-breaker (SPEC §3, §3.1)."""
+breaker (reference §3, §3.1)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Views:
         self.core = core
 
     async def get(self, job_id: str, user_id: str | None = None) -> JobRecord:
-        """One job; another user's job is ``JOB_NOT_FOUND`` (SPEC §4)."""
+        """One job; another user's job is ``JOB_NOT_FOUND`` (reference §4)."""
         async with self.core.store.sessions() as session:
             return await self.core.must_get_job(session, job_id, user_id=user_id)
 
@@ -63,9 +63,9 @@ class Views:
         created_to: datetime | None = None,
         parent_job_id: str | None = None,
     ) -> tuple[list[JobRecord], str]:
-        """Jobs newest first with an opaque page token (SPEC §3.1 paging); with
+        """Jobs newest first with an opaque page token (reference §3.1 paging); with
         ``created_from``/``created_to`` (naive UTC), only those created in
-        ``[created_from, created_to)`` (SPEC §9.5 console); with ``parent_job_id``,
+        ``[created_from, created_to)`` (reference §9.5 console); with ``parent_job_id``,
         only that batch's children (reference §10.3).
 
         Raises:
@@ -102,7 +102,7 @@ class Views:
 
     async def jobs_by_ids(self, user_id: str, job_ids: Sequence[str]) -> list[JobRecord]:
         """Those of ``user_id``'s jobs among ``job_ids``, in the order asked, each once;
-        unknown and other users' ids left out (SPEC §9.2 ``GET /v1/ai/jobs?ids=``).
+        unknown and other users' ids left out (reference §9.2 ``GET /v1/ai/jobs?ids=``).
 
         Raises:
             AppError: ``INVALID_ARGUMENT`` for more than 100 ids or no user.
@@ -128,7 +128,7 @@ class Views:
     async def user_changes(
         self, user_id: str, after: int | None, limit: int
     ) -> tuple[list[Change], int, bool]:
-        """One user's changed jobs after cursor ``after`` (SPEC §9.1 ``GET /v1/ai/events``).
+        """One user's changed jobs after cursor ``after`` (reference §9.1 ``GET /v1/ai/events``).
 
         Args:
             user_id: whose jobs.
@@ -161,7 +161,7 @@ class Views:
         return sorted(latest.values(), key=lambda c: c.seq), head, len(rows) >= limit
 
     async def health(self) -> tuple[bool, list[WorkerView]]:
-        """``(serving, workers)``: SERVING while an instance was seen recently (SPEC §3)."""
+        """``(serving, workers)``: SERVING while an instance was seen recently (reference §3)."""
         alive = self.core.settings.worker_alive_seconds()
         async with self.core.store.sessions() as session:
             found = await self.core.registry.list_workers(session, alive)
@@ -204,7 +204,7 @@ class Views:
 
     async def breaker_views(self) -> list[breaker.BreakerView]:
         """Every configured provider's platform-key breaker, in ``MODEL_PROVIDERS`` order
-        (SPEC §3.1 admin, §9.4)."""
+        (reference §3.1 admin, §9.4)."""
         cooldown = self.core.settings.BREAKER_COOLDOWN_SECONDS
         names = self.core.providers.names
         views = await self.core.store.tx(
@@ -256,11 +256,11 @@ class Views:
         return views
 
     async def breaker_view(self) -> breaker.BreakerView:
-        """The first provider's breaker (the fields of SPEC §3.1's breaker view)."""
+        """The first provider's breaker (the fields of reference §3.1's breaker view)."""
         return (await self.breaker_views())[0]
 
     async def breaker_reset(self, provider: str | None = None) -> breaker.BreakerView:
-        """Close ``provider``'s breaker, or every provider's when None (SPEC §3.1 admin
+        """Close ``provider``'s breaker, or every provider's when None (reference §3.1 admin
         reset, §9.4); returns the first provider's breaker afterwards.
 
         Raises:
@@ -302,7 +302,7 @@ def encode_list_token(created_at: datetime | None, seq: int) -> str:
 def decode_list_token(token: str) -> tuple[datetime | None, int]:
     """``(created_at or None, seq)`` of a job list's page token.
 
-    The token is opaque (SPEC §3.1) but comes from the caller: a crafted one is
+    The token is opaque (reference §3.1) but comes from the caller: a crafted one is
     held to what :func:`encode_list_token` writes, a naive UTC time and a ``seq``
     within the column's signed 64-bit range.
 

@@ -1,4 +1,4 @@
-"""The one clock: SQL expressions for "now" on the database (SPEC §1, §2.3).
+"""The one clock: SQL expressions for "now" on the database (reference §1, §2.3).
 
 Lease arithmetic never uses Python's clock. On MySQL/MariaDB the expressions
 are ``UTC_TIMESTAMP(6)`` / ``TIMESTAMPADD(MICROSECOND, n, UTC_TIMESTAMP(6))``

@@ -352,7 +352,7 @@ class MultiStatementBatch(StatementBatch):
         # On a Galera node the COMMIT goes alone: a write set from another node can
         # abort the transaction while the batch runs, and the server then runs the
         # statements after the abort in a new transaction that the batch's COMMIT
-        # would commit (MariaDB 10.11; SPEC §9.6). The 1213 of the abort is raised at
+        # would commit (MariaDB 10.11; reference §9.6). The 1213 of the abort is raised at
         # that COMMIT, and the caller's block rolls the leftover back.
         items, indexes = _items(conn.dialect, queue, galera=bool(conn.info.get(GALERA)))
         if not items:

@@ -52,9 +52,9 @@ class JobRecord:
     error_message: str | None
     created_at: datetime
     updated_at: datetime
-    #: +1 on every change of the row (SPEC §9.1 ETag).
+    #: +1 on every change of the row (reference §9.1 ETag).
     version: int = 0
-    #: the create's W3C traceparent (SPEC §9.5), or None.
+    #: the create's W3C traceparent (reference §9.5), or None.
     trace_parent: str | None = None
     #: its place in its priority's fair order (reference §10.1; internal)
     vstart: float = 0.0
@@ -135,7 +135,7 @@ class EventRecord:
     actor: str
     attempt_no: int
     at: datetime
-    #: the provider the attempt was given (lease-grant events only, SPEC §9.4)
+    #: the provider the attempt was given (lease-grant events only, reference §9.4)
     model_provider: str | None = None
 
     @classmethod

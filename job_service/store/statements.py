@@ -100,7 +100,7 @@ def insert_job(clock: DbClock) -> Any:
 
 @Statement
 def scope_job(clock: DbClock) -> Any:
-    """The job of an idempotency scope (SPEC §2.5; bound: ``a_user``, ``a_type``,
+    """The job of an idempotency scope (reference §2.5; bound: ``a_user``, ``a_type``,
     ``a_target_type``, ``a_target``, ``a_key``), every column."""
     return select(jobs).where(
         jobs.c.user_id == bindparam("a_user", type_=String()),
@@ -115,7 +115,7 @@ def scope_job(clock: DbClock) -> Any:
 def live_jobs_of_user(clock: DbClock) -> Any:
     """:class:`~job_service.store.parents.LiveRow` rows of the user's (``a_user``)
     pending and leased jobs (batches' parents among them), locked: a revoke's read
-    (SPEC §6)."""
+    (reference §6)."""
     stmt = select(*live_row_columns()).where(
         jobs.c.user_id == bindparam("a_user", type_=String()), jobs.c.status.in_(sorted(LIVE))
     )
@@ -131,7 +131,7 @@ def jobs_of_material(
 ) -> Any:
     """:class:`~job_service.store.parents.LiveRow` rows of the user's jobs on any of
     ``targets`` (``(targetType, targetId)``) or on any of ``snapshot_ids``, locked: the
-    jobs a material's deletion ends (SPEC §9.2). Built per call (the lists vary)."""
+    jobs a material's deletion ends (reference §9.2). Built per call (the lists vary)."""
     on = [and_(jobs.c.target_type == t, jobs.c.target_id == i) for t, i in targets]
     if snapshot_ids:
         on.append(jobs.c.snapshot_id.in_(list(snapshot_ids)))
@@ -146,7 +146,7 @@ def jobs_of_material(
 def admission_lock(clock: DbClock) -> Any:
     """Take the user's (``a_user``) admission lock by writing their row (``changes + 1``):
     one admission per user at a time on every replica, and on Galera a write the
-    other nodes certify against (SPEC §6, §9.6). On SQLite, whose single writer
+    other nodes certify against (reference §6, §9.6). On SQLite, whose single writer
     already serialises creates, the row does not exist and nothing is written."""
     return (
         update(admission_locks)
@@ -163,7 +163,7 @@ def ensure_admission_row(clock: DbClock) -> Any:
 
 @Statement
 def ai_granted(clock: DbClock) -> Any:
-    """The user's (``a_user``) AI switch (no row: granted, SPEC §6)."""
+    """The user's (``a_user``) AI switch (no row: granted, reference §6)."""
     return select(authorizations.c.granted).where(
         authorizations.c.user_id == bindparam("a_user", type_=String())
     )
@@ -173,7 +173,7 @@ def ai_granted(clock: DbClock) -> Any:
 def jobs_created_today(clock: DbClock) -> Any:
     """How many jobs the user (``a_user``) created since the database's UTC midnight,
     with the day's jobs of an erased user of the same id (pseudonym ``a_pseudonym``,
-    SPEC §9.2: erasing does not reset a quota), one row read by primary key. A
+    reference §9.2: erasing does not reset a quota), one row read by primary key. A
     batch's parent is not counted: its children are (reference §10.3)."""
     erased = (
         select(erased_usage.c.jobs)
@@ -196,7 +196,7 @@ def jobs_created_today(clock: DbClock) -> Any:
 
 @Statement
 def add_erased_usage(clock: DbClock) -> Any:
-    """Upsert adding ``jobs`` to today's erased-usage row of ``pseudonym`` (SPEC §9.2)."""
+    """Upsert adding ``jobs`` to today's erased-usage row of ``pseudonym`` (reference §9.2)."""
     from job_service.learning.common import adding_upsert
 
     return adding_upsert(
@@ -211,7 +211,7 @@ def add_erased_usage(clock: DbClock) -> Any:
 def jobs_of_user(clock: DbClock, user_id: str) -> Any:
     """:class:`~job_service.store.parents.LiveRow` columns, then ``countsToday`` (1 for
     a job created today that counts against the daily quota: not a batch's parent),
-    of every job of the user, locked: an erasure's read (SPEC §9.2)."""
+    of every job of the user, locked: an erasure's read (reference §9.2)."""
     today = case(
         (and_(jobs.c.created_at >= clock.day_start(), jobs.c.batch_total.is_(None)), 1),
         else_=0,
@@ -227,7 +227,7 @@ def erase_jobs(
     pseudonym: str,
     kept: Sequence[str] = (),
 ) -> list[Any]:
-    """An erasure's writes on the job tables, in order (SPEC §9.2): the invocation logs
+    """An erasure's writes on the job tables, in order (reference §9.2): the invocation logs
     of ``job_ids`` keep tokens and cost under ``pseudonym`` (as their ``job_id``, no
     credential), then the jobs' events, the user's jobs, AI switch and admission row go.
 
@@ -383,7 +383,7 @@ def verify_leases(clock: DbClock) -> Any:
 
 def held_leases(clock: DbClock, instance_id: str, refs: list[tuple[str, int]]) -> Any:
     """``(jobId, attemptNo, status, lockUntil, cancelRequested)`` of each of ``refs``
-    whose live lease ``instance_id`` holds (SPEC §3 HeartbeatLeases)."""
+    whose live lease ``instance_id`` holds (reference §3 HeartbeatLeases)."""
     return by_job_id_key(
         select(
             jobs.c.job_id,
@@ -515,7 +515,7 @@ COST_GROUPS: dict[str, Any] = {
 
 def jobs_by_ids(*, user_id: str, job_ids: Sequence[str]) -> Select[Any]:
     """The user's jobs among ``job_ids`` (by the unique job id index), in no order
-    (SPEC §9.2 ``GET /v1/ai/jobs?ids=``)."""
+    (reference §9.2 ``GET /v1/ai/jobs?ids=``)."""
     return select(jobs).where(jobs.c.job_id.in_(list(job_ids)), jobs.c.user_id == user_id)
 
 
@@ -530,7 +530,7 @@ def list_jobs(
     created_to: datetime | None = None,
     parent_job_id: str | None = None,
 ) -> Select[Any]:
-    """A page of jobs, newest first (SPEC §3.1 paging).
+    """A page of jobs, newest first (reference §3.1 paging).
 
     One user's jobs come newest first by (created_at, seq), the order of their
     index (``ix_jobs_user``; InnoDB keys end with the primary key): a page reads
@@ -599,7 +599,7 @@ def job_counts(
     created_to: datetime | None,
 ) -> Select[Any]:
     """``(status, count)`` of the jobs matching a list's filters but the status
-    (SPEC §9.5 console); states with no job have no row."""
+    (reference §9.5 console); states with no job have no row."""
     return (
         select(jobs.c.status, func.count())
         .where(*job_filters(user_id, job_type, created_from, created_to))
@@ -618,7 +618,7 @@ FINISHED_MINUTE: Any = func.substr(
 def throughput(since: datetime) -> Select[Any]:
     """Jobs ended at or after ``since`` (naive UTC), one row per minute, oldest first:
     ``(minute 'YYYY-MM-DD HH:MM', succeeded, failed, cancelled)`` — one GROUP BY
-    over ``ix_jobs_finished_status`` (SPEC §9.5 console charts)."""
+    over ``ix_jobs_finished_status`` (reference §9.5 console charts)."""
     minute = FINISHED_MINUTE.label("minute")
 
     def ended(state: str) -> Any:
@@ -671,7 +671,7 @@ def workers_newest_first() -> Select[Any]:
     return select(workers).order_by(workers.c.last_seen_at.desc())
 
 
-# ------------------------------------------------------------------ changes (SPEC §9.1)
+# ------------------------------------------------------------------ changes (reference §9.1)
 
 
 def latest_event_seq() -> Select[Any]:

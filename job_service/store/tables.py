@@ -1,7 +1,7 @@
-"""job_service core tables (SPEC §2.2, §3, §5, §6), all on :class:`job_service.store.base.Base`.
+"""job_service core tables (reference §2.2, §3, §5, §6), all on :class:`job_service.store.base.Base`.
 
 Columns are snake_case; the JSON/proto views are camelCase. Every time column
-is ``DATETIME(6)`` on MySQL/MariaDB (microseconds, SPEC §2.2) and is written
+is ``DATETIME(6)`` on MySQL/MariaDB (microseconds, reference §2.2) and is written
 from the database clock only (:mod:`job_service.store.clock`).
 """
 
@@ -42,7 +42,7 @@ Id = String(64)
 
 
 class Job(Base):
-    """``ai_runtime_jobs``: one AI job and its lease (SPEC §2.2).
+    """``ai_runtime_jobs``: one AI job and its lease (reference §2.2).
 
     Indexes: the poll/claim query ``status='pending' AND job_type IN (…) AND
     available_at <= now ORDER BY priority, created_at, seq`` walks
@@ -50,7 +50,7 @@ class Job(Base):
     the reaper walks ``ix_jobs_reaper`` (status, lock_until); user listings and
     quotas use ``ix_jobs_user`` (user_id, created_at); the console's time-range
     lists and counts ``ix_jobs_created_status``, its jobs-per-minute chart
-    ``ix_jobs_finished_status`` (SPEC §9.5); a batch's children ``ix_jobs_parent``
+    ``ix_jobs_finished_status`` (reference §9.5); a batch's children ``ix_jobs_parent``
     (parent_job_id, status).
 
     A batch's parent (reference §10.3) is a row of this table with ``batch_total``
@@ -99,7 +99,7 @@ class Job(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     updated_at: Mapped[datetime] = mapped_column(Micro, nullable=False)
-    #: +1 on every UPDATE of the row (the ETag of SPEC §9.1).
+    #: +1 on every UPDATE of the row (the ETag of reference §9.1).
     version: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))
     #: the job's virtual start in its priority's fair order (reference §10.1): claims
     #: take ``priority, vstart, createdAt, seq``
@@ -108,7 +108,7 @@ class Job(Base):
     #: with room for it): out of the claim's index range until the scheduler takes it
     #: back at that time (reference §2.4, §10.2); NULL: claimable
     parked_until: Mapped[datetime | None] = mapped_column(Micro)
-    #: The create request's W3C ``traceparent`` (SPEC §9.5), or NULL.
+    #: The create request's W3C ``traceparent`` (reference §9.5), or NULL.
     trace_parent: Mapped[str | None] = mapped_column(String(55))
     #: A child's parent job (reference §10.3); NULL for every other job.
     parent_job_id: Mapped[str | None] = mapped_column(Id)
@@ -154,7 +154,7 @@ PARENT_AVAILABLE_AT = datetime(9999, 12, 31)
 
 
 class JobEvent(Base):
-    """``ai_runtime_job_events``: one row per state change, oldest first (SPEC §2.2).
+    """``ai_runtime_job_events``: one row per state change, oldest first (reference §2.2).
 
     ``from_status`` is NULL for the creation row. A cancel request on a leased
     job is recorded too (from = to = the current status).
@@ -172,14 +172,14 @@ class JobEvent(Base):
     at: Mapped[datetime] = mapped_column(Micro, nullable=False)
     #: The model provider the attempt was given, on the events of a lease grant
     #: (pending → locked, and the start of a claim with start); NULL on the others
-    #: (SPEC §9.4).
+    #: (reference §9.4).
     model_provider: Mapped[str | None] = mapped_column(String(32))
 
     __table_args__ = (Index("ix_job_events_job", "job_id", "seq"),)
 
 
 class InvocationLog(Base):
-    """``ai_runtime_invocation_logs``: one row per model call (SPEC §5).
+    """``ai_runtime_invocation_logs``: one row per model call (reference §5).
 
     ``cost_usd`` is computed at insert from ``MODEL_PRICES`` (USD per million
     tokens). Never the key, never the prompt. ``ix_invocations_type_created``
@@ -219,7 +219,7 @@ class InvocationLog(Base):
 
 
 class RuntimeWorker(Base):
-    """``ai_runtime_workers``: runtime instances discovered from their calls (SPEC §3)."""
+    """``ai_runtime_workers``: runtime instances discovered from their calls (reference §3)."""
 
     __tablename__ = "ai_runtime_workers"
 
@@ -231,7 +231,7 @@ class RuntimeWorker(Base):
 
 
 class AiAuthorization(Base):
-    """``ai_authorizations``: per-user AI switch; no row = granted (SPEC §6)."""
+    """``ai_authorizations``: per-user AI switch; no row = granted (reference §6)."""
 
     __tablename__ = "ai_authorizations"
 
@@ -242,7 +242,7 @@ class AiAuthorization(Base):
 
 class CircuitBreakerRow(Base):
     """``ai_circuit_breaker``: the platform-key breakers shared by all replicas, one row
-    per model provider (SPEC §6, §9.4), keyed by the provider's name
+    per model provider (reference §6, §9.4), keyed by the provider's name
     (``MODEL_PROVIDERS``; the default list is one ``deepseek`` row). Rows of every
     configured provider are made at start; a row of a provider no longer configured
     is left as it is and never read.
@@ -313,13 +313,13 @@ credential_pauses = cast(Table, CredentialPause.__table__)
 
 
 class UserAdmissionLock(Base):
-    """``ai_user_admission_locks``: one row per user, locked by every create (SPEC §6).
+    """``ai_user_admission_locks``: one row per user, locked by every create (reference §6).
 
     The create transaction writes the caller's row (``changes + 1``) before
     counting the day's jobs, so concurrent creates of one user (on any replica)
     are admitted one at a time and the daily quota is never overshot; a write,
     not a ``SELECT … FOR UPDATE``, so that on a Galera cluster admissions of one
-    user on two nodes conflict at certification instead of both passing (SPEC
+    user on two nodes conflict at certification instead of both passing (reference
     §9.6). (SQLite already runs every write transaction alone.)
     """
 
@@ -339,7 +339,7 @@ PLATFORM_SPEND_SHARDS = 16
 
 
 class PlatformSpend(Base):
-    """``ai_runtime_platform_spend``: platform-key model cost per UTC day (SPEC §6 budget).
+    """``ai_runtime_platform_spend``: platform-key model cost per UTC day (reference §6 budget).
 
     A running total beside the invocation log: the transaction that logs a
     platform-key call adds its cost here too, to one of
@@ -363,7 +363,7 @@ platform_spend = cast(Table, PlatformSpend.__table__)
 
 class ErasedUsage(Base):
     """``ai_runtime_erased_usage``: jobs created per UTC day by users since erased
-    (SPEC §9.2 ``DELETE /v1/me``), under a one-way pseudonym of the user id
+    (reference §9.2 ``DELETE /v1/me``), under a one-way pseudonym of the user id
     (keyed HMAC, :func:`job_service.services.erasure.pseudonym`).
 
     An erasure removes the user's jobs, so the day's quota count (their jobs of

@@ -1,4 +1,4 @@
-"""The state machine as SQL: guarded UPDATEs and their event rows (SPEC §2.3).
+"""The state machine as SQL: guarded UPDATEs and their event rows (reference §2.3).
 
 A transition of :data:`job_service.lifecycle.TRANSITIONS` becomes one
 conditional UPDATE whose WHERE clause is its guard: the job id, its
@@ -53,7 +53,7 @@ MAX_ACTOR = 160
 
 
 def lease_guard(clock: DbClock, lease: Lease) -> ColumnElement[bool]:
-    """WHERE clause: the caller holds a live lease on the job (SPEC §2.3 heartbeat guard)."""
+    """WHERE clause: the caller holds a live lease on the job (reference §2.3 heartbeat guard)."""
     return and_(
         jobs.c.job_id == lease.job_id,
         jobs.c.locked_by == lease.instance_id,
@@ -97,7 +97,7 @@ def leases_guard(
 ) -> ColumnElement[bool]:
     """WHERE clause: ``instance_id`` holds a live lease on each of ``refs`` ((jobId, attemptNo)).
 
-    The batched form of :func:`lease_guard` (SPEC §3 HeartbeatLeases). The plain
+    The batched form of :func:`lease_guard` (reference §3 HeartbeatLeases). The plain
     ``job_id IN (…)`` beside the pairs is for MariaDB's planner: with a single
     pair it does not use the job-id key for the row constructor and ranges over
     every live lease instead, locking them all until the caller commits.
@@ -138,7 +138,7 @@ def holder_guard_bound(clock: DbClock) -> ColumnElement[bool]:
     The guard of a holder-only transition applied to several jobs at once by the
     transaction that has just locked them (claim with start): their ``attemptNo``
     is the one that transaction granted, so the instance and the live lease are
-    the whole fencing token there (SPEC §3).
+    the whole fencing token there (reference §3).
     """
 
     def build() -> ColumnElement[bool]:
@@ -552,7 +552,7 @@ def transition_many_sql(
 def renew_many(
     clock: DbClock, *, instance_id: str, refs: Sequence[tuple[str, int]], lease_seconds: float
 ) -> Sql:
-    """RENEW (SPEC §2.3 heartbeat on a running job) for many leases in one guarded UPDATE.
+    """RENEW (reference §2.3 heartbeat on a running job) for many leases in one guarded UPDATE.
 
     Only jobs in RENEW's from-states whose live lease the caller holds move;
     RENEW records no event. A locked job (not started yet) is left to the
@@ -601,7 +601,7 @@ def by_job_id_key(stmt: Any) -> Any:
 
 
 def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[str, Any]:
-    """The columns an attempt's ending sets (SPEC §2.3; :mod:`job_service.lifecycle.endings`):
+    """The columns an attempt's ending sets (reference §2.3; :mod:`job_service.lifecycle.endings`):
     the code and message, the lease cleared, and per ending ``finishedAt``
     (fail), ``cancelledAt`` + ``finishedAt`` (cancel) or the retry's
     ``retryCount + 1`` and ``availableAt = now + delay``, parked until then (retry)."""
@@ -628,7 +628,7 @@ def ending_values(clock: DbClock, ending: AttemptEnding, message: str) -> dict[s
 
 #: ``retry_count + 1``, shared so statements embedding it are cached.
 RETRY_COUNT_PLUS_ONE: Any = cache.stable(jobs.c.retry_count + 1)
-#: ``version + 1``: every UPDATE of a job row moves its version (SPEC §9.1 ETag).
+#: ``version + 1``: every UPDATE of a job row moves its version (reference §9.1 ETag).
 VERSION_PLUS_ONE: Any = cache.stable(jobs.c.version + 1)
 #: ``attempt_no + 1`` (lock/claim), shared so statements embedding it are cached.
 NEXT_ATTEMPT: Any = cache.stable(jobs.c.attempt_no + 1)

@@ -1,6 +1,6 @@
 """Transactions on the job database: one short transaction per operation, retried.
 
-Every state change is one transaction (SPEC §2.3): :meth:`Store.tx` (an ORM
+Every state change is one transaction (reference §2.3): :meth:`Store.tx` (an ORM
 session, for code that uses the ORM) and :meth:`Store.lean_tx` (a bare
 connection, for the runtime hot path, whose SQL is Core) both retry deadlocks,
 lock wait timeouts and a connection that died before its COMMIT

@@ -1,7 +1,7 @@
 """Deterministic, schema-valid model answers built from a snapshot (payload v1).
 
 The stand-in plays the model: it parses the prompt protocol and builds the output
-object of SPEC §5 for the job type, citing only ids found in the snapshot. The
+object of reference §5 for the job type, citing only ids found in the snapshot. The
 same input always gives the same answer (choices are seeded from a hash of the
 input). Text handling copes with Markdown (headings, list markers, emphasis) and
 with CJK text; when most of the material is CJK, the generated prose is Chinese.

@@ -1,4 +1,4 @@
-"""The three analyses (SPEC §5) from reading progress and quiz accuracy: the
+"""The three analyses (reference §5) from reading progress and quiz accuracy: the
 learning state, the weak points, and the next actions.
 """
 

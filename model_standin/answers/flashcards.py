@@ -1,4 +1,4 @@
-"""Flashcards (SPEC §5 ``Flashcard``): a question or term front, the source sentence
+"""Flashcards (reference §5 ``Flashcard``): a question or term front, the source sentence
 as the back.
 
 Fronts are questions ("What is X?", "Explain why …", "什么是X？", "为什么…？") when

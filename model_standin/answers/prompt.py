@@ -145,7 +145,7 @@ def seeded_rng(prompt: Prompt) -> random.Random:
 
 
 def build_answer(prompt: Prompt) -> dict[str, Any]:
-    """Build the output object (SPEC §5 shape) for a parsed prompt.
+    """Build the output object (reference §5 shape) for a parsed prompt.
 
     Args:
         prompt: the parsed request.

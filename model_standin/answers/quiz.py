@@ -1,4 +1,4 @@
-"""Quiz questions, written like a careful teacher's (SPEC §5 ``QuizQuestion``).
+"""Quiz questions, written like a careful teacher's (reference §5 ``QuizQuestion``).
 
 * sources are prose sentences only, the most informative first, from the
   weakest knowledge points first (:mod:`~model_standin.answers.picking`);
@@ -42,7 +42,7 @@ from model_standin.answers.snapshot import Source, View
 from model_standin.answers.terms import TermIndex
 from model_standin.answers.text import clip, is_cjk
 
-#: Job types the stand-in can answer (SPEC §2.1).
+#: Job types the stand-in can answer (reference §2.1).
 QUESTION_TYPES = ("single_choice", "multiple_choice", "true_false", "short_answer")
 
 
@@ -277,7 +277,7 @@ def _question(
         if truth:
             q["explanation"] = _explanation(src, zh, "正确。" if zh else "True. ")
         q["stem"] = ("判断正误：" if zh else "True or false: ") + statement
-        # fixed options, whatever the language: the app shows them in its own (SPEC §9.4)
+        # fixed options, whatever the language: the app shows them in its own (reference §9.4)
         q["options"] = ["true", "false"]
         q["answer"] = "true" if truth else "false"
     else:  # short_answer

@@ -1,4 +1,4 @@
-"""Model providers behind one interface (SPEC §5)."""
+"""Model providers behind one interface (reference §5)."""
 
 from runtime_worker.providers.base import (
     ModelError,

@@ -2,7 +2,7 @@
 
 A provider makes exactly one HTTP call per :meth:`ModelProvider.complete` (no
 hidden retries); the worker decides about a re-ask. Another OpenAI-compatible
-provider is a new class implementing :class:`ModelProvider` (SPEC §5).
+provider is a new class implementing :class:`ModelProvider` (reference §5).
 """
 
 from __future__ import annotations
@@ -70,10 +70,10 @@ class ModelResponse:
 
 
 class ModelError(Exception):
-    """A model call that failed, classified to a SPEC §4 code.
+    """A model call that failed, classified to a reference §4 code.
 
     Attributes:
-        code: SPEC §4 code (``MODEL_TIMEOUT``, ``MODEL_RATE_LIMIT``…).
+        code: reference §4 code (``MODEL_TIMEOUT``, ``MODEL_RATE_LIMIT``…).
         message: human-readable reason, never containing the key.
         retry_after_seconds: from ``Retry-After`` on 429, else None.
         http_status: the HTTP status when one was received, else None.

@@ -1,4 +1,4 @@
-"""Reading a model's answer body with a byte cap (SPEC §9.4, case P3).
+"""Reading a model's answer body with a byte cap (reference §9.4, case P3).
 
 A provider (or a proxy in front of it) can send any amount: a runaway answer of
 hundreds of megabytes, or a small gzip body that inflates a thousandfold. The

@@ -1,4 +1,4 @@
-"""How every way a model call can fail maps to a SPEC §4 code: ONE table.
+"""How every way a model call can fail maps to a reference §4 code: ONE table.
 
 Each :class:`Fault` is a kind of failure the provider can observe; :data:`TABLE`
 gives its code. Retryability and breaker effect follow from the code alone
@@ -8,13 +8,13 @@ gives its code. Retryability and breaker effect follow from the code alone
 |---|---|
 | overall call deadline hit, job still has budget | MODEL_TIMEOUT |
 | overall call deadline hit = the job's own budget | JOB_TIMEOUT |
-| HTTP 408 (a proxy's ``request_timeout`` in front of the model; SPEC §9.4) | MODEL_TIMEOUT |
+| HTTP 408 (a proxy's ``request_timeout`` in front of the model; reference §9.4) | MODEL_TIMEOUT |
 | connect error / read error / connection reset before a status | NETWORK_ERROR |
 | HTTP 429 | MODEL_RATE_LIMIT (+ retryAfterSeconds from Retry-After) |
 | HTTP 500/502/503/504, any other 5xx | TEMPORARY_PROVIDER_ERROR |
 | HTTP 200 whose body is no parseable envelope (blank lines then close, cut off) | TEMPORARY_PROVIDER_ERROR |
-| HTTP 200 whose body is over MODEL_MAX_RESPONSE_BYTES (not read further; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
-| envelope OK, finish_reason=insufficient_system_resource (out of capacity mid-answer; SPEC §9.4) | TEMPORARY_PROVIDER_ERROR |
+| HTTP 200 whose body is over MODEL_MAX_RESPONSE_BYTES (not read further; reference §9.4) | TEMPORARY_PROVIDER_ERROR |
+| envelope OK, finish_reason=insufficient_system_resource (out of capacity mid-answer; reference §9.4) | TEMPORARY_PROVIDER_ERROR |
 | HTTP 401/403 | INVALID_CREDENTIAL |
 | HTTP 402 | INSUFFICIENT_BALANCE |
 | HTTP 400/422, any other 4xx | MODEL_BAD_REQUEST |
@@ -114,7 +114,7 @@ _FINISH_FAULTS: dict[str, Fault] = {
     "insufficient_system_resource": Fault.OUT_OF_CAPACITY,
 }
 
-#: Faults the worker may answer with one in-attempt re-ask (SPEC cases D1, D2).
+#: Faults the worker may answer with one in-attempt re-ask (cases D1, D2).
 REASKABLE: frozenset[Fault] = frozenset(
     {Fault.BLANK_CONTENT, Fault.TRUNCATED, Fault.SCHEMA_MISMATCH}
 )
@@ -146,7 +146,7 @@ def fault_for_finish_reason(finish_reason: str | None) -> Fault | None:
 
 
 def code_for(fault: Fault) -> ErrorCode:
-    """SPEC §4 code of a fault (the table lookup)."""
+    """reference §4 code of a fault (the table lookup)."""
     return TABLE[fault]
 
 

@@ -1,4 +1,4 @@
-"""DeepSeek (OpenAI-compatible) chat completions over aiohttp (SPEC §5).
+"""DeepSeek (OpenAI-compatible) chat completions over aiohttp (reference §5).
 
 One :meth:`DeepSeekProvider.complete` = exactly one HTTP call (no hidden
 retries). The whole call — connect, headers and body read — runs under ONE
@@ -139,7 +139,7 @@ class DeepSeekProvider:
             the worker passes its ``WORKER_CONCURRENCY``: fewer would queue calls
             (capping throughput at connections / call time).
         max_response_bytes: most bytes of one answer's body, decoded
-            (``MODEL_MAX_RESPONSE_BYTES``, SPEC §9.4); a longer answer is
+            (``MODEL_MAX_RESPONSE_BYTES``, reference §9.4); a longer answer is
             ``TEMPORARY_PROVIDER_ERROR`` and is not read further, so a call holds at
             most this much however much the provider sends.
 

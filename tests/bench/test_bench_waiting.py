@@ -1,4 +1,4 @@
-"""The ``waiting`` bench scenario (SPEC §9.1): a tiny real run and its table rows."""
+"""The ``waiting`` bench scenario (reference §9.1): a tiny real run and its table rows."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Galera faults (SPEC §9.6) as tests: each forms its own 3-node MariaDB Galera
+"""The Galera faults (reference §9.6) as tests: each forms its own 3-node MariaDB Galera
 cluster behind HAProxy (about 15-25 s here), runs the real services on it under
 load, injects the fault and audits the database (the short profile: about three
 minutes for the three on this 2-core machine).

@@ -1,4 +1,4 @@
-"""Platform failover end to end (SPEC §9.4): 200 platform-key jobs on two job_service
+"""Platform failover end to end (reference §9.4): 200 platform-key jobs on two job_service
 replicas and one MariaDB database while the primary provider answers 503 and comes
 back; the backup, a second stand-in provider with its own key and model name, takes
 the attempts meanwhile (:mod:`chaos.failover`)."""

@@ -1,4 +1,4 @@
-"""JobService over real gRPC: transition matrix, error codes, runtime contract (SPEC §2.3, §3, §4)."""
+"""JobService over real gRPC: transition matrix, error codes, runtime contract (reference §2.3, §3, §4)."""
 
 from __future__ import annotations
 
@@ -810,7 +810,7 @@ async def test_verify_leases_fails_one_lease_it_cannot_answer_alone(
 async def test_two_providers_claim_answers_and_breakers(
     make_server: Callable[..., Any],
 ) -> None:
-    """SPEC §9.4 over gRPC: a claim answer names the attempt's provider with its model
+    """reference §9.4 over gRPC: a claim answer names the attempt's provider with its model
     name and base URL; GetCircuitBreaker lists each provider; a reset names one or
     none, an unconfigured name is INVALID_ARGUMENT."""
     import json

@@ -1,4 +1,4 @@
-"""One trace per job across the four services (SPEC §9.5).
+"""One trace per job across the four services (reference §9.5).
 
 gateway, job_service, credential_service and a worker run in this process against
 the DeepSeek stand-in, each with its own tracing (its own ``service.name``) into

@@ -1,4 +1,4 @@
-"""Keys and providers through the whole runtime (SPEC §9.4, cases P5, P6): the real
+"""Keys and providers through the whole runtime (reference §9.4, cases P5, P6): the real
 job_service, credential_service and a real worker, against stand-in providers that
 record every key and model they are sent: the provider chosen when a lease is
 granted, per-provider breakers, the job following the key used (the contract is in

@@ -1,9 +1,9 @@
-"""The runtime contract (SPEC §2.3–§2.6, §3, §4), run once over gRPC and once over the REST shim.
+"""The runtime contract (reference §2.3–§2.6, §3, §4), run once over gRPC and once over the REST shim.
 
 Every test takes ``rt``: ``rt("w1")`` is a runtime instance ``w1`` talking to
 the real job_service / credential_service, either through the gRPC stubs or
 through the api_gateway's ``/internal/runtime`` routes. Answers are compared
-in the REST camelCase shape; refusals by SPEC §4 code and by the status SPEC §4
+in the REST camelCase shape; refusals by reference §4 code and by the status reference §4
 gives that code on the transport in use. A test that passes on one transport
 and fails on the other is a disagreement between them, i.e. a bug.
 """
@@ -45,7 +45,7 @@ MYSQL = pytest.mark.parametrize("contract_db", ["sqlite", "mysql"], indirect=Tru
 
 
 async def refused(t: RuntimeTransport, code: str, call: Awaitable[Any]) -> ContractError:
-    """Await ``call``; it must be refused with ``code`` and SPEC §4's status for it."""
+    """Await ``call``; it must be refused with ``code`` and reference §4's status for it."""
     with pytest.raises(ContractError) as info:
         await call
     err = info.value
@@ -551,7 +551,7 @@ async def held_with_block(
 async def test_p4_outputs_are_validated_strictly(
     stack: RuntimeStack, rt: RT, job_type: str, output: dict[str, Any]
 ) -> None:
-    """Case P4 on the result path (SPEC §9.4): no coercion, an answer fits its options;
+    """Case P4 on the result path (reference §9.4): no coercion, an answer fits its options;
     refused INVALID_SCHEMA and the job failed, over gRPC and the REST shim alike.
     Each output cites only the user's own block, so only its shape is at fault."""
     w1 = rt("w1")

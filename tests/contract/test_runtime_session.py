@@ -1,4 +1,4 @@
-"""``RuntimeSession``: the runtime calls over one stream (SPEC §3), on the real job_service.
+"""``RuntimeSession``: the runtime calls over one stream (reference §3), on the real job_service.
 
 The contract suite runs whole over the session (``transport_kind == "session"``);
 these tests cover what only a stream has: calls answered out of order, a late call
@@ -76,7 +76,7 @@ async def test_calls_on_one_stream_answer_in_any_order(stack: RuntimeStack) -> N
 
 
 async def test_a_refusal_is_the_unary_calls_rich_status(stack: RuntimeStack) -> None:
-    """A result for a lease the caller does not hold is refused with the same SPEC §4
+    """A result for a lease the caller does not hold is refused with the same reference §4
     code as over a unary call, and the stream goes on serving."""
     session = _session(stack)
     job = await stack.create()

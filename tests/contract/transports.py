@@ -1,12 +1,12 @@
-"""One runtime contract, two transports: gRPC stubs and the REST shim (SPEC §3).
+"""One runtime contract, two transports: gRPC stubs and the REST shim (reference §3).
 
 :class:`RuntimeTransport` is what the contract suite talks to. Every answer is
-transport-neutral: a dict in the REST camelCase shape of SPEC §3's table
-(times RFC 3339 UTC with milliseconds, enums as the spec's strings, absent
+transport-neutral: a dict in the REST camelCase shape of reference §3's table
+(times RFC 3339 UTC with milliseconds, enums as the contract's strings, absent
 values ``None``). Every refusal is raised as :class:`ContractError` carrying
-the SPEC §4 code and the transport's own status (an HTTP status for REST, a
-``grpc.StatusCode`` for gRPC); :func:`expected_status` gives the status SPEC §4
-requires for a code on each transport, from the spec's table (not from the
+the reference §4 code and the transport's own status (an HTTP status for REST, a
+``grpc.StatusCode`` for gRPC); :func:`expected_status` gives the status reference §4
+requires for a code on each transport, from the contract's table (not from the
 product's mapping), so the suite checks the mapping too.
 
 The gRPC answers are converted here from the protobuf descriptors, not with
@@ -49,7 +49,7 @@ from zhixi.airuntime.job.v1 import message_pb2 as msg
 from zhixi.airuntime.job.v1 import request_response_pb2 as rr
 from zhixi.airuntime.job.v1 import service_pb2_grpc as job_grpc
 
-#: SPEC §4: code → (HTTP status, gRPC status) of the refusals the runtime contract uses.
+#: reference §4: code → (HTTP status, gRPC status) of the refusals the runtime contract uses.
 SPEC_STATUS: dict[str, tuple[int, grpc.StatusCode]] = {
     "INVALID_SCHEMA": (422, grpc.StatusCode.INVALID_ARGUMENT),
     "INVALID_CREDENTIAL": (422, grpc.StatusCode.FAILED_PRECONDITION),
@@ -82,7 +82,7 @@ class ContractError(Exception):
     """A refusal, whatever the transport.
 
     Attributes:
-        code: the SPEC §4 code (``ErrorInfo.reason`` / the body's ``code``).
+        code: the reference §4 code (``ErrorInfo.reason`` / the body's ``code``).
         status: HTTP status (REST) or ``grpc.StatusCode`` (gRPC).
         message: the human message.
         details: the error's details object.
@@ -98,7 +98,7 @@ class ContractError(Exception):
 
 
 class RuntimeTransport(Protocol):
-    """The runtime operations of SPEC §3, bound to one runtime instance id.
+    """The runtime operations of reference §3, bound to one runtime instance id.
 
     Every method returns the REST camelCase answer as a dict and raises
     :class:`ContractError` on a refusal.
@@ -108,7 +108,7 @@ class RuntimeTransport(Protocol):
     instance: str
 
     def expected_status(self, code: str) -> int | grpc.StatusCode:
-        """The status SPEC §4 requires for ``code`` on this transport."""
+        """The status reference §4 requires for ``code`` on this transport."""
         ...
 
     async def poll(
@@ -229,7 +229,7 @@ def to_json(message: Message) -> dict[str, Any]:
 
 
 def job_json(job: msg.Job) -> dict[str, Any]:
-    """A ``Job`` message as the ``Job`` JSON: exactly the SPEC §3 keys."""
+    """A ``Job`` message as the ``Job`` JSON: exactly the reference §3 keys."""
     full = to_json(job)
     missing = [k for k in JOB_KEYS if k not in full]
     assert not missing, f"Job proto lacks {missing}"

@@ -82,7 +82,7 @@ AWAITED: dict[str, Awaited] = {
 }
 
 #: Labels asked of job_service on metrics it already exports: the breaker per provider
-#: (SPEC §9.4; a breaker with one provider may keep exporting no ``provider`` label).
+#: (reference §9.4; a breaker with one provider may keep exporting no ``provider`` label).
 AWAITED_LABELS: dict[str, frozenset[str]] = {
     "airt_platform_breaker_state": frozenset({"provider"}),
 }

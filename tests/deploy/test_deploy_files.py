@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 APP_SERVICES = ("job_service", "credential_service", "runtime_worker", "api_gateway")
 GRPC_PORTS = {"job_service": 50051, "credential_service": 50052, "runtime_worker": 50053}
 
-#: Every variable of SPEC §7.
+#: Every variable of reference §7.
 SPEC_ENV = {
     "DATABASE_URL", "CREDENTIAL_DATABASE_URL", "RUNTIME_SERVICE_TOKEN", "JWT_SECRET", "JWT_ISSUER",
     "CREDENTIAL_ENCRYPTION_KEYS", "DEEPSEEK_API_KEY", "DEEPSEEK_BASE_URL", "LOCK_LEASE_SECONDS",
@@ -31,7 +31,7 @@ SPEC_ENV = {
     "BREAKER_COOLDOWN_SECONDS", "BREAKER_HALF_OPEN_PROBES", "PLATFORM_DAILY_BUDGET_USD",
     "USER_DAILY_JOB_QUOTA", "PLAN_DAILY_JOB_QUOTAS", "MODEL_PRICES",
 }  # fmt: skip
-#: Variables SPEC §9 adds (the second release).
+#: Variables reference §9 adds (the second release).
 SPEC_ENV_9 = {"CORS_ORIGINS", "JWT_LEEWAY_SECONDS"}
 SECRETS = {"RUNTIME_SERVICE_TOKEN", "JWT_SECRET", "CREDENTIAL_ENCRYPTION_KEYS", "DEEPSEEK_API_KEY"}
 
@@ -117,7 +117,7 @@ def test_secrets_come_from_env_file_and_names_match_the_spec(compose: dict[str, 
     compose_only = {k for k in example if k.startswith("MYSQL_")}
     assert set(example) - compose_only <= SPEC_ENV | SPEC_ENV_9
     assert set(example) >= SECRETS
-    # Every SPEC §7 variable is either in .env.example or set per service in the compose file.
+    # Every reference §7 variable is either in .env.example or set per service in the compose file.
     set_in_compose = {k for s in compose["services"].values() for k in s.get("environment", {})}
     missing = SPEC_ENV - set(example) - set_in_compose - {"MODEL_PRICES", "RUNTIME_WORKER_ADDR"}
     assert not missing

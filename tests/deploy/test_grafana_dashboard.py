@@ -1,4 +1,4 @@
-"""The Grafana dashboard (``deploy/grafana/ai-runtime.json``, SPEC §9.5) is an importable
+"""The Grafana dashboard (``deploy/grafana/ai-runtime.json``, reference §9.5) is an importable
 dashboard model on a Prometheus data-source variable, and every query it makes reads
 metrics and labels the services define (parsed from the PromQL, checked against the
 services' own registries: see ``tests/deploy/promql.py``).

@@ -1,4 +1,4 @@
-"""What the Kubernetes guard rails in ``deploy/k8s/`` mean (SPEC §9.5): the NetworkPolicies
+"""What the Kubernetes guard rails in ``deploy/k8s/`` mean (reference §9.5): the NetworkPolicies
 read as a reachability graph (``tests/deploy/netpol.py``) that must equal the
 intended one exactly, the workers' HorizontalPodAutoscaler, a PodDisruptionBudget per
 multi-replica Deployment, and metrics ports that match the services' settings.

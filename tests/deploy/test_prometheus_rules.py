@@ -1,4 +1,4 @@
-"""The Prometheus alert rules (``deploy/prometheus/alerts.yml``, SPEC §9.5): a plain rule
+"""The Prometheus alert rules (``deploy/prometheus/alerts.yml``, reference §9.5): a plain rule
 file that ``promtool check rules`` accepts, whose unit tests (``alerts.test.yml``,
 ``promtool test rules``) show each alert firing when it should and silent when it
 should not, and whose expressions read metrics the services define (or that

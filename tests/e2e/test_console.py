@@ -1,4 +1,4 @@
-"""The operator's console (``GET /admin/console``, SPEC §9.5) in headless Chromium,
+"""The operator's console (``GET /admin/console``, reference §9.5) in headless Chromium,
 driven with Playwright, on a real system (the launcher's processes, one worker, the
 model stand-in).
 
@@ -374,7 +374,7 @@ def test_cancel_a_running_job(console: Console, data: dict[str, Any]) -> None:
     console.expect("#attempt-1 .timeline").to_contain_text("(cancel requested)")
     done = system.wait_terminal(system.token(user), job["jobId"])
     console.expect("#jobStatus").to_have_text(done["status"])
-    assert done["status"] in ("cancelled", "succeeded")  # the cancel race of SPEC §2.3
+    assert done["status"] in ("cancelled", "succeeded")  # the cancel race of reference §2.3
     console.expect("#cancel").to_be_disabled()
     console.shot("job-cancelled")
     assert console.errors == []
@@ -429,7 +429,7 @@ def test_a_batch_shows_its_counts_and_children(console: Console, data: dict[str,
 
 
 def test_breakers_of_each_provider(console: Console, data: dict[str, Any]) -> None:
-    """With a ``providers`` list (SPEC §9.4) each provider's breaker has its row and its
+    """With a ``providers`` list (reference §9.4) each provider's breaker has its row and its
     reset names it (the answer is stubbed in the browser; the real one has the fields)."""
     answer = {
         "state": "closed",

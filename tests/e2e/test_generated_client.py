@@ -1,4 +1,4 @@
-"""A client generated from ``/openapi.json`` drives the learner's flow (SPEC §9, §9.1–§9.3).
+"""A client generated from ``/openapi.json`` drives the learner's flow (reference §9, §9.1–§9.3).
 
 The running gateway's document is fed to ``openapi-python-client`` (offline, from
 the file; ``--fail-on-warning``: every operation and schema must generate). The
@@ -34,7 +34,7 @@ from tests.e2e.conftest import DEMO_DOCUMENT, TERMINAL, RunningSystem
 pytestmark = pytest.mark.e2e
 
 PACKAGE = "airt_gateway_client"
-#: Seconds one held GET may wait (SPEC §9.1 allows up to 60).
+#: Seconds one held GET may wait (reference §9.1 allows up to 60).
 WAIT_SECONDS = 10
 #: Seconds the whole wait for the job may take.
 JOB_DEADLINE = 60.0
@@ -47,7 +47,7 @@ class Generated:
         self.root = root
         self.client = importlib.import_module(f"{PACKAGE}.client")
         self.models = importlib.import_module(f"{PACKAGE}.models")
-        #: The document's ``JobStatus`` enumeration, terminal members (SPEC §2.3).
+        #: The document's ``JobStatus`` enumeration, terminal members (reference §2.3).
         self.terminal = frozenset(self.models.JobStatus(s) for s in TERMINAL)
 
     def op(self, tag: str, operation: str) -> Any:

@@ -1,4 +1,4 @@
-"""Waiting across job_service replicas (SPEC §9.1), every service a real process on
+"""Waiting across job_service replicas (reference §9.1), every service a real process on
 MariaDB: a change committed through one replica reaches a held ``waitSeconds`` GET and
 an event stream on the gateway, whose watch is on the *other* replica, within 1 s.
 

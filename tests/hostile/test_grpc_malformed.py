@@ -12,7 +12,7 @@ Two clients:
 * raw bytes through a plain gRPC channel: corrupt wire format, invalid UTF-8
   in a string field, a ``Struct`` nested past the parser's depth limit.
 
-Every answer must be OK or a SPEC §4 refusal: the status carries
+Every answer must be OK or a reference §4 refusal: the status carries
 ``ErrorInfo.reason`` with a §4 code whose gRPC status is the one sent — never
 ``UNKNOWN`` or ``INTERNAL``. Unknown enum numbers and negative numbers must be
 refused (``INVALID_ARGUMENT``), never silently accepted.
@@ -60,7 +60,7 @@ INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
 UINT = (0, 2**64 - 1)
 
-#: gRPC codes a hostile request may legitimately get (SPEC §4 refusals, or OK).
+#: gRPC codes a hostile request may legitimately get (reference §4 refusals, or OK).
 ALLOWED = {
     "OK",
     "INVALID_ARGUMENT",
@@ -159,9 +159,9 @@ def problems(outcome: Outcome) -> list[str]:
         return []
     errors = []
     if outcome.code not in ALLOWED:
-        errors.append(f"status {outcome.code} is not a SPEC §4 refusal")
+        errors.append(f"status {outcome.code} is not a reference §4 refusal")
     if outcome.reason not in SPEC_CODES:
-        errors.append(f"ErrorInfo.reason {outcome.reason!r} is not a SPEC §4 code")
+        errors.append(f"ErrorInfo.reason {outcome.reason!r} is not a reference §4 code")
     elif grpc_status(outcome.reason).name != outcome.code:
         errors.append(f"{outcome.reason} must travel as {grpc_status(outcome.reason).name}")
     if "Traceback" in outcome.message or "Exception" in outcome.message:
@@ -413,7 +413,7 @@ def test_grpcurl_refuses_json_of_the_wrong_type_before_sending(stack: Stack, pay
 
     grpcurl's typed encoding stops most of these before anything is sent; what
     it lets through (it reads ``["a"]`` for a string as ``"a"``) must get a
-    SPEC §4 refusal. Either way nothing changes.
+    reference §4 refusal. Either way nothing changes.
     """
     before = stack.fingerprint()
     outcome = grpcurl(

@@ -5,7 +5,7 @@ For each route a valid body is mutated one way at a time: an oversized body
 limit, invalid UTF-8, NUL characters, every field in turn given the wrong JSON
 type / an empty string / a negative or huge number / an unknown enum value /
 a 10,000-character id, and an extra unknown field. Each must get a clear 4xx
-whose body is exactly ``{"code","message","details"}`` with a SPEC §4 code of
+whose body is exactly ``{"code","message","details"}`` with a reference §4 code of
 that HTTP status — and nothing in either database may change (every row of
 both is digested before and after).
 
@@ -269,7 +269,7 @@ def field_mutations(body: dict[str, Any]) -> Iterator[tuple[str, Any]]:
 def assert_clean_refusal(
     resp: httpx.Response, what: str, *, allowed: set[int] | None = None
 ) -> None:
-    """A 4xx with exactly ``{"code","message","details"}`` and a SPEC §4 code of that status."""
+    """A 4xx with exactly ``{"code","message","details"}`` and a reference §4 code of that status."""
     allowed = allowed or {400, 404, 409, 413, 422}
     assert resp.status_code in allowed, f"{what}: {resp.status_code} {resp.text[:300]}"
     body = resp.json()
@@ -301,7 +301,7 @@ def test_every_field_made_hostile_is_refused_and_changes_nothing(
             and name.startswith("long_id")
             and resp.status_code == 200
         ):
-            # an unknown lease is answered in place, not refused (SPEC §3)
+            # an unknown lease is answered in place, not refused (reference §3)
             assert [lease["held"] for lease in resp.json()["leases"]] == [False]
             continue
         try:
@@ -413,6 +413,6 @@ def test_hostile_path_ids_are_a_clean_4xx(
     hdrs = _headers(stack, Route(method, path, area, lambda s: {}))
     before = stack.fingerprint()
     resp = http.request(method, path.replace("{id}", job_id), headers=hdrs)
-    # SPEC §3: an unknown id is 404, never 400, whatever its length or bytes.
+    # reference §3: an unknown id is 404, never 400, whatever its length or bytes.
     assert_clean_refusal(resp, f"{method} {path} id={job_id[:20]}", allowed={404, 414})
     assert stack.fingerprint() == before

@@ -1,4 +1,4 @@
-"""The cluster-wide migration lock Galera gets instead of ``GET_LOCK`` (SPEC §9.6).
+"""The cluster-wide migration lock Galera gets instead of ``GET_LOCK`` (reference §9.6).
 
 :class:`airuntime_common.galera_lock.GaleraLock` is plain SQL on a leased row, so its rules
 are checked here on the shared MariaDB: one holder at a time, a waiter that gives

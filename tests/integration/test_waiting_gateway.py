@@ -1,4 +1,4 @@
-"""Waiting for a job without polling, over the real gateway and job_service (SPEC §9.1):
+"""Waiting for a job without polling, over the real gateway and job_service (reference §9.1):
 ETags and 304, held GETs, the two event streams, their limit and their clean-up.
 
 Each test runs on SQLite and on MariaDB (``db_url``; MariaDB needs ``TEST_MYSQL_URL``).

@@ -1,5 +1,5 @@
 """The real gateway, served by uvicorn on a free port, over real job_service replicas,
-and a small reader of ``text/event-stream`` answers (SPEC §9.1 tests)."""
+and a small reader of ``text/event-stream`` answers (reference §9.1 tests)."""
 
 from __future__ import annotations
 

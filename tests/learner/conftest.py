@@ -1,4 +1,4 @@
-"""Fixtures of the learner's-data tests (SPEC §9.2): the whole system as real processes.
+"""Fixtures of the learner's-data tests (reference §9.2): the whole system as real processes.
 
 ``system`` (package scope) is every service started by the launcher on SQLite files,
 with the worker WITHOUT ``next_action_planning`` (:data:`PARKED_TYPE`): jobs of that

@@ -1,4 +1,4 @@
-"""Deleting the learner's data over the real gateway (SPEC §9.2): knowledge points,
+"""Deleting the learner's data over the real gateway (reference §9.2): knowledge points,
 result items, materials."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``DELETE /v1/me`` over the real gateway on MariaDB, with jobs in flight (SPEC §9.2):
+"""``DELETE /v1/me`` over the real gateway on MariaDB, with jobs in flight (reference §9.2):
 afterwards ``mariadb-dump`` of both databases holds neither the user id nor a sentence
 of their material; cost totals and that day's quota use are unchanged."""
 

@@ -1,4 +1,4 @@
-"""Lists and pages over the real gateway (SPEC §9.2): materials, blocks, jobs by ids."""
+"""Lists and pages over the real gateway (reference §9.2): materials, blocks, jobs by ids."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``POST /v1/ai/jobs/{jobId}/retry`` over the real gateway (SPEC §9.2)."""
+"""``POST /v1/ai/jobs/{jobId}/retry`` over the real gateway (reference §9.2)."""
 
 from __future__ import annotations
 

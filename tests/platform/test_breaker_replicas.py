@@ -1,4 +1,4 @@
-"""The platform circuit breaker shared by two job_service replicas on one database (SPEC §6).
+"""The platform circuit breaker shared by two job_service replicas on one database (reference §6).
 
 Each test runs twice: on one SQLite file and on one MariaDB database.
 """

@@ -1,4 +1,4 @@
-"""The gateway's edges against a real job_service and credential_service (SPEC §9.3).
+"""The gateway's edges against a real job_service and credential_service (reference §9.3).
 
 The contract suite's in-process stack on SQLite: the gateway app in front of the
 real services. ``Retry-After`` on the quota, budget and breaker refusals the

@@ -1,4 +1,4 @@
-"""Platform protection and observability through the public REST API (SPEC §3.1, §4, §6).
+"""Platform protection and observability through the public REST API (reference §3.1, §4, §6).
 
 The gateway app, job_service and credential_service run in-process on SQLite
 (the contract suite's stack): cost rollups checked to the cent-fraction,
@@ -257,7 +257,7 @@ async def test_breaker_over_rest(stack: RuntimeStack) -> None:
     )
     assert put.status_code == 200
     assert (await create(stack, "u1", "user_deepseek_key")).status_code == 201
-    # SPEC §9.4: the same fields, and every provider's breaker (here the default one)
+    # reference §9.4: the same fields, and every provider's breaker (here the default one)
     assert [(p["name"], p["state"], p["consecutiveFailures"]) for p in view["providers"]] == [
         ("deepseek", "open", 2)
     ]
@@ -283,7 +283,7 @@ async def test_quota_over_rest_by_plan(stack: RuntimeStack) -> None:
 
 
 async def test_unknown_ids_of_any_length_in_bodies_are_404(stack: RuntimeStack) -> None:
-    """SPEC §3: "Ids are opaque strings: any unknown id → 404 ... never 400", in a body
+    """reference §3: "Ids are opaque strings: any unknown id → 404 ... never 400", in a body
     too, whatever its length (no stored id is that long, so none can be found)."""
     user = bearer("u1")
     made = await stack.http.post(

@@ -1,4 +1,4 @@
-"""Daily quota and platform budget under concurrent creates on two replicas (SPEC §6).
+"""Daily quota and platform budget under concurrent creates on two replicas (reference §6).
 
 Each test runs on one SQLite file and on one MariaDB database shared by both replicas.
 """
@@ -123,7 +123,7 @@ async def test_platform_budget_refuses_platform_creates_on_both_replicas(
 async def test_revoke_racing_creates_leaves_no_pending_job(
     make_replicas: Callable[..., Any],
 ) -> None:
-    """SPEC §6: after a revoke commits, none of the user's jobs is pending, even with
+    """reference §6: after a revoke commits, none of the user's jobs is pending, even with
     creates racing it on both replicas (creates and the revoke share the user's lock)."""
     r: Replicas = await make_replicas(USER_DAILY_JOB_QUOTA=0)
     user = unique_user()
@@ -146,7 +146,7 @@ async def test_revoke_racing_creates_leaves_no_pending_job(
 async def test_revoke_racing_reruns_leaves_no_pending_job(
     make_replicas: Callable[..., Any],
 ) -> None:
-    """SPEC §6 with §2.3: an admin re-run makes a new job, so it is refused once a
+    """reference §6 with §2.3: an admin re-run makes a new job, so it is refused once a
     revoke has committed, like a create; re-runs racing the revoke on both replicas
     leave none of the user's jobs pending (they take the user's lock as creates do)."""
     r: Replicas = await make_replicas(USER_DAILY_JOB_QUOTA=0, MAX_RETRY_COUNT=0)

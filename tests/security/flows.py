@@ -1,4 +1,4 @@
-"""The canary-key flow through a running system (SPEC §6), shared by the SQLite and TLS/MariaDB runs.
+"""The canary-key flow through a running system (reference §6), shared by the SQLite and TLS/MariaDB runs.
 
 A user stores a key, creates ``user_deepseek_key`` jobs and the model refuses the
 key (HTTP 401): the job fails ``INVALID_CREDENTIAL`` after exactly one model

@@ -88,7 +88,7 @@ SERVICES: dict[str, tuple[str, str, list[Call], Call]] = {
 
 
 async def expect_code(call: Awaitable[Any]) -> tuple[grpc.StatusCode, str]:
-    """Await a call that must fail; returns its gRPC status code and the SPEC §4 code."""
+    """Await a call that must fail; returns its gRPC status code and the reference §4 code."""
     try:
         await call
     except grpc.aio.AioRpcError as exc:

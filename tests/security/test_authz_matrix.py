@@ -1,4 +1,4 @@
-"""Authorization matrix on the REAL system: every gateway route × every kind of caller (SPEC §3, §3.1, §4).
+"""Authorization matrix on the REAL system: every gateway route × every kind of caller (reference §3, §3.1, §4).
 
 Callers: no token, expired, wrong signature, ``alg=none``, another algorithm
 (HS512, RS256), user A (owner of everything below), user B, admin, and the
@@ -263,7 +263,7 @@ def v1_routes(w: World) -> list[Route]:
             NF,
         ),
         # a foreign id inside an event batch is refused like an unknown one: 404 naming
-        # the event's field (SPEC §3, any unknown id → 404)
+        # the event's field (reference §3, any unknown id → 404)
         Route("POST", "/v1/learning-events", {"events": [ev]}, (202, None), NF),
         Route(
             "POST",
@@ -515,7 +515,7 @@ async def test_every_route_for_every_caller(system: System, world: World, kind: 
 async def test_service_token_drives_the_runtime_contract_and_nothing_else(
     system: System, world: World
 ) -> None:
-    """The service token: every shim route with exact statuses along a real lease (SPEC §3)."""
+    """The service token: every shim route with exact statuses along a real lease (reference §3)."""
     w = world
     inst = "matrix-runtime"
     h = system.runtime_headers(inst)

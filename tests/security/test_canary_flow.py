@@ -1,4 +1,4 @@
-"""A canary key through the whole system, real processes (SPEC §6): it must appear nowhere.
+"""A canary key through the whole system, real processes (reference §6): it must appear nowhere.
 
 Nowhere means: no line of any service's log file, no row of any table of either
 database (SQLite dump and raw files), no HTTP answer the client saw (user and

@@ -1,4 +1,4 @@
-"""Edges of the public surface (SPEC §3.1, §4, §9.3): JWT pinning and issuer, error bodies
+"""Edges of the public surface (reference §3.1, §4, §9.3): JWT pinning and issuer, error bodies
 without internals, CORS off by default, body limits.
 
 Most run against the real system; the issuer and CORS variants run the gateway
@@ -32,7 +32,7 @@ INTERNALS = ("Traceback", 'File "', "/work/", "site-packages", "Error(", "Except
 
 
 def assert_clean_error(resp: httpx.Response, status: int, code: str) -> None:
-    """SPEC §4 shape, the expected code, and nothing internal in it."""
+    """reference §4 shape, the expected code, and nothing internal in it."""
     assert resp.status_code == status, resp.text
     body = resp.json()
     assert set(body) == {"code", "message", "details"}, body

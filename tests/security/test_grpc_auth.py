@@ -1,4 +1,4 @@
-"""Every gRPC listener of the running system refuses calls without the service token (SPEC §1).
+"""Every gRPC listener of the running system refuses calls without the service token (reference §1).
 
 job_service, credential_service and runtime_worker, as real processes: no
 ``x-internal-api-key``, a wrong one, or a user's JWT in its place →

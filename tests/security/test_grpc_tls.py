@@ -1,4 +1,4 @@
-"""TLS on every gRPC listener from configured files, through the whole system (SPEC §1, §7).
+"""TLS on every gRPC listener from configured files, through the whole system (reference §1, §7).
 
 A second system runs with ``GRPC_TLS_CERT_FILE`` / ``GRPC_TLS_KEY_FILE`` (servers) and
 ``GRPC_TLS_CA_FILE`` (clients) pointing at a throw-away CA and server certificate,

@@ -1,4 +1,4 @@
-"""Which endpoints count as a Galera node written to directly (SPEC §9.6;
+"""Which endpoints count as a Galera node written to directly (reference §9.6;
 :func:`airuntime_common.db.check_single_writer`), without a cluster."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How the shared database helpers survive a lost connection (SPEC §9.6): a Galera
+"""How the shared database helpers survive a lost connection (reference §9.6): a Galera
 node outside the Primary component counts as one, a transaction whose connection
 died before COMMIT is run again, at once and then with backoff."""
 

@@ -114,7 +114,7 @@ def test_a_bad_setting_stops_a_service_with_one_line_per_variable(
     with pytest.raises(InvalidSetting) as exc:
         entry.main()
     assert str(exc.value.code) == (
-        f"{module}: refusing to start: EVENT_LOOP: Input should be 'uvloop' or 'asyncio' (SPEC §7)"
+        f"{module}: refusing to start: EVENT_LOOP: Input should be 'uvloop' or 'asyncio' (reference §7)"
     )
 
 

@@ -1,4 +1,4 @@
-"""The job-type registry and the one definition of job states (SPEC §2.1, §2.3)."""
+"""The job-type registry and the one definition of job states (reference §2.1, §2.3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``MODEL_PROVIDERS`` (SPEC §9.4): parsed and validated once, in airuntime_common."""
+"""``MODEL_PROVIDERS`` (reference §9.4): parsed and validated once, in airuntime_common."""
 
 from __future__ import annotations
 

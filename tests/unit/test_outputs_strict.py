@@ -1,4 +1,4 @@
-"""The output models are strict (SPEC §9.4, case P4), for the worker and job_service
+"""The output models are strict (reference §9.4, case P4), for the worker and job_service
 alike: nothing is coerced, and a quiz answer fits its question type and options."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The committed stubs match the protos, and the enum maps cover the spec's strings."""
+"""The committed stubs match the protos, and the enum maps cover the contract's strings."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Settings refused at start: one line naming the variable and the rule (SPEC §7).
+"""Settings refused at start: one line naming the variable and the rule (reference §7).
 
 A value past the datetime range (``LOCK_LEASE_SECONDS=1e308``) or an integer column
 (``JOB_TIMEOUT_SECONDS=1e20``) used to be taken and then fail every create or lock
@@ -81,7 +81,7 @@ def test_refused_at_start_with_the_variable_and_the_rule(
     with pytest.raises(InvalidSetting) as exc:
         load(cls, "svc")
     message = str(exc.value.code)
-    assert message.startswith("svc: refusing to start: ") and message.endswith("(SPEC §7)")
+    assert message.startswith("svc: refusing to start: ") and message.endswith("(reference §7)")
     assert name in message and rule in message
     assert "secret-pw" not in message
 

@@ -1,4 +1,4 @@
-"""``airuntime_common.tracing`` (SPEC §9.5): the standard variables decide, spans
+"""``airuntime_common.tracing`` (reference §9.5): the standard variables decide, spans
 really leave over OTLP/gRPC and OTLP/HTTP, and with export unset nothing loads.
 
 The export tests run a service's set-up in a child process (a real

@@ -6,16 +6,16 @@ Create Date: 2026-12-03 12:00:00
 
 ``ai_runtime_jobs.version`` counts the row's changes: every UPDATE of a job
 (status, lease, cancelRequested, retry) adds one, so ``GET /v1/ai/jobs/{id}``
-answers an ETag that follows every change (SPEC §9.1). Existing rows start at 0.
+answers an ETag that follows every change (reference §9.1). Existing rows start at 0.
 
 ``ai_runtime_jobs.trace_parent`` is the W3C ``traceparent`` of the request that
 created the job (55 characters), so every attempt's spans join the create's trace
-(SPEC §9.5); NULL when the create was not traced.
+(reference §9.5); NULL when the create was not traced.
 
 ``ai_user_admission_locks.changes`` is what a create, re-run or AI switch change
 writes to take the user's admission lock: an UPDATE, not a ``SELECT … FOR UPDATE``,
 so on a Galera cluster two nodes' admissions of one user conflict at certification
-(a row lock alone is not replicated, SPEC §9.6); on one server the lock is the same.
+(a row lock alone is not replicated, reference §9.6); on one server the lock is the same.
 """
 
 from __future__ import annotations

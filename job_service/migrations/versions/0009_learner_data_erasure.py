@@ -6,7 +6,7 @@ Create Date: 2026-12-03 14:00:00
 
 ``ai_weak_point_candidates.knowledge_point_id`` becomes nullable: deleting a
 knowledge point keeps the items that named it, with ``knowledgePointId`` null
-(SPEC §9.2), as the quiz questions and flashcards already allowed.
+(reference §9.2), as the quiz questions and flashcards already allowed.
 
 ``ai_runtime_erased_usage`` holds, per UTC day, how many jobs users since erased
 (``DELETE /v1/me``) had created, under a keyed one-way pseudonym of their id: the

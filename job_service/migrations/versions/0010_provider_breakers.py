@@ -5,7 +5,7 @@ Revises: 0009
 Create Date: 2026-12-03 13:40:00
 
 ``ai_circuit_breaker`` held one row (``id = 1``); it now holds one row per model
-provider, keyed by the provider's name (SPEC §9.4: each provider has its own
+provider, keyed by the provider's name (reference §9.4: each provider has its own
 breaker, shared by all replicas). The old row becomes the ``deepseek`` row (the
 provider of the default ``MODEL_PROVIDERS``), state, count and times kept; the
 rows of other configured providers are made by job_service at start.

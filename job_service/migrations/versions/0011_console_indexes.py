@@ -8,7 +8,7 @@ Create Date: 2026-12-03 14:00:00
 filtered by a creation time range with no user, and its counts per state
 (``GROUP BY status`` over the range reads the index alone).
 ``ix_jobs_finished_status`` (finished_at, status) serves the jobs-per-minute
-chart: the last hours' ended jobs by outcome, one range of the index (SPEC §9.5).
+chart: the last hours' ended jobs by outcome, one range of the index (reference §9.5).
 """
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ def _kill_connections_of(database: str) -> int:
 async def test_a_connection_cut_mid_transaction_is_retried_on_a_new_one(
     start_env: StartFn, mysql_url: str
 ) -> None:
-    """SPEC §9.6: a write (and a read) whose connection dies before COMMIT — a Galera
+    """reference §9.6: a write (and a read) whose connection dies before COMMIT — a Galera
     writer lost, HAProxy cutting sessions, ``KILL`` — runs again on a fresh connection;
     the caller sees one answer and one stored key."""
     env = await start_env(CREDENTIAL_DATABASE_URL=mysql_url)

@@ -1,4 +1,4 @@
-"""The console's reads on MariaDB (SPEC §9.5): on a table of a month of ended jobs, the
+"""The console's reads on MariaDB (reference §9.5): on a table of a month of ended jobs, the
 jobs-per-minute GROUP BY and the counts of a creation range read one range of their
 index (``ix_jobs_finished_status``, ``ix_jobs_created_status``), and count right."""
 

@@ -1,4 +1,4 @@
-"""MariaDB specifics: M1–M3, claim disjointness, EXPLAIN of the poll/claim query (cases/README.md)."""
+"""MariaDB specifics: M1–M3, claim disjointness, EXPLAIN of the poll/claim query (docs/reference/cases.md)."""
 
 from __future__ import annotations
 

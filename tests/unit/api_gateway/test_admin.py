@@ -1,4 +1,4 @@
-"""Admin routes, runtime aggregation and the console (SPEC §3.1)."""
+"""Admin routes, runtime aggregation and the console (reference §3.1)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ async def test_admin_job_view_has_events_and_invocations(
         ("pending", "locked"),
     ]
     assert body["events"][0]["at"] == "2026-11-30T12:00:00.123Z"
-    # the provider a lease grant gave the attempt, on its locked event only (SPEC §9.4)
+    # the provider a lease grant gave the attempt, on its locked event only (reference §9.4)
     assert [e["modelProvider"] for e in body["events"]] == [None, "deepseek"]
     inv = body["invocations"][0]
     assert inv["costUsd"] == pytest.approx(0.0012)

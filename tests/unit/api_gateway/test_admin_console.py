@@ -1,4 +1,4 @@
-"""The admin endpoints of the console (SPEC §9.5): list filters and counts, the job's
+"""The admin endpoints of the console (reference §9.5): list filters and counts, the job's
 attempts and snapshot, jobs per minute; admin token only, bad filters 400."""
 
 from __future__ import annotations

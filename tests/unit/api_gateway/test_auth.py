@@ -1,4 +1,4 @@
-"""The authorization matrix: every route × every kind of credential (SPEC §3, §3.1)."""
+"""The authorization matrix: every route × every kind of credential (reference §3, §3.1)."""
 
 from __future__ import annotations
 
@@ -357,7 +357,7 @@ async def test_a_token_equal_to_the_service_token_is_refused_even_if_it_is_a_val
     assert backends.job.calls == []
 
 
-# ---------------------------------------------------------------- stricter claims (SPEC §9.3)
+# ---------------------------------------------------------------- stricter claims (reference §9.3)
 
 _DROP = object()
 _FAR = int(time.time()) + 86400

@@ -1,4 +1,4 @@
-"""CORS and docs that work with no internet (SPEC §9.3).
+"""CORS and docs that work with no internet (reference §9.3).
 
 Over the real gateway app with fake backends: browser preflights and simple
 requests from listed and unlisted origins, and ``/docs`` and ``/redoc`` loading
@@ -214,7 +214,7 @@ class _Assets(HTMLParser):
 async def test_the_docs_load_everything_from_the_gateway(
     client: httpx.AsyncClient, page: str
 ) -> None:
-    """SPEC §9.3: every script, stylesheet and icon of the page is served by the
+    """reference §9.3: every script, stylesheet and icon of the page is served by the
     gateway (same origin, 200), nothing from a CDN or a font service, and the
     Swagger UI is one that renders the OpenAPI 3.1 document FastAPI writes."""
     resp = await client.get(page)

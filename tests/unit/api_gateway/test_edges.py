@@ -1,4 +1,4 @@
-"""The gateway's edges (SPEC §9.3) and a newcomer's rough edges, over the real app.
+"""The gateway's edges (reference §9.3) and a newcomer's rough edges, over the real app.
 
 503 ``UNAVAILABLE`` for a backend that is down or slow, ``Retry-After`` on every
 429 and 503, 405 ``METHOD_NOT_ALLOWED`` with ``Allow`` on every path, no redirect
@@ -65,7 +65,7 @@ async def down_job_service(backends: Backends) -> AsyncIterator[httpx.AsyncClien
 async def test_a_backend_that_is_down_is_503_with_retry_after(
     down_job_service: httpx.AsyncClient, backends: Backends
 ) -> None:
-    """SPEC §9.3: gRPC UNAVAILABLE → 503 ``UNAVAILABLE``, ``Retry-After`` a few seconds;
+    """reference §9.3: gRPC UNAVAILABLE → 503 ``UNAVAILABLE``, ``Retry-After`` a few seconds;
     the other backend's routes keep working."""
     for method, path, body, headers in (
         ("GET", "/v1/ai/jobs", None, USER),
@@ -202,7 +202,7 @@ async def test_a_nan_hint_falls_back(client: httpx.AsyncClient, backends: Backen
 async def test_every_429_and_503_code_carries_retry_after(
     client: httpx.AsyncClient, backends: Backends, code: str
 ) -> None:
-    """Every code answered 429 or 503, ``TOO_MANY_STREAMS`` (SPEC §9.1) included, and
+    """Every code answered 429 or 503, ``TOO_MANY_STREAMS`` (reference §9.1) included, and
     the hint wins for any of them."""
     backends.job.errors["ListJobs"] = AppError(code, "wait", None)
     resp = await client.get("/v1/ai/jobs", headers=USER)
@@ -282,7 +282,7 @@ def _documented(app: FastAPI) -> dict[str, set[str]]:
 
 
 async def test_every_documented_path_answers_405_with_allow(client: httpx.AsyncClient) -> None:
-    """SPEC §9.3, for every path of the document (public, admin, the shim, health):
+    """reference §9.3, for every path of the document (public, admin, the shim, health):
     a method it lacks → 405 ``METHOD_NOT_ALLOWED`` with ``Allow`` listing exactly its
     methods, before any authentication."""
     app: FastAPI = client.app  # type: ignore[attr-defined]

@@ -1,4 +1,4 @@
-"""Error mapping and request hygiene (SPEC §4): every refusal is ``{"code","message","details"}``."""
+"""Error mapping and request hygiene (reference §4): every refusal is ``{"code","message","details"}``."""
 
 from __future__ import annotations
 
@@ -258,7 +258,7 @@ async def test_lone_surrogate_is_400(client: httpx.AsyncClient, backends: Backen
 async def test_a_nul_character_is_refused_naming_its_fields(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:
-    """SPEC §3.1: the offending fields in ``details``, as validation names them; the
+    """reference §3.1: the offending fields in ``details``, as validation names them; the
     body spelled as every other error's."""
     resp = await client.post(
         "/v1/learning-events",

@@ -1,4 +1,4 @@
-"""Liveness, readiness, metrics, request ids, CORS and start-up refusal (SPEC §3.1, §7)."""
+"""Liveness, readiness, metrics, request ids, CORS and start-up refusal (reference §3.1, §7)."""
 
 from __future__ import annotations
 

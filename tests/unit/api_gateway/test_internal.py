@@ -1,4 +1,4 @@
-"""The /internal/runtime shim: bodies, headers and forwarding (SPEC §3 table)."""
+"""The /internal/runtime shim: bodies, headers and forwarding (reference §3 table)."""
 
 from __future__ import annotations
 

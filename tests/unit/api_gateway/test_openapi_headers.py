@@ -1,4 +1,4 @@
-"""The headers the OpenAPI document declares, and the shim reading them (SPEC §9.3).
+"""The headers the OpenAPI document declares, and the shim reading them (reference §9.3).
 
 The two tokens are security schemes, ``Idempotency-Key`` and
 ``X-Runtime-Instance-Id`` header parameters; a client that sends what the document
@@ -95,7 +95,7 @@ def test_every_429_and_503_declares_retry_after() -> None:
 
 
 def test_the_waiting_headers_declare_the_same_way() -> None:
-    """``If-None-Match`` and ``Last-Event-ID`` (SPEC §9.1) become header parameters of
+    """``If-None-Match`` and ``Last-Event-ID`` (reference §9.1) become header parameters of
     any route that takes them, like the ones above."""
     app = FastAPI()
 
@@ -184,7 +184,7 @@ async def test_health_checks_an_instance_id_when_one_is_sent(
 
 
 def test_the_document_declares_waiting_for_a_job() -> None:
-    """SPEC §9.1 as a generated client sees it: ``waitSeconds`` (0..60) and
+    """reference §9.1 as a generated client sees it: ``waitSeconds`` (0..60) and
     ``If-None-Match`` on the job's GET with its ETag and 304; ``Last-Event-ID``, a
     ``text/event-stream`` answer, 204 (the job stream) and 429 on both streams."""
     paths = _document()["paths"]

@@ -1,4 +1,4 @@
-"""Public /v1 routes: shapes, conversions, validation and forwarding (SPEC §3, §3.1)."""
+"""Public /v1 routes: shapes, conversions, validation and forwarding (reference §3, §3.1)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ async def test_create_job_201_then_replay_200_with_header(
     assert req.actor == "user:u1"
     assert req.job_type == common_pb2.JOB_TYPE_QUIZ_GENERATION
     assert req.api_key_mode == common_pb2.API_KEY_MODE_PLATFORM_KEY
-    # defaults of SPEC §3.1 filled in
+    # defaults of reference §3.1 filled in
     assert req.params["count"] == 5
     assert req.params["difficulty"] == "medium"
     assert list(req.params["questionTypes"]) == ["single_choice"]
@@ -86,7 +86,7 @@ async def test_create_job_201_then_replay_200_with_header(
 async def test_a_repeat_with_params_now_invalid_goes_to_job_service_for_its_original(
     client: httpx.AsyncClient, backends: Backends
 ) -> None:
-    # SPEC §2.5: a repeat returns the original job whatever its params; only job_service
+    # reference §2.5: a repeat returns the original job whatever its params; only job_service
     # knows whether there is one, so the gateway forwards the key with the params as sent
     body = {
         "jobType": "quiz_generation",

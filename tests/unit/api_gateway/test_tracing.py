@@ -1,4 +1,4 @@
-"""The gateway's spans (SPEC §9.5): one server span per request, its backend calls
+"""The gateway's spans (reference §9.5): one server span per request, its backend calls
 as client spans carrying the trace on, probes untraced, and no key, prompt text,
 JWT or service token in any span, even with every header captured."""
 

@@ -1,4 +1,4 @@
-"""The gateway's job watch (SPEC §9.1): fan-out by job and by user, re-opening a watch
+"""The gateway's job watch (reference §9.1): fan-out by job and by user, re-opening a watch
 that ended or went silent (every waiter then re-reads), overflow, idle close, and the
 per-user stream slots. A fake stub stands in for job_service."""
 

@@ -1,5 +1,5 @@
 """A canary key goes through every operation and must never show up in a log line,
-an error, a masked view or the database files (SPEC §6)."""
+an error, a masked view or the database files (reference §6)."""
 
 from __future__ import annotations
 

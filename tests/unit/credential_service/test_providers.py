@@ -1,4 +1,4 @@
-"""Several providers (SPEC §9.4, cases P5, P6): resolve answers for the provider the
+"""Several providers (reference §9.4, cases P5, P6): resolve answers for the provider the
 lease names (a platform key) or the key's own (a user key), with that provider's base
 URL, platform key and model name; a key is never sent to another provider; a key
 stored while jobs wait is the one they run on."""

@@ -1,5 +1,5 @@
 """Master-key rotation: rows move to the new key id, the old one can then be removed,
-and rotation while serving loses nothing (SPEC §6)."""
+and rotation while serving loses nothing (reference §6)."""
 
 from __future__ import annotations
 

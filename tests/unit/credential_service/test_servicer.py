@@ -1,4 +1,4 @@
-"""CredentialService over real gRPC, with a fake JobService for leases (SPEC §3, §6)."""
+"""CredentialService over real gRPC, with a fake JobService for leases (reference §3, §6)."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ async def test_put_rejects_bad_input(
 
 
 async def test_erase_user_credentials_is_idempotent(env: Env) -> None:
-    """``DELETE /v1/me``'s credential half (SPEC §9.2): every row of the user goes,
+    """``DELETE /v1/me``'s credential half (reference §9.2): every row of the user goes,
     other users' stay, and a repeat removes nothing without an error."""
     await put(env, "u1")
     await put(env, "u2")
@@ -300,7 +300,7 @@ async def test_resolve_uses_the_current_key_and_refuses_an_invalid_or_missing_on
     env: Env,
 ) -> None:
     """A job recorded the key it was created with; resolve answers the user's current
-    valid key (SPEC §9.4), refusing only a key marked invalid, or none at all."""
+    valid key (reference §9.4), refusing only a key marked invalid, or none at all."""
     old = await put(env)
     new = await put(env, key="sk-replacement-0000000000000000zzzz")
     env.fake.hold("job-old", INSTANCE, 1, Lease(user_id="u1", credential_id=old.credential_id))

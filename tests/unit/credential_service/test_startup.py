@@ -1,4 +1,4 @@
-"""Start-up refusals, the command line (migrate, rotate-keys) and serving (SPEC §7)."""
+"""Start-up refusals, the command line (migrate, rotate-keys) and serving (reference §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""credential_service's spans (SPEC §9.5): a server span per call joined to the
+"""credential_service's spans (reference §9.5): a server span per call joined to the
 caller's trace, its lease check a client span of it, the final status right,
 and no key (nor the service token) in any span.
 

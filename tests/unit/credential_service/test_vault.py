@@ -1,4 +1,4 @@
-"""The AES-256-GCM keyring: round trip, nonces, associated data, failures (SPEC §6)."""
+"""The AES-256-GCM keyring: round trip, nonces, associated data, failures (reference §6)."""
 
 from __future__ import annotations
 

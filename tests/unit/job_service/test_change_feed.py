@@ -1,4 +1,4 @@
-"""The change feed behind ``WatchJobs`` and ``ListJobChanges`` (SPEC §9.1): a change
+"""The change feed behind ``WatchJobs`` and ``ListJobChanges`` (reference §9.1): a change
 committed through one replica reaches a watcher of another; holes in the event
 sequence are asked for again; a watcher that leaves is forgotten."""
 

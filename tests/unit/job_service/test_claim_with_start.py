@@ -1,5 +1,5 @@
 """Claim with start (``ClaimJobs.with_snapshots``): pending → locked → running and the
-snapshots, in the claim's one transaction (SPEC §2.3, §3)."""
+snapshots, in the claim's one transaction (reference §2.3, §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The console's reads (SPEC §9.5): counts for a filter, the time-range list, a job
+"""The console's reads (reference §9.5): counts for a filter, the time-range list, a job
 explained attempt by attempt, jobs ended per minute. On SQLite and MariaDB."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Create: params, idempotency (M3), authorization, quota, budget, breaker, credentials (SPEC §2.5, §6)."""
+"""Create: params, idempotency (M3), authorization, quota, budget, breaker, credentials (reference §2.5, §6)."""
 
 from __future__ import annotations
 
@@ -272,7 +272,7 @@ async def test_breaker_opens_half_opens_and_closes(make_domain: Callable[..., An
     opened = await domain.breaker_view()
     assert opened.half_open_at is None
     await asyncio.sleep(0.35)
-    # the cool-down ran out: shown half-open before any create writes it (SPEC §6)
+    # the cool-down ran out: shown half-open before any create writes it (reference §6)
     due = opened.opened_at + timedelta(seconds=0.3)
     shown = await domain.breaker_view()
     assert (shown.state, shown.half_open_at) == ("half_open", due)

@@ -174,7 +174,7 @@ async def test_a_call_in_another_key_mode_refuses_the_ending_and_writes_nothing(
     domain: JobDomain,
 ) -> None:
     """A platform-key job's call logged as a user-key one would escape the daily
-    budget (SPEC §6): the result or fail carrying it is refused whole."""
+    budget (reference §6): the result or fail carrying it is refused whole."""
     job = await new_job(domain)
     await domain.claim("w1", CAPS, 1, 0)
     lease = Lease(job.job_id, "w1", 1)

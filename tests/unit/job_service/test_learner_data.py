@@ -1,4 +1,4 @@
-"""The learner's data: lists, paging, deletes and erasure (SPEC §9.2), on the real
+"""The learner's data: lists, paging, deletes and erasure (reference §9.2), on the real
 job_service (gRPC server, real learning room), on SQLite and MariaDB."""
 
 from __future__ import annotations

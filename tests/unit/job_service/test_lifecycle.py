@@ -1,4 +1,4 @@
-"""Happy path, events and result idempotency on the domain layer (SPEC §2.3, §2.5)."""
+"""Happy path, events and result idempotency on the domain layer (reference §2.3, §2.5)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ async def test_result_replay_conflict_and_lease_order(domain: JobDomain) -> None
         )
     assert err.value.code == "RESULT_ALREADY_EXISTS"
     # the SAME output under another attempt number is neither a replay (other key) nor
-    # another result (same hash): the lease decides (SPEC §2.5 order)
+    # another result (same hash): the lease decides (reference §2.5 order)
     with pytest.raises(AppError) as err:
         await domain.submit_result(
             Lease(job.job_id, "w1", 2),
@@ -110,7 +110,7 @@ async def test_result_replay_conflict_and_lease_order(domain: JobDomain) -> None
 async def test_racing_identical_results_are_all_answered_as_one(domain: JobDomain) -> None:
     """The same result sent 3 times at once (a worker retrying while its first send is
     still in flight): one is accepted, the others are replays, none is LOCK_NOT_HELD
-    (SPEC §2.5: the exact replay is checked first). On MariaDB the losers' locking
+    (reference §2.5: the exact replay is checked first). On MariaDB the losers' locking
     read waits for the winner's commit, after which the replay must still be seen."""
     for _ in range(8):
         job = await new_job(domain)
@@ -190,7 +190,7 @@ async def test_lapsed_lease_is_dead_before_the_reaper(domain: JobDomain) -> None
 
 
 async def test_every_change_of_the_row_moves_its_version(domain: JobDomain) -> None:
-    """The ETag of SPEC §9.1 follows every UPDATE of a job: lock, start, a lease renewal,
+    """The ETag of reference §9.1 follows every UPDATE of a job: lock, start, a lease renewal,
     a cancel request, the ending."""
     job = await new_job(domain)
     seen = [job.version]

@@ -1,4 +1,4 @@
-"""Create params are closed and strictly typed (SPEC §2.1, §3.1: bad params → 400)."""
+"""Create params are closed and strictly typed (reference §2.1, §3.1: bad params → 400)."""
 
 from __future__ import annotations
 

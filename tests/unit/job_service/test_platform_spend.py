@@ -1,4 +1,4 @@
-"""The platform budget's running total (``ai_runtime_platform_spend``, SPEC §6).
+"""The platform budget's running total (``ai_runtime_platform_spend``, reference §6).
 
 Every path that logs a model call adds a platform-key call's cost to the day's
 total in the same transaction; the budget check at create reads the total, never

@@ -1,4 +1,4 @@
-"""Per-provider breakers and platform failover (SPEC §6, §9.4), on SQLite and MariaDB.
+"""Per-provider breakers and platform failover (reference §6, §9.4), on SQLite and MariaDB.
 
 Two providers, ``primary`` then ``backup`` (which calls the job's model
 ``backup-chat``): a platform-key attempt gets its provider when its lease is
@@ -238,7 +238,7 @@ async def test_a_user_key_job_follows_the_key_and_provider_it_ran_on(
 ) -> None:
     """The job's credentialId and modelProvider follow the attempt's model call (the
     user's current key, resolved for its own provider), and a refusal by the model
-    marks that key invalid, not the one stored at create (SPEC §9.4)."""
+    marks that key invalid, not the one stored at create (reference §9.4)."""
     from job_service.services.inputs import ModelCallInput
 
     fake = failover.credentials

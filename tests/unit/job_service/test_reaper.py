@@ -1,4 +1,4 @@
-"""Reaper and lease cases L1–L3, L5–L7, timeouts (SPEC §2.3, §2.4; cases/README.md)."""
+"""Reaper and lease cases L1–L3, L5–L7, timeouts (reference §2.3, §2.4; docs/reference/cases.md)."""
 
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ async def test_retry_is_timed_from_its_own_start_not_the_last_attempts(
 ) -> None:
     """A lock opens a new attempt with no ``startedAt``: the reaper's JOB_TIMEOUT
     (``startedAt + timeoutSeconds < now``) cannot fire on attempt 2 from attempt 1's
-    start while attempt 2 sits locked before its start call (SPEC §2.3)."""
+    start while attempt 2 sits locked before its start call (reference §2.3)."""
     domain: JobDomain = await make_domain(LOCK_LEASE_SECONDS=30, MAX_RETRY_COUNT=2)
     job = await new_job(domain, timeout_seconds=10)
     await domain.claim("w1", CAPS, 1, 0)

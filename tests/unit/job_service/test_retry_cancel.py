@@ -1,4 +1,4 @@
-"""Retry rules, backoff, Retry-After, WORKER_SHUTDOWN and cancellation (SPEC §2.3, §2.4; case C1)."""
+"""Retry rules, backoff, Retry-After, WORKER_SHUTDOWN and cancellation (reference §2.3, §2.4; case C1)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_backoff_formula() -> None:
     assert backoff_seconds(s, 1, "MODEL_RATE_LIMIT", 7, mid) == pytest.approx(7)
     assert backoff_seconds(s, 3, "MODEL_RATE_LIMIT", 7, mid) == pytest.approx(20)
     assert backoff_seconds(s, 3, "WORKER_SHUTDOWN", None, mid) == 0.0
-    # retryAfterSeconds belongs to MODEL_RATE_LIMIT alone (SPEC §2.4)
+    # retryAfterSeconds belongs to MODEL_RATE_LIMIT alone (reference §2.4)
     assert backoff_seconds(s, 1, "MODEL_TIMEOUT", 100, mid) == pytest.approx(5)
     assert backoff_seconds(s, 1, "TEMPORARY_PROVIDER_ERROR", 100, mid) == pytest.approx(5)
 
@@ -78,7 +78,7 @@ async def test_retry_after_wins_when_longer(make_domain: Callable[..., Any]) -> 
 
 
 async def test_retry_after_is_ignored_on_other_codes(make_domain: Callable[..., Any]) -> None:
-    """Only a MODEL_RATE_LIMIT fail carries the provider's Retry-After (SPEC §2.4): a
+    """Only a MODEL_RATE_LIMIT fail carries the provider's Retry-After (reference §2.4): a
     timeout claiming 100 s waits the ordinary backoff."""
     domain: JobDomain = await make_domain(
         RETRY_BACKOFF_BASE_SECONDS=2, RETRY_BACKOFF_MAX_SECONDS=300
@@ -264,7 +264,7 @@ async def _jobs_of(domain: JobDomain, user_id: str) -> int:
 
 
 async def test_rerun_passes_the_checks_of_a_create(domain: JobDomain) -> None:
-    """SPEC §6: a re-run is a new job, refused like a create when the user turned AI off
+    """reference §6: a re-run is a new job, refused like a create when the user turned AI off
     or has no usable key, and it runs on the user's current key, not the failed job's."""
     keys = KeyRing()
     keys.current["u1"] = "cred-old"

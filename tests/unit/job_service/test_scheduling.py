@@ -1,4 +1,4 @@
-"""Poll / claim ordering, filters, limits, long poll and the worker registry (SPEC §2.6, §3)."""
+"""Poll / claim ordering, filters, limits, long poll and the worker registry (reference §2.6, §3)."""
 
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ async def test_list_paging(domain: JobDomain) -> None:
     ],
 )
 async def test_a_crafted_page_token_is_refused_not_a_500(domain: JobDomain, raw: str) -> None:
-    """Opaque tokens come back from callers (SPEC §3.1): anything the server did not
+    """Opaque tokens come back from callers (reference §3.1): anything the server did not
     write is INVALID_ARGUMENT naming ``pageToken``, for a user's list and for all jobs."""
     await new_job(domain)
     token = base64.urlsafe_b64encode(raw.encode()).decode()

@@ -1,4 +1,4 @@
-"""Property test: random operation sequences never break SPEC §2 invariants (hypothesis stateful)."""
+"""Property test: random operation sequences never break reference §2 invariants (hypothesis stateful)."""
 
 from __future__ import annotations
 

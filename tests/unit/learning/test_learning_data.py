@@ -1,4 +1,4 @@
-"""Materials, knowledge points and idempotent learning events (SPEC §3.1)."""
+"""Materials, knowledge points and idempotent learning events (reference §3.1)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ async def test_knowledge_point_refuses_foreign_material_and_foreign_blocks(
             [stranger.blocks[0].block_id],
         )
     assert exc.value.code == ErrorCode.NOT_FOUND
-    # an unknown id or another user's block → NOT_FOUND listing them (SPEC §3: any
+    # an unknown id or another user's block → NOT_FOUND listing them (reference §3: any
     # unknown id → 404); the user's own block of another material → INVALID_ARGUMENT
     unknown = [stranger.blocks[0].block_id, "nope"]
     mine = [photosynthesis.blocks[0].block_id, other.blocks[0].block_id]
@@ -209,7 +209,7 @@ INVALID = ErrorCode.INVALID_ARGUMENT
 @pytest.mark.parametrize(
     ("event", "field", "code"),
     [
-        # an unknown or another user's id is 404, in a body too (SPEC §3)
+        # an unknown or another user's id is 404, in a body too (reference §3)
         ({"blockId": "FOREIGN_BLOCK"}, "events[1].blockId", NOT_FOUND),
         ({"blockId": "no-such-block"}, "events[1].blockId", NOT_FOUND),
         ({"materialId": "FOREIGN_MATERIAL"}, "events[1].materialId", NOT_FOUND),

@@ -1,4 +1,4 @@
-"""Splitting real documents into ordered blocks (SPEC §3.1)."""
+"""Splitting real documents into ordered blocks (reference §3.1)."""
 
 from __future__ import annotations
 

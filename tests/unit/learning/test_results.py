@@ -1,4 +1,4 @@
-"""Server-side result validation, dedupe and business rows (SPEC §5)."""
+"""Server-side result validation, dedupe and business rows (reference §5)."""
 
 from __future__ import annotations
 
@@ -579,7 +579,7 @@ async def test_an_invalid_output_writes_nothing_even_when_the_transaction_commit
 async def test_a_result_with_more_items_than_the_count_writes_the_first_count(
     tx: Tx, world: World
 ) -> None:
-    """SPEC §9.4: the snapshot's job asked for 3 questions; five valid ones are sent:
+    """reference §9.4: the snapshot's job asked for 3 questions; five valid ones are sent:
     the first three are written and the plan records three generated."""
     await tx(
         plans.create_generation_plan,
@@ -612,7 +612,7 @@ async def test_a_result_with_more_items_than_the_count_writes_the_first_count(
 async def test_the_server_validates_outputs_strictly(
     tx: Tx, world: World, change: dict[str, Any], loc: str
 ) -> None:
-    """The server checks a result with the worker's strict models (SPEC §9.4): no
+    """The server checks a result with the worker's strict models (reference §9.4): no
     coercion, and a quiz answer must fit its question."""
     bad = {**question("Strict?", [world.block(1)]), **change}
     with pytest.raises(AppError) as exc:
@@ -624,7 +624,7 @@ async def test_the_server_validates_outputs_strictly(
 
 
 async def test_a_float_score_as_text_is_refused(tx: Tx, world: World) -> None:
-    """``"0.5"`` is not a number (no coercion, SPEC §9.4)."""
+    """``"0.5"`` is not a number (no coercion, reference §9.4)."""
     kp = world.kp.knowledge_point_id
     weak = {"knowledgePointId": kp, "reason": "r", "severity": "0.5", "evidenceBlockIds": []}
     with pytest.raises(AppError) as exc:

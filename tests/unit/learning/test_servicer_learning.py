@@ -1,4 +1,4 @@
-"""The learning-data and result RPCs over a real grpc.aio server (SPEC §3.1)."""
+"""The learning-data and result RPCs over a real grpc.aio server (reference §3.1)."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ async def test_materials_knowledge_points_and_events(stub: service_pb2_grpc.JobS
             user_id="u1", material_id=material.material_id, name="x", block_ids=["nope"]
         ),
     )
-    assert err.code == ErrorCode.NOT_FOUND  # an unknown id, body or path (SPEC §3)
+    assert err.code == ErrorCode.NOT_FOUND  # an unknown id, body or path (reference §3)
     assert err.details is not None and err.details["unknownBlockIds"] == ["nope"]
 
     events = [

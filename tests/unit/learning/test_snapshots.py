@@ -1,4 +1,4 @@
-"""Snapshot payload v1 per job type and target type; the block budget rule (SPEC §5)."""
+"""Snapshot payload v1 per job type and target type; the block budget rule (reference §5)."""
 
 from __future__ import annotations
 

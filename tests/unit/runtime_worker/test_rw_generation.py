@@ -209,7 +209,7 @@ async def test_p4_an_answer_outside_its_options_twice_is_invalid_schema(raw_http
 
 
 def test_more_items_than_the_count_submit_only_the_first_count() -> None:
-    """SPEC §9.4: a result with more items than the job's ``count`` keeps the first
+    """reference §9.4: a result with more items than the job's ``count`` keeps the first
     ``count``; the rest are neither validated nor submitted (21 questions for 20 are
     not a schema violation)."""
     item = QUIZ_OUTPUT["items"][0]

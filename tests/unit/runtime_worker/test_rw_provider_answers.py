@@ -1,4 +1,4 @@
-"""Model answers met in the field (SPEC §9.4, cases P1–P3), against a raw HTTP server:
+"""Model answers met in the field (reference §9.4, cases P1–P3), against a raw HTTP server:
 a proxy's 408, a provider out of capacity mid-answer, and bodies past the byte cap."""
 
 from __future__ import annotations

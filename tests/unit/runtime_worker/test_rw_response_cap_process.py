@@ -1,7 +1,7 @@
 """Case P3 on a real worker process: 8 slots, each model answer 500 MB (chunked,
 from the stand-in). Every attempt ends ``TEMPORARY_PROVIDER_ERROR``, the leases
 keep being renewed while the bodies arrive, and the worker's peak RSS stays under
-8 × ``MODEL_MAX_RESPONSE_BYTES`` + 150 MB (SPEC §9.4)."""
+8 × ``MODEL_MAX_RESPONSE_BYTES`` + 150 MB (reference §9.4)."""
 
 from __future__ import annotations
 

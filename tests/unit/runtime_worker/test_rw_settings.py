@@ -1,4 +1,4 @@
-"""Worker settings: SPEC §7 defaults and start-time refusals (case L2)."""
+"""Worker settings: reference §7 defaults and start-time refusals (case L2)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.LONG_POLL_WAIT_MS == 10000
     assert s.SHUTDOWN_GRACE_SECONDS == 20
     assert s.MODEL_CALL_MAX_SECONDS == 110
-    assert s.MODEL_MAX_RESPONSE_BYTES == 8 * 1024 * 1024  # SPEC §9.4
+    assert s.MODEL_MAX_RESPONSE_BYTES == 8 * 1024 * 1024  # reference §9.4
     assert s.capabilities == list(JOB_TYPES)
     assert s.RUNTIME_INSTANCE_ID and s.RUNTIME_INSTANCE_ID != WorkerSettings().RUNTIME_INSTANCE_ID
     s.check()  # 20 s heartbeat with a 60 s lease is exactly a third: allowed

@@ -1,4 +1,4 @@
-"""The worker's spans (SPEC §9.5): an attempt joins its job's trace, names and
+"""The worker's spans (reference §9.5): an attempt joins its job's trace, names and
 attributes as documented, and no key, prompt or body in any span.
 
 The worker runs for real (DeepSeek provider over httpx, gRPC clients) against the

@@ -529,7 +529,7 @@ async def test_a_long_poll_s_wait_before_the_claim_does_not_count_against_the_jo
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
     """A long poll that waited before it claimed: the job started when it was claimed
-    (its startedAt), not when the poll was sent (SPEC §2.2: timeoutSeconds from
+    (its startedAt), not when the poll was sent (reference §2.2: timeoutSeconds from
     startedAt). Counting from the send cut a 10 s budget to what was left of the
     poll's wait."""
     b = backend[0]

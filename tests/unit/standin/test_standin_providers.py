@@ -1,5 +1,5 @@
 """The stand-in plays several providers at once, one port each, each with its own
-faults and its own record of the keys and models it was sent (SPEC §9.4, case P6)."""
+faults and its own record of the keys and models it was sent (reference §9.4, case P6)."""
 
 from __future__ import annotations
 

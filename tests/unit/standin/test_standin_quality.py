@@ -248,7 +248,7 @@ def test_true_false_has_real_false_variants(doc: str) -> None:
     answers = [q["answer"] for q in items]
     assert 4 <= answers.count("false") <= 8 and 4 <= answers.count("true") <= 8
     for q in items:
-        assert q["options"] == ["true", "false"]  # SPEC §9.4, whatever the language
+        assert q["options"] == ["true", "false"]  # reference §9.4, whatever the language
         statement = re.sub(r"^(True or false: |判断正误：)", "", q["stem"])
         src = " ".join(split_sentences(block_text(snapshot, q["sourceBlockIds"][0])))
         if q["answer"] == "true":

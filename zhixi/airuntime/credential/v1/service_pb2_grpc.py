@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class CredentialServiceStub:
-    """Users' model keys, AES-256-GCM at rest (SPEC §6).
+    """Users' model keys, AES-256-GCM at rest (reference §6).
     """
 
     def __init__(self, channel):
@@ -78,7 +78,7 @@ class CredentialServiceStub:
 
 
 class CredentialServiceServicer:
-    """Users' model keys, AES-256-GCM at rest (SPEC §6).
+    """Users' model keys, AES-256-GCM at rest (reference §6).
     """
 
     def PutCredential(self, request, context):
@@ -181,7 +181,7 @@ def add_CredentialServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class CredentialService:
-    """Users' model keys, AES-256-GCM at rest (SPEC §6).
+    """Users' model keys, AES-256-GCM at rest (reference §6).
     """
 
     @staticmethod

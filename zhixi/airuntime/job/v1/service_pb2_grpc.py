@@ -26,8 +26,8 @@ if _version_not_supported:
 
 
 class JobServiceStub:
-    """Jobs, the state machine, leases, learning data and results (SPEC §1-§6).
-    Errors carry the SPEC §4 code as google.rpc.ErrorInfo.reason.
+    """Jobs, the state machine, leases, learning data and results (reference §1-§6).
+    Errors carry the reference §4 code as google.rpc.ErrorInfo.reason.
     """
 
     def __init__(self, channel):
@@ -269,12 +269,12 @@ class JobServiceStub:
 
 
 class JobServiceServicer:
-    """Jobs, the state machine, leases, learning data and results (SPEC §1-§6).
-    Errors carry the SPEC §4 code as google.rpc.ErrorInfo.reason.
+    """Jobs, the state machine, leases, learning data and results (reference §1-§6).
+    Errors carry the reference §4 code as google.rpc.ErrorInfo.reason.
     """
 
     def CreateJob(self, request, context):
-        """User and admin side (SPEC §3.1).
+        """User and admin side (reference §3.1).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -459,7 +459,7 @@ class JobServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PollJobs(self, request, context):
-        """Runtime contract (SPEC §3).
+        """Runtime contract (reference §3).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -541,14 +541,14 @@ class JobServiceServicer:
         """One long-lived stream per worker carrying its runtime calls (claim, start,
         heartbeats, snapshot, result, fail, invocation logs) as numbered messages
         answered in any order: each behaves exactly as its unary RPC, without a call's
-        setup per message (SPEC §3; the unary RPCs stay for every other runtime).
+        setup per message (reference §3; the unary RPCs stay for every other runtime).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchJobs(self, request, context):
-        """Waiting without polling (SPEC §9.1).
+        """Waiting without polling (reference §9.1).
         Every change committed by any replica, as it is seen by this replica's one poller.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -804,8 +804,8 @@ def add_JobServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class JobService:
-    """Jobs, the state machine, leases, learning data and results (SPEC §1-§6).
-    Errors carry the SPEC §4 code as google.rpc.ErrorInfo.reason.
+    """Jobs, the state machine, leases, learning data and results (reference §1-§6).
+    Errors carry the reference §4 code as google.rpc.ErrorInfo.reason.
     """
 
     @staticmethod

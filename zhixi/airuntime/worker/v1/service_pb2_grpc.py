@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class WorkerStatusServiceStub:
-    """A runtime worker's status and drain control (SPEC §3).
+    """A runtime worker's status and drain control (reference §3).
     """
 
     def __init__(self, channel):
@@ -48,7 +48,7 @@ class WorkerStatusServiceStub:
 
 
 class WorkerStatusServiceServicer:
-    """A runtime worker's status and drain control (SPEC §3).
+    """A runtime worker's status and drain control (reference §3).
     """
 
     def GetStatus(self, request, context):
@@ -85,7 +85,7 @@ def add_WorkerStatusServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class WorkerStatusService:
-    """A runtime worker's status and drain control (SPEC §3).
+    """A runtime worker's status and drain control (reference §3).
     """
 
     @staticmethod
