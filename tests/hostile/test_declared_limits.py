@@ -1,4 +1,4 @@
-"""The OpenAPI document states what the server enforces (reference §3.1, §9.3).
+"""The OpenAPI document states what the server enforces (reference §3.1, §9.3; case N5).
 
 For every header parameter of every operation, and for the text fields the
 services hold to rules of their own (a title, a knowledge point's name and a

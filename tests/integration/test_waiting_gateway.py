@@ -246,7 +246,7 @@ async def test_a_resume_from_a_cursor_above_the_jobs_version_is_400_never_204(
     """A client that keeps one cursor for everything resumes a job's stream with the
     per-user stream's ``Last-Event-ID``: 400 ``INVALID_ARGUMENT`` naming the header, on
     a live job and on a finished one alike (a 204 would tell it to stop reconnecting
-    before it learnt how the job ended); nothing stays subscribed (reference §9.1)."""
+    before it learnt how the job ended); nothing stays subscribed (reference §9.1, case N6)."""
     job, lease = await locked_job(server)
     for _ in range(3):
         await new_job(server.domain)  # other jobs move the user's cursor on
@@ -351,3 +351,34 @@ async def test_a_watch_that_drops_reconnects_and_the_waiter_still_gets_the_chang
         locked = await server.domain.lock(job.job_id, "w1")
         reply = await held
     assert reply.status_code == 200 and reply.headers["ETag"] == _etag(locked.version)
+
+
+async def test_a_lease_renewal_moves_the_etag_but_is_no_event(
+    server: Server, gateway: Gateway
+) -> None:
+    """Case N9: a renewal changes the job's version and ETag, yet wakes no held GET (it
+    answers at its deadline, with the latest version) and sends nothing on the streams
+    (the next event is the next real change)."""
+    job, lease = await locked_job(server)
+    started = await server.domain.start(lease)
+    path = f"/v1/ai/jobs/{job.job_id}"
+    async with gateway.client() as http, open_stream(http, f"{path}/events") as (_, sse):
+        first = await sse.next()
+        assert first is not None and first.id == str(started.version)
+        await wait_for(lambda: gateway.hub.connected and gateway.hub.subscriber_count == 1)
+        held = asyncio.create_task(
+            http.get(
+                path, params={"waitSeconds": 2}, headers={"If-None-Match": _etag(started.version)}
+            )
+        )
+        await wait_for(lambda: gateway.hub.subscriber_count == 2)
+        since = time.monotonic()
+        renewed = await server.domain.heartbeat(lease)
+        assert renewed.version > started.version and renewed.status == "running"
+        reply = await held
+        assert time.monotonic() - since >= 1.5  # not woken: answered at its deadline
+        assert reply.status_code == 200
+        assert reply.headers["ETag"] == _etag(renewed.version)
+        ended = await fail_for_good(server, lease)
+        after = await sse.next()
+        assert after is not None and after.id == str(ended.version)  # nothing in between

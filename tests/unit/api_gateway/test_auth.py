@@ -450,7 +450,7 @@ async def test_a_token_within_the_leeway_of_clock_skew_is_taken(
     client: httpx.AsyncClient, backends: Backends, offsets: dict[str, int]
 ) -> None:
     """An issuer whose clock runs a few seconds ahead (or a token that expired a few
-    seconds ago by the gateway's clock) is within ``JWT_LEEWAY_SECONDS`` (30)."""
+    seconds ago by the gateway's clock) is within ``JWT_LEEWAY_SECONDS`` (30; case N8)."""
     resp = await client.get("/v1/me/ai-authorization", headers=bearer(_skewed(**offsets)))
     assert resp.status_code == 200, resp.text
     assert backends.job.last("GetAiAuthorization").request.user_id == OWNER

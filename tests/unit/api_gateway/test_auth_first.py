@@ -1,5 +1,5 @@
 """Authentication and authorization come before anything of the request is read
-(reference §3.1, §4): on every route of the app, a caller who is not let in learns
+(reference §3.1, §4; case N4): on every route of the app, a caller who is not let in learns
 nothing about how its request would be validated.
 
 The routes are the app's own (every API route, iterated), the access each needs is

@@ -208,7 +208,8 @@ def test_the_document_declares_waiting_for_a_job() -> None:
 def test_every_error_answer_is_declared_as_the_json_error_body() -> None:
     """Every 4xx and 5xx of every operation is ``application/json`` with ``ErrorBody``,
     as the gateway sends them, whatever the operation's success media type: the two
-    event streams declare ``text/event-stream`` for their 200 only (reference §4, §9.1)."""
+    event streams declare ``text/event-stream`` for their 200 only (reference §4, §9.1;
+    case N3)."""
     document = _document()
     error_body = {"$ref": "#/components/schemas/ErrorBody"}
     checked = 0
