@@ -20,7 +20,7 @@ costs no more SQL building than one job.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -98,8 +98,12 @@ class JobSet:
         """``<column> IN (:j0, :j1, …)``."""
         return self.column.in_([self.job(i) for i in range(len(self.ids))])
 
-    def each(self, name: str, values: Sequence[Any], *, type_: Any, keep: Any = None) -> Any:
-        """One value per job (in ``ids`` order) as one SQL expression.
+    def each(
+        self, name: str, values: Sequence[Any], *, type_: Any, keep: Any = None
+    ) -> Callable[[], Any]:
+        """One value per job (in ``ids`` order) as one SQL expression, made when the
+        returned function is called (in the statement's ``build``: never when the
+        statement is cached). Its values are bound, and its shape noted, now.
 
         A value is a plain Python value (bound), a SQL expression (stable ones keep
         the statement cached) or :data:`KEEP` (the job keeps ``keep``, the column).
@@ -114,32 +118,41 @@ class JobSet:
         first = values[0]
         if all(v is first or (_plain(v) and _plain(first) and v == first) for v in values):
             return self._one(name, first, type_, keep)
-        whens = []
         kinds: list[Hashable] = []
         for i, value in enumerate(values):
             if value is KEEP:
-                whens.append((self.column == self.job(i), keep))
                 kinds.append("keep")
             elif cache.is_sql(value):
-                whens.append((self.column == self.job(i), value))
                 kinds.append(self._sql_kind(value))
             else:
                 self.params[f"{name}{i}"] = value
-                whens.append((self.column == self.job(i), bindparam(f"{name}{i}", type_=type_)))
                 kinds.append("=")
         self._note((name, tuple(kinds)))
-        return case(*whens, else_=keep)
 
-    def _one(self, name: str, value: Any, type_: Any, keep: Any) -> Any:
+        def make() -> Any:
+            whens = []
+            for i, value in enumerate(values):
+                if value is KEEP:
+                    picked = keep
+                elif cache.is_sql(value):
+                    picked = value
+                else:
+                    picked = bindparam(f"{name}{i}", type_=type_)
+                whens.append((self.column == self.job(i), picked))
+            return case(*whens, else_=keep)
+
+        return make
+
+    def _one(self, name: str, value: Any, type_: Any, keep: Any) -> Callable[[], Any]:
         if value is KEEP:
             self._note((name, "keep"))
-            return keep
+            return lambda: keep
         if cache.is_sql(value):
             self._note((name, self._sql_kind(value)))
-            return value
+            return lambda: value
         self.params[name] = value
         self._note((name, "="))
-        return bindparam(name, type_=type_)
+        return lambda: bindparam(name, type_=type_)
 
     def _sql_kind(self, value: Any) -> Hashable:
         sid = cache.stable_id(value)
@@ -163,15 +176,18 @@ def _plain(value: Any) -> bool:
     return value is not KEEP and not cache.is_sql(value)
 
 
-def lease_held(clock: DbClock, js: JobSet, holders: Sequence[Holder]) -> ColumnElement[bool]:
-    """The lease rule (reference §2.3, §3) for each job of ``js``: the runtime instance
-    and attempt of its report hold the lease, the job is leased (locked or running)
-    and ``lockUntil ≥ now`` on the database clock."""
-    return and_(
-        jobs.c.locked_by
-        == js.each("i", [h.instance_id for h in holders], type_=String(), keep=None),
-        jobs.c.attempt_no
-        == js.each("a", [h.attempt_no for h in holders], type_=Integer(), keep=None),
+def lease_held(
+    clock: DbClock, js: JobSet, holders: Sequence[Holder]
+) -> Callable[[], ColumnElement[bool]]:
+    """The lease rule (reference §2.3, §3) for each job of ``js``, made when called (its
+    values bound now): the runtime instance and attempt of its report hold the lease,
+    the job is leased (locked or running) and ``lockUntil ≥ now`` on the database
+    clock."""
+    instance = js.each("i", [h.instance_id for h in holders], type_=String(), keep=None)
+    attempt = js.each("a", [h.attempt_no for h in holders], type_=Integer(), keep=None)
+    return lambda: and_(
+        jobs.c.locked_by == instance(),
+        jobs.c.attempt_no == attempt(),
         jobs.c.status.in_(sorted(LEASED)),
         jobs.c.lock_until.is_not(None),
         jobs.c.lock_until >= clock.now(),
@@ -200,7 +216,7 @@ def ending_read(clock: DbClock, holders: Sequence[Holder]) -> tuple[Sql, Sql]:
     def build_rows() -> Any:
         stmt = select(
             *facts,
-            case((held, 1), else_=0).label("lease_held"),
+            case((held(), 1), else_=0).label("lease_held"),
             clock.now().label("db_now"),
             *peek_columns(),
         ).where(js.member())
@@ -249,15 +265,11 @@ def end_jobs(clock: DbClock, op: Op, ends: Sequence[JobEnd]) -> Sql:
         raise ValueError("every job of one UPDATE sets the same columns")
     js = JobSet([e.holder.job_id for e in ends])
     guard = lease_held(clock, js, [e.holder for e in ends])
-    sets: dict[str, Any] = {
-        "status": t.to_state,
-        "updated_at": clock.now(),
-        "version": VERSION_PLUS_ONE,
-    }
+    per_job: dict[str, Callable[[], Any]] = {}
     for column in columns:
         if all(e.values[column] is KEEP for e in ends):
             continue  # no job of this UPDATE changes it
-        sets[column] = js.each(
+        per_job[column] = js.each(
             f"v_{column}",
             [e.values[column] for e in ends],
             type_=jobs.c[column].type,
@@ -265,7 +277,13 @@ def end_jobs(clock: DbClock, op: Op, ends: Sequence[JobEnd]) -> Sql:
         )
 
     def build() -> Any:
-        return update(jobs).where(js.member(), guard).values(**sets)
+        sets: dict[str, Any] = {
+            "status": t.to_state,
+            "updated_at": clock.now(),
+            "version": VERSION_PLUS_ONE,
+        }
+        sets.update({column: value() for column, value in per_job.items()})
+        return update(jobs).where(js.member(), guard()).values(**sets)
 
     return js.sql(("end_jobs", clock.dialect, op), build)
 
@@ -288,17 +306,15 @@ def ending_events(clock: DbClock, ended: Sequence[EndEvent]) -> Sql:
     so an event carries exactly the database instant of its transition."""
     js = JobSet([e.job_id for e in ended])
     text = String()
-    source = [
-        jobs.c.job_id,
+    bound = [
         js.each("e_from", [e.from_status for e in ended], type_=text),
         js.each("e_to", [e.to_status for e in ended], type_=text),
         js.each("e_code", [e.error_code for e in ended], type_=text),
         js.each("e_actor", [e.actor[:MAX_ACTOR] for e in ended], type_=text),
-        jobs.c.attempt_no,
-        jobs.c.updated_at,
     ]
 
     def build() -> Any:
+        source = [jobs.c.job_id, *(b() for b in bound), jobs.c.attempt_no, jobs.c.updated_at]
         # every column named: the bound ones would otherwise share anonymous names
         picked = select(*(c.label(f"c{n}") for n, c in enumerate(source))).where(js.member())
         return insert(events).from_select(EVENT_COLUMNS, picked)

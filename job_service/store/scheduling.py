@@ -253,8 +253,8 @@ def settle_grants(clock: DbClock, ended: Sequence[tuple[str, int, int | None]]) 
     def build() -> Any:
         return (
             update(grants)
-            .where(js.member(), grants.c.attempt_no == attempt, grants.c.ended_at.is_(None))
-            .values(ended_at=clock.now(), tokens_used=used)
+            .where(js.member(), grants.c.attempt_no == attempt(), grants.c.ended_at.is_(None))
+            .values(ended_at=clock.now(), tokens_used=used())
         )
 
     return [js.sql(("settle_grants", clock.dialect), build)]
