@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -67,6 +68,23 @@ ABORT_CODES = {
 #: expires and job_service retries the job): job_service is unreachable, so
 #: a FailJob would not get through either.
 ABANDON_CODES = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.INTERNAL})
+
+
+#: What a result asks to claim with it: ``(capabilities, limit, statusAddress)``.
+ClaimNext = tuple[Sequence[str], int, str]
+
+
+@dataclass(frozen=True)
+class Handoff:
+    """The jobs a result's report was given for the slot it freed (``Job`` messages,
+    leased and started) and their snapshots by job id."""
+
+    jobs: list[Any] = field(default_factory=list)
+    snapshots: dict[str, Any] = field(default_factory=dict)
+
+
+#: A report that claimed nothing.
+NO_HANDOFF = Handoff()
 
 
 @dataclass(frozen=True)
@@ -305,14 +323,30 @@ class Attempts:
             return None
         return ModelKey(PLATFORM_KEY_MODE, "", key, config.name, model, config.baseUrl)
 
-    async def report(self, run: JobRun) -> None:
+    async def report(self, run: JobRun, claim_next: ClaimNext | None = None) -> Handoff:
         """Report how ``run``'s work ended: its result, its fail, or nothing (a lost lease,
-        job_service unreachable); then any model call not logged with that report."""
-        await self._finish(run)
+        job_service unreachable); then any model call not logged with that report.
+
+        With ``claim_next`` a result asks, in its own transaction, for the next jobs of
+        the slot it frees: the jobs it was given and their snapshots (none for a
+        fail, a refusal or a replay)."""
+        handoff = await self._finish(run, claim_next)
         if run.invocations:  # not logged with the attempt's ending: log them alone
             await self._record_invocations(run)
+        return handoff
 
-    async def _finish(self, run: JobRun) -> None:
+    def submits(self, run: JobRun) -> bool:
+        """Whether ``run``'s report will be a result (its work ended with an output)."""
+        work = run.work
+        return (
+            work is not None
+            and work.done()
+            and not work.cancelled()
+            and run.reason is None
+            and work.exception() is None
+        )
+
+    async def _finish(self, run: JobRun, claim_next: ClaimNext | None) -> Handoff:
         work = run.work
         assert work is not None
         if run.reason == LEASE_LOST:
@@ -321,7 +355,7 @@ class Attempts:
             run.trace.failed(ErrorCode.LOCK_NOT_HELD)
             self._count(LEASE_LOST)
             log.warning("attempt stopped: lease lost; nothing reported")
-            return
+            return NO_HANDOFF
         if work.cancelled():
             if run.reason == CANCEL_REQUESTED:
                 await self._fail(run, ErrorCode.CANCELLED, "cancel requested; model call aborted")
@@ -329,18 +363,19 @@ class Attempts:
                 await self._fail(
                     run, ErrorCode.WORKER_SHUTDOWN, "worker shut down before the job finished"
                 )
-            return
+            return NO_HANDOFF
         exc = work.exception()
         if exc is None:
             prompt_version, output = work.result()
-            await self._submit(run, prompt_version, output)
-        elif isinstance(exc, ModelError):
+            return await self._submit(run, prompt_version, output, claim_next)
+        if isinstance(exc, ModelError):
             await self._fail(run, exc.code, exc.message, exc.retry_after_seconds)
         elif isinstance(exc, AppError):
             await self._backend_refused(run, exc)
         else:
             log.error("attempt crashed: %s", type(exc).__name__, exc_info=exc)
             await self._fail(run, ErrorCode.INTERNAL, f"worker error: {type(exc).__name__}")
+        return NO_HANDOFF
 
     async def _backend_refused(self, run: JobRun, exc: AppError) -> None:
         """The work stopped on a backend's refusal: a lost lease or an unreachable
@@ -384,7 +419,13 @@ class Attempts:
         self._count(f"failed:{code}")
         log.info("attempt failed: %s", code, extra={"fields": {"errorCode": code}})
 
-    async def _submit(self, run: JobRun, prompt_version: str, output: dict[str, Any]) -> None:
+    async def _submit(
+        self,
+        run: JobRun,
+        prompt_version: str,
+        output: dict[str, Any],
+        claim_next: ClaimNext | None,
+    ) -> Handoff:
         try:
             with run.trace.ending(SPAN_RESULT):
                 answer = await self.client.submit_result(
@@ -394,6 +435,7 @@ class Attempts:
                     output_schema_version=CURRENT_OUTPUT_SCHEMA_VERSION,
                     output=output,
                     invocations=self._model_calls(run),
+                    claim_next=claim_next,
                 )
             run.invocations.clear()  # logged with the result (or by the replayed original)
         except AppError as exc:
@@ -408,12 +450,13 @@ class Attempts:
             else:
                 self._count(f"submit_refused:{exc.code}")
             log.warning("SubmitResult refused: %s", exc.code, extra={"fields": {"code": exc.code}})
-            return
+            return NO_HANDOFF
         self._count("succeeded")
         log.info(
             "attempt succeeded",
             extra={"fields": {"resultId": answer.result_id, "replayed": answer.replayed}},
         )
+        return Handoff(list(answer.claimed_jobs), dict(answer.snapshots))
 
     def _call_code(self, run: JobRun, inv: Invocation) -> str | None:
         code = inv.error_code

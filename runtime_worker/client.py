@@ -131,7 +131,10 @@ class RuntimeClient:
         retry: bool,
         deadline_s: float | None = None,
         retry_seconds: float | None = None,
+        again: Any = None,
     ) -> T:
+        """``method(request)``; retried with ``again`` (default: the same request) while
+        the error is retryable and the budget lasts, when ``retry``."""
         md = metadata.outgoing(self._token, self.instance_id, uuid.uuid4().hex)
         budget = self._retry_seconds if retry_seconds is None else retry_seconds
         give_up_at = time.monotonic() + budget
@@ -162,6 +165,7 @@ class RuntimeClient:
                 )
             await asyncio.sleep(min(delay, max(0.0, give_up_at - time.monotonic())))
             delay = min(delay * 2, 2.0) * random.uniform(0.8, 1.2)
+            request = request if again is None else again
 
     async def claim_jobs(
         self, capabilities: Sequence[str], limit: int, wait_ms: int, status_address: str
@@ -241,11 +245,16 @@ class RuntimeClient:
         output_schema_version: str,
         output: dict[str, Any],
         invocations: Sequence[Any] = (),
+        claim_next: tuple[Sequence[str], int, str] | None = None,
     ) -> Any:
         """SubmitResult (idempotent by ``jobId:attemptNo:outputHash``). Returns the response.
 
         ``invocations`` (``ModelCall`` messages) are logged with the result; a retry
-        that turns out a replay does not log them twice.
+        that turns out a replay does not log them twice. ``claim_next``
+        (``(capabilities, limit, statusAddress)``): the jobs to claim for the slot the
+        result frees, in its transaction (the answer's ``claimed_jobs`` and
+        ``snapshots``); only the first try asks, a retry (after an answer that may
+        have been lost) claims nothing, as its result replays.
         """
         struct = Struct()
         struct.update(output)
@@ -257,11 +266,20 @@ class RuntimeClient:
             output=struct,
             invocations=list(invocations),
         )
+        first = request
+        if claim_next is not None:
+            caps, limit, status_address = claim_next
+            first = rr.SubmitResultRequest()
+            first.CopyFrom(request)
+            first.claim_next.capabilities.extend(cast(Any, [JOB_TYPE.to_proto(c) for c in caps]))
+            first.claim_next.limit = limit
+            first.claim_next.status_address = status_address
         return await self._call(
             self._job_method("SubmitResult", "submit_result"),
-            request,
+            first,
             name="SubmitResult",
             retry=True,
+            again=request,
         )
 
     async def fail_job(

@@ -5,11 +5,14 @@ snapshots, a long poll of ``LONG_POLL_WAIT_MS``; it sleeps ``POLL_INTERVAL_MS``
 after an empty answer that came back early). Each claimed job runs its attempt in
 its own task (:mod:`runtime_worker.attempt`).
 
-``WORKER_CONCURRENCY`` jobs do their model work at once: a slot is held from the
-claim to the end of the job's model work, and handed on then, so the next job's
-claim and model work run while the last one's result is reported. With jobs in
-flight and fewer than a quarter of the slots free, the loop waits up to
-:data:`GATHER_SECONDS` for more slots to free, so one claim takes several jobs.
+``WORKER_CONCURRENCY`` jobs do their model work at once. A job that ends with a
+result keeps its slot until its report is answered: the report asks, in the
+result's own transaction, for the next job of that slot (``claim_next``), which
+runs in it; a report that brings none gives the slot back to the loop. Any other
+ending (a fail, a lost lease) hands its slot to the loop at once, while it
+reports. With jobs in flight and fewer than a quarter of the slots free, the loop
+waits up to :data:`GATHER_SECONDS` for more slots to free, so one claim takes
+several jobs.
 
 Every runtime call to job_service travels over the client's one ``RuntimeSession``
 stream (:mod:`runtime_worker.session`).
@@ -30,7 +33,7 @@ from airuntime_common.errors import AppError
 from airuntime_common.logs import bind, log_context
 from airuntime_common.timeutil import utcnow
 from airuntime_common.tracing import Tracing
-from runtime_worker.attempt import SHUTDOWN, Attempts, CallWindow, JobRun
+from runtime_worker.attempt import SHUTDOWN, Attempts, CallWindow, ClaimNext, JobRun
 from runtime_worker.client import RuntimeClient
 from runtime_worker.lease_keeper import LeaseKeeper
 from runtime_worker.providers.base import ModelProvider
@@ -198,19 +201,41 @@ class Worker:
     async def _execute(self, run: JobRun) -> None:
         with run.trace.activate():
             token = bind(jobId=run.job_id, attemptNo=run.attempt_no, jobType=run.job_type)
+            held = True  # this run's slot
             try:
                 try:
                     await self._run_work(run)
                 finally:
-                    self.working -= 1  # the slot goes to the next job while this one reports
-                    self._slot_freed.set()
+                    # a result keeps its slot for the job its report claims with it; any
+                    # other ending hands the slot to the claim loop while it reports
+                    if self.draining or not self.attempts.submits(run):
+                        held = False
+                        self._free_slot()
                 self.attempts.observe_invocations(run)
-                await self.attempts.report(run)
+                sent, sent_wall = time.monotonic(), time.time()
+                handoff = await self.attempts.report(run, self._claim_next() if held else None)
+                if held:
+                    held = False
+                    self._free_slot()
+                    # jobs a result in flight claimed when a drain began run in its grace
+                    window = CallWindow(sent, sent_wall, time.monotonic())
+                    for job in handoff.jobs:
+                        self._launch(job, handoff.snapshots.get(job.job_id), window)
             finally:
+                if held:
+                    self._free_slot()
                 self.keeper.unregister(run)
                 self.runs.pop((run.job_id, run.attempt_no), None)
                 self._slot_freed.set()
                 log_context.reset(token)
+
+    def _free_slot(self) -> None:
+        self.working -= 1
+        self._slot_freed.set()
+
+    def _claim_next(self) -> ClaimNext:
+        """What a result asks to claim with it: one job for the slot it frees."""
+        return (self.capabilities, 1, self._status_address())
 
     async def _run_work(self, run: JobRun) -> None:
         """Start ``run``'s model work and wait for it to end; its outcome is ``run.work``'s.

@@ -245,22 +245,32 @@ class RuntimeRpcs:
         text_field(request.prompt_version, "promptVersion", MAX_PROMPT_VERSION)
         text_field(request.output_schema_version, "outputSchemaVersion", MAX_OUTPUT_SCHEMA_VERSION)
         calls = calls_of(request.invocations)
-        # ``claim_next`` (deprecated) is ignored: a result never claims; the worker's
-        # claim loop fills the slot the result frees (reference §3)
+        claim_next = None
+        if request.HasField("claim_next"):  # the next job of the slot this result frees
+            nxt = request.claim_next
+            caps = capabilities_of(nxt.capabilities)
+            text_field(nxt.status_address, "statusAddress", MAX_STATUS_ADDRESS)
+            claim_next = (caps, nxt.limit)
         outcome = await self.domain.submit_result(
             lease,
             prompt_version=request.prompt_version or None,
             output_schema_version=request.output_schema_version or "v1",
             output=from_struct(request.output, "output"),
             calls=calls,
+            claim_next=claim_next,
         )
-        return rr.SubmitResultResponse(
+        out = rr.SubmitResultResponse(
             job_id=outcome.job_id,
             status=_enum(JOB_STATUS.to_proto(outcome.status)),
             result_id=outcome.result_id,
             output_hash=outcome.output_hash,
             replayed=outcome.replayed,
         )
+        if outcome.claimed is not None and outcome.claimed.jobs:
+            found = outcome.claimed.jobs
+            out.claimed_jobs.extend(self._leased(j) for j in found)
+            self._claimed_snapshots(found, outcome.claimed.snapshots, out.snapshots)
+        return out
 
     @rpc
     async def FailJob(self, request: rr.FailJobRequest, context: Ctx) -> rr.FailJobResponse:

@@ -52,13 +52,15 @@ from job_service.maintenance import breaker
 from job_service.maintenance.limits import pause_seconds
 from job_service.services import parents
 from job_service.services.accounting import Accounting, spend_row
+from job_service.services.claim_round import ClaimAsk, Claimed, ClaimRound
 from job_service.services.core import Core, lease_refusal, new_id, runtime_actor
+from job_service.services.granting import Granting
 from job_service.services.inputs import ModelCallInput
 from job_service.services.ports import PreparedResult
 from job_service.store import endings as sql
 from job_service.store import scheduling as sched
 from job_service.store import statements as st
-from job_service.store.batch import new_batch, run_one
+from job_service.store.batch import Outcome, new_batch, run_one
 from job_service.store.cache import Sql
 from job_service.store.engine import DbExec
 from job_service.store.records import ENDING_FACTS, EndingFacts, JobRecord, job_of
@@ -66,6 +68,16 @@ from job_service.store.transitions import ending_values
 
 #: The key mode whose attempts feed the platform breakers (reference §6).
 PLATFORM_KEY = "platform_key"
+
+
+def _taken(done: Done) -> bool:
+    """Whether ``done`` is a result this transaction accepted (it may claim)."""
+    return (
+        done.ended
+        and isinstance(done.report, ResultReport)
+        and done.error is None
+        and done.status == SUCCEEDED
+    )
 
 
 def result_key(job_id: str, attempt_no: int, output_hash: str) -> str:
@@ -81,6 +93,8 @@ class ResultReport:
         lease: the reporting holder's fencing token.
         calls: the attempt's model calls, logged when the result ends the attempt.
         output_hash: sha256 hex of the output's canonical JSON (reference §2.5).
+        claim: the next jobs the reporting instance asks for, for the slot the result
+            frees: claimed in the same transaction when the result is taken.
     """
 
     lease: Lease
@@ -89,6 +103,7 @@ class ResultReport:
     output_schema_version: str
     output: Any
     output_hash: str
+    claim: ClaimAsk | None = None
 
     @property
     def key(self) -> str:
@@ -147,6 +162,8 @@ class Done:
     peek: tuple[str | None, int | None] = (None, None)
     #: a batch's child: its parent's state as locked by this transaction
     parent_status: str | None = None
+    #: the jobs a taken result's ``claim`` was given (claimed with start)
+    claimed: Claimed | None = None
 
 
 @dataclass(frozen=True)
@@ -158,6 +175,8 @@ class _Read:
     rows: dict[str, tuple[Any, ...]]
     stored: list[tuple[Any, ...]]
     parents: dict[str, parents.ParentRow] = field(default_factory=dict)
+    #: the read's outcomes (a claim's pick rode in its round trip)
+    out: Sequence[Outcome] = ()
 
 
 class Completer:
@@ -166,11 +185,13 @@ class Completer:
     Args:
         core: the shared core.
         accounting: logs the attempts' model calls.
+        granting: the lease grants of the claims results ask for.
     """
 
-    def __init__(self, core: Core, accounting: Accounting) -> None:
+    def __init__(self, core: Core, accounting: Accounting, granting: Granting) -> None:
         self.core = core
         self.accounting = accounting
+        self.granting = granting
 
     async def complete(self, db: DbExec, reports: Sequence[Report]) -> list[Done]:
         """End the attempts of ``reports`` (distinct jobs) in the caller's transaction.
@@ -183,7 +204,14 @@ class Completer:
                 written and the caller runs the set again.
             sqlalchemy.exc.DBAPIError: a database error (the whole set).
         """
-        read = await self._read(db, reports)
+        asking = [
+            i for i, r in enumerate(reports) if isinstance(r, ResultReport) and r.claim is not None
+        ]
+        claim = None
+        if asking:
+            asks = [r.claim for r in (reports[i] for i in asking) if isinstance(r, ResultReport)]
+            claim = ClaimRound(self.core, self.granting, [a for a in asks if a], start=True)
+        read = await self._read(db, reports, claim)
         done = [self._judge(report, read) for report in reports]
         for d in done:
             if d.error is not None and isinstance(d.report, FailReport) and d.facts is not None:
@@ -192,10 +220,19 @@ class Completer:
             if d.ended and isinstance(d.report, ResultReport):
                 await self._validate(db, d)
         await self._feed_breakers(db, done)
-        await self._write(db, done, read.parents)
+        if claim is not None:
+            # only a result taken now claims: a replay, a refusal or an invalid output none
+            serve = [k for k, i in enumerate(asking) if _taken(done[i])]
+            if serve and await claim.grant(db, read.out, serve):
+                await claim.hold_parents(db)
+        out = await self._write(db, done, read.parents, claim)
+        if claim is not None:
+            for i, claimed in zip(asking, claim.claimed(out), strict=True):
+                done[i].claimed = claimed
+            claim.observe()
         return done
 
-    async def _read(self, db: DbExec, reports: Sequence[Report]) -> _Read:
+    async def _read(self, db: DbExec, reports: Sequence[Report], claim: ClaimRound | None) -> _Read:
         holders = [
             sql.Holder(r.lease.job_id, r.lease.instance_id, r.lease.attempt_no) for r in reports
         ]
@@ -203,11 +240,13 @@ class Completer:
         batch = new_batch(db)
         rows_at = batch.add(rows_sql)
         stored_at = batch.add(stored_sql)
+        if claim is not None:
+            claim.queue_pick(batch)
         out = await batch.run()
         rows = {str(row[0]): row for row in out[rows_at].rows}
         at = ENDING_FACTS.index("parent_job_id")
         held = await parents.lock(self.core.clock, db, {str(r[at]) for r in rows.values() if r[at]})
-        return _Read(rows, out[stored_at].rows, held)
+        return _Read(rows, out[stored_at].rows, held, out)
 
     def _judge(self, report: Report, read: _Read) -> Done:
         """One report's verdict from the read (reference §2.5 order for a result)."""
@@ -337,10 +376,14 @@ class Completer:
                 changed.add(provider)
 
     async def _write(
-        self, db: DbExec, done: Sequence[Done], held: dict[str, parents.ParentRow]
-    ) -> None:
-        """Queue every write of the set on one batch, with the COMMIT, and run it
-        (``held``: the parents the read locked)."""
+        self,
+        db: DbExec,
+        done: Sequence[Done],
+        held: dict[str, parents.ParentRow],
+        claim: ClaimRound | None,
+    ) -> Sequence[Outcome]:
+        """Queue every write of the set on one batch, with the claim's moves and the
+        COMMIT, and run it (``held``: the parents the read locked); its outcomes."""
         clock = self.core.clock
         batch = new_batch(db)
         ended = [d for d in done if d.ended]
@@ -373,11 +416,14 @@ class Completer:
         for statement in st.forget_erased_jobs(erased) if erased else ():
             batch.add(statement)
         changes = self._queue_parents(batch, ended, held)
-        batch.commit()
+        if claim is not None:
+            claim.queue_moves(batch)
+        batch.commit()  # run again, a taken result replays and claims nothing
         out = await batch.run()
         parents.observe(changes)
         for d, at in zip(fails, reads, strict=True):
             d.job = job_of(out[at].rows[0])
+        return out
 
     def _provider_state(self, ended: Sequence[Done]) -> list[Sql]:
         """What the ended attempts change of the providers' state (reference §10.2): each

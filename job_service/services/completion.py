@@ -20,8 +20,10 @@ from airuntime_common.errors import AppError, ErrorCode
 from job_service import metrics
 from job_service.lifecycle import PENDING, TERMINAL, Lease
 from job_service.services.accounting import Accounting
+from job_service.services.claim_round import ClaimAsk
 from job_service.services.completer import Completer, Done, FailReport, Report, ResultReport
-from job_service.services.core import MAX_ERROR_MESSAGE, Core
+from job_service.services.core import MAX_ERROR_MESSAGE, Core, observe_pickup
+from job_service.services.granting import Granting
 from job_service.services.grouping import GroupCommit
 from job_service.services.inputs import ModelCallInput, SubmitOutcome
 from job_service.store.batch import FenceBroken
@@ -46,10 +48,10 @@ class Completion:
         accounting: logs the attempts' model calls.
     """
 
-    def __init__(self, core: Core, accounting: Accounting) -> None:
+    def __init__(self, core: Core, accounting: Accounting, granting: Granting) -> None:
         self.core = core
         self.accounting = accounting
-        self.completer = Completer(core, accounting)
+        self.completer = Completer(core, accounting, granting)
         #: reports that arrive while others commit end in one transaction together
         self.groups: GroupCommit[Report, Done] = GroupCommit(
             self._run,
@@ -79,6 +81,7 @@ class Completion:
         output_schema_version: str,
         output: Any,
         calls: Sequence[ModelCallInput] = (),
+        claim: ClaimAsk | None = None,
     ) -> SubmitOutcome:
         """Accept an attempt's output (reference §2.3 result, §2.5 idempotency, §5 validation).
 
@@ -91,6 +94,13 @@ class Completion:
         when the result ends the attempt; a replay or a refusal logs none (the
         caller then uses RecordInvocation).
 
+        With ``claim`` (the next jobs of the slot the result frees), a result taken now
+        also claims them for the caller, started, in the same transaction, as ClaimJobs
+        with start would (no long poll); a replay, a refusal or an invalid output claims
+        none. Run again after a lost answer, the result replays and claims nothing: jobs
+        the lost answer claimed go back to pending when their lease expires, as those
+        of a lost ClaimJobs answer do.
+
         Raises:
             AppError: JOB_NOT_FOUND, RESULT_ALREADY_EXISTS, LOCK_NOT_HELD, INVALID_SCHEMA,
                 INVALID_JOB_STATE (the job's data was deleted; it ends cancelled);
@@ -99,14 +109,28 @@ class Completion:
         for call in calls:
             call.check()
         report = ResultReport(
-            lease, calls, prompt_version, output_schema_version, output, content_hash(output)
+            lease,
+            calls,
+            prompt_version,
+            output_schema_version,
+            output,
+            content_hash(output),
+            claim,
         )
         done = await self._complete(report)
         if done.error is not None:
             raise done.error
         assert done.facts is not None
+        if done.claimed is not None:
+            for job in done.claimed.jobs:
+                observe_pickup(job)
         return SubmitOutcome(
-            done.facts.job_id, done.status, done.result_id, report.output_hash, done.replayed
+            done.facts.job_id,
+            done.status,
+            done.result_id,
+            report.output_hash,
+            done.replayed,
+            done.claimed,
         )
 
     async def fail(

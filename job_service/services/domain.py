@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
-from airuntime_common.errors import AppError
+from airuntime_common.errors import AppError, ErrorCode
 from job_service.lifecycle import Lease
 from job_service.maintenance.breaker import BreakerView
 from job_service.maintenance.changes import Change, ChangeFeed
@@ -41,6 +41,7 @@ from job_service.services.admission import Admission
 from job_service.services.authorization import Authorization
 from job_service.services.batches import Batches
 from job_service.services.cancellation import Cancellation
+from job_service.services.claim_round import ClaimAsk
 from job_service.services.claiming import Claiming, check_poll_args
 from job_service.services.completion import Completion
 from job_service.services.console import Console, JobExplanation, ThroughputView
@@ -99,7 +100,7 @@ class JobDomain:
         self.authorization = Authorization(self.core, self.admission)
         self.claiming = Claiming(self.core)
         self.leases = Leases(self.core)
-        self.completion = Completion(self.core, self.accounting)
+        self.completion = Completion(self.core, self.accounting, self.claiming.granting)
         self.cancellation = Cancellation(self.core)
         self.views = Views(self.core)
         self.console = Console(self.core)
@@ -284,14 +285,27 @@ class JobDomain:
         output_schema_version: str,
         output: Any,
         calls: Sequence[ModelCallInput] = (),
+        claim_next: tuple[Sequence[str], int] | None = None,
     ) -> SubmitOutcome:
-        """:meth:`Completion.submit_result`."""
+        """:meth:`Completion.submit_result`; ``claim_next``: ``(capabilities, limit)`` of
+        the jobs to claim for the slot the result frees (checked as a claim's are:
+        INVALID_ARGUMENT, nothing changed)."""
+        claim = None
+        if claim_next is not None:
+            caps, limit = claim_next
+            if limit < 1:  # a slot to fill: no "0 = the default" here
+                raise AppError(
+                    ErrorCode.INVALID_ARGUMENT, "claimNext.limit must be ≥ 1", {"field": "limit"}
+                )
+            n = check_poll_args(list(caps), limit, 0)
+            claim = ClaimAsk(lease.instance_id, tuple(sorted(set(caps))), n)
         return await self.completion.submit_result(
             lease,
             prompt_version=prompt_version,
             output_schema_version=output_schema_version,
             output=output,
             calls=calls,
+            claim=claim,
         )
 
     async def fail(

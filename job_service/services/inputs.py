@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airuntime_common.errors import AppError, ErrorCode
+
+if TYPE_CHECKING:
+    from job_service.services.claim_round import Claimed
 
 #: Most tokens one model call may log per count (prompt, completion, cache hits):
 #: ten million, far above any context window, so a broken count (2^53) cannot be
@@ -174,13 +177,15 @@ class ModelCallInput:
 
 @dataclass(frozen=True)
 class SubmitOutcome:
-    """Answer of a result submission (reference §3 result)."""
+    """Answer of a result submission (reference §3 result); ``claimed``: the jobs a
+    taken result's ``claimNext`` was given, started, with their snapshots."""
 
     job_id: str
     status: str
     result_id: str
     output_hash: str
     replayed: bool
+    claimed: Claimed | None = None
 
 
 @dataclass(frozen=True)

@@ -223,24 +223,23 @@ def test_a_result_that_claims_splits_into_the_claim_and_the_rest() -> None:
 
 @pytest.mark.e2e
 def test_bench_floor_tiny_run_replays_the_steady_state(mysql_url: str, tmp_path: Path) -> None:
-    """The floor captures one job (its claim's transaction and its result's) and replays
-    every job without errors."""
+    """The floor captures a job claimed by the previous job's result (the worker's
+    default) and replays every job without errors."""
     assert os.environ.get("TEST_MYSQL_URL")
     rc = main(["--scenario", "floor", "--jobs", "12", "--slots", "3", "--out", str(tmp_path)])
     doc = json.loads(next(tmp_path.glob("*.json")).read_text())
     floor = doc["results"]["floor"]
     assert rc == 0, floor
-    assert floor["claimed_with_result"] is False  # a result never claims
+    assert floor["claimed_with_result"] is True
     run = floor["runs"]["3"]
     assert (run["jobs"], run["errors"]) == (12, 0), run
     assert floor["one_statement_per_round_trip"]["jobs"] == 12
-    # the worker holds the platform key (no lease-checked resolve): the claim is the
-    # pick, one batch (lock and start, events, the rows and snapshot read) and its
-    # COMMIT alone; the result is the completer's locking read, then one batch with
-    # every write and the COMMIT: five round trips, two COMMITs
-    assert floor["statements_by_kind"]["COMMIT"] == 2
-    assert floor["round_trips_per_job"] == 5
-    assert floor["statements"][0].startswith("SELECT ai_runtime_jobs.job_id")  # the pick
+    # the worker holds the platform key (no lease-checked resolve), and the result's
+    # batch carries the next job's claim and the COMMIT: one transaction, two round
+    # trips (the locking read with the claim's pick, then every write)
+    assert floor["statements_by_kind"]["COMMIT"] == 1
+    assert floor["round_trips_per_job"] == 2
+    assert not any("SKIP LOCKED" in s for s in floor["statements"][:1])
 
 
 def test_rpc_profile_is_the_runs_calls_per_job_and_mean_time() -> None:

@@ -371,3 +371,79 @@ async def test_a_platform_success_after_failures_in_one_group_resets_the_breaker
     )
     view = await domain.breaker_view()
     assert (view.state, view.consecutive_failures) == ("closed", 0)
+
+
+async def test_queued_results_share_one_claim_of_their_next_jobs(domain: JobDomain) -> None:
+    """Each result asks for the next job of its slot (``claim_next``): a group's claims
+    are one round of picks in the group's transaction, each result its own job, none
+    handed out twice, each started with its snapshot."""
+    _one_at_a_time(domain)
+    made = [await new_job(domain) for _ in range(20)]
+    running, _ = await domain.claim_started("w1", CAPS, 10, 0)
+    outcomes = await _settled(
+        *(
+            _submit(domain, Lease(job.job_id, "w1", 1), calls=[_call()], claim_next=(CAPS, 1))
+            for job in running
+        )
+    )
+    assert all(o.status == "succeeded" and not o.replayed for o in outcomes), outcomes
+    claimed = [job for o in outcomes for job in o.claimed.jobs]
+    assert all(len(o.claimed.jobs) == 1 for o in outcomes)
+    assert len({job.job_id for job in claimed}) == 10  # no job handed out twice
+    assert {job.job_id for job in claimed} == {j.job_id for j in made} - {j.job_id for j in running}
+    for o in outcomes:
+        [job] = o.claimed.jobs
+        assert job.status == "running" and job.locked_by == "w1"
+        assert o.claimed.snapshots[job.job_id].snapshot_id == job.snapshot_id
+        events, _ = await domain.history(job.job_id)
+        assert [e.to_status for e in events] == ["pending", "locked", "running"]
+
+
+async def test_claims_of_one_group_never_hand_out_a_job_twice(domain: JobDomain) -> None:
+    """Callers with overlapping capabilities in one group: their picks run in one
+    transaction and skip no row it locked itself, so they see the same first rows; the
+    claims share them out, each job once, and leave none behind."""
+    _one_at_a_time(domain)
+    holders = ["w1", "w1", "w1", "w2"]
+    running = []
+    for holder in holders:
+        await new_job(domain)
+        running += (await domain.claim_started(holder, CAPS, 1, 0))[0]
+    waiting = [await new_job(domain) for _ in range(5)]
+    # the first goes alone and claims nothing; the other three queue as one group
+    wants = [None, (CAPS, 2), ([*CAPS, "quiz_generation"], 2), (CAPS, 2)]
+    answers = await _settled(
+        *(
+            _submit(domain, Lease(job.job_id, holder, 1), claim_next=want)
+            for job, holder, want in zip(running, holders, wants, strict=True)
+        )
+    )
+    assert all(getattr(a, "status", None) == "succeeded" for a in answers), answers
+    got = [a.claimed.jobs if a.claimed else [] for a in answers]
+    ids = [job.job_id for jobs in got for job in jobs]
+    assert len(ids) == len(set(ids))  # no job handed out twice
+    assert set(ids) == {job.job_id for job in waiting}  # and none left behind
+    assert [len(jobs) for jobs in got] == [0, 2, 2, 1]
+    for jobs, holder in zip(got, holders, strict=True):
+        assert all(job.locked_by == holder and job.status == "running" for job in jobs)
+
+
+async def test_a_group_whose_results_are_refused_leaves_its_picks_pending(
+    domain: JobDomain,
+) -> None:
+    """Only a result taken claims: invalid outputs (INVALID_SCHEMA) claim nothing, and
+    the jobs their picks read stay pending, untouched."""
+    _one_at_a_time(domain)
+    jobs = [await new_job(domain) for _ in range(3)]
+    await domain.claim_started("w1", CAPS, 3, 0)
+    waiting = [await new_job(domain) for _ in range(3)]
+    answers = await _settled(
+        *(
+            _submit(domain, Lease(job.job_id, "w1", 1), output={"summary": 5}, claim_next=(CAPS, 1))
+            for job in jobs
+        )
+    )
+    assert all(isinstance(a, AppError) and a.code == ErrorCode.INVALID_SCHEMA for a in answers)
+    for job in waiting:
+        got = await domain.get(job.job_id)
+        assert (got.status, got.locked_by, got.attempt_no) == ("pending", None, 0)

@@ -242,3 +242,29 @@ async def _due(domain: JobDomain) -> None:
             .where(jobs.c.parked_until.is_not(None))
             .values(parked_until=domain.clock.plus(-1))
         )
+
+
+async def test_a_results_claim_of_its_slots_next_job_keeps_the_limits(
+    make_domain: Callable[..., Any],
+) -> None:
+    """The claim a result makes for the slot it frees is a lease grant like any other:
+    with its provider's minute used up, the result is taken, it claims nothing, and the
+    job it read is parked (no attempt, no retry)."""
+    domain = await limited(make_domain, {"name": "p1", "limits": {"requestsPerMinute": 2}})
+    made = [await create(domain) for _ in range(3)]
+    got = await domain.claim("w", CAPS, 2, 0)
+    assert [j.job_id for j in got] == [j.job_id for j in made[:2]]
+    started = await domain.start(Lease(got[0].job_id, "w", 1))
+    outcome = await domain.submit_result(
+        Lease(started.job_id, "w", 1),
+        prompt_version=None,
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call()],
+        claim_next=(CAPS, 1),
+    )
+    assert outcome.status == "succeeded"
+    assert outcome.claimed is not None and outcome.claimed.jobs == []
+    assert set(await parked(domain)) == {made[2].job_id}
+    after = await domain.get(made[2].job_id)
+    assert (after.status, after.attempt_no, after.retry_count) == ("pending", 0, 0)

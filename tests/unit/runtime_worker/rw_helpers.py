@@ -443,6 +443,14 @@ class FakeJobService(SessionRpcs, job_grpc.JobServiceServicer):  # type: ignore[
             result_id="r1",
             output_hash="h",
         )
+        if request.HasField("claim_next"):  # claimed and started, as ClaimJobs with snapshots
+            n = request.claim_next.limit
+            out.claimed_jobs.extend(self.b.queue[:n])
+            del self.b.queue[:n]
+            for job in out.claimed_jobs:
+                job.status = JOB_STATUS.to_proto("running")
+                job.started_at.CopyFrom(to_timestamp(utcnow()))
+                out.snapshots[job.job_id].CopyFrom(self._snapshot(job.job_id))
         return out
 
     async def FailJob(self, request: Any, context: Any) -> Any:

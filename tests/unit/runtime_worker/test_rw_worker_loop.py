@@ -20,7 +20,7 @@ from airuntime_common.settings import MissingSetting
 from runtime_worker import metrics as worker_metrics
 from runtime_worker.app import WorkerApp, run
 from runtime_worker.attempt import CallWindow
-from runtime_worker.providers.base import ModelRequest, ModelResponse, Usage
+from runtime_worker.providers.base import ModelError, ModelRequest, ModelResponse, Usage
 from runtime_worker.snapshot import struct_to_dict
 from tests.unit.runtime_worker.rw_helpers import (
     QUIZ_OUTPUT,
@@ -147,8 +147,9 @@ async def test_claims_only_free_slots(backend: Backend, apps: list[WorkerApp]) -
 async def test_claims_wait_briefly_to_batch_freed_slots(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
-    """With jobs in flight, one freed slot waits (up to ``GATHER_SECONDS``) for a quarter
-    of the slots to be free, then one claim asks for all of them."""
+    """With jobs in flight, one slot freed to the claim loop (a fail's: a result's
+    claims its own next job) waits up to ``GATHER_SECONDS`` for a quarter of the slots
+    to be free, then one claim asks for all of them."""
     b = backend[0]
     for i in range(8):
         b.add_job(make_job(f"job-{i}"))
@@ -156,9 +157,12 @@ async def test_claims_wait_briefly_to_batch_freed_slots(
     calls: list[int] = []
 
     async def held(_r: ModelRequest) -> ModelResponse:
-        gate = gates[len(calls)]  # the n-th model call waits for the n-th gate
+        n = len(calls)
+        gate = gates[n]  # the n-th model call waits for the n-th gate
         calls.append(1)
         await gate.wait()
+        if n < 2:
+            raise ModelError(ErrorCode.MODEL_TIMEOUT, "slow")
         return quiz_response()
 
     app = await start_app(backend, apps, ScriptedProvider(held), WORKER_CONCURRENCY=8)
@@ -171,33 +175,59 @@ async def test_claims_wait_briefly_to_batch_freed_slots(
     await b.wait_for(lambda: len([n for n, _ in b.calls if n == "ClaimJobs"]) > claims_before)
     first = [r for n, r in b.calls if n == "ClaimJobs"][claims_before]
     assert first.limit == 2  # the two freed slots in one claim
-    assert b.fails == []
     for event in gates:
         event.set()
 
 
-async def test_a_result_never_asks_to_claim(backend: Backend, apps: list[WorkerApp]) -> None:
-    """Claims come from the claim loop alone: no SubmitResult carries ``claim_next``."""
-    b = backend[0]
-    for i in range(3):
-        b.add_job(make_job(f"job-{i}"))
-    app = await start_app(backend, apps, WORKER_CONCURRENCY=1)
-    await b.wait_for(lambda: app.worker.counters["succeeded"] == 3)
-    assert not any(r.HasField("claim_next") for r in b.results)
-    assert b.names().count("ClaimJobs") >= 3
-
-
-async def test_a_result_whose_answer_was_lost_is_sent_again(
+async def test_a_result_claims_the_next_job_for_its_slot(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
-    """A SubmitResult cut by UNAVAILABLE is sent again (it is idempotent by its key)."""
+    """Each SubmitResult carries ``claim_next`` (its slot, limit 1), and the job it
+    claims runs without a ClaimJobs call (nor a GetSnapshot: its snapshot came too)."""
+    b = backend[0]
+    for i in range(4):
+        b.add_job(make_job(f"job-{i}"))
+    gate = asyncio.Event()
+    calls: list[str] = []
+
+    async def first_waits(r: ModelRequest) -> ModelResponse:
+        calls.append(r.model)
+        if len(calls) == 1:
+            await gate.wait()  # the claim loop's first answer is in before any result
+        return quiz_response()
+
+    app = await start_app(backend, apps, ScriptedProvider(first_waits), WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: len(calls) == 1)
+    gate.set()
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 4)
+    assert [r.job_id for r in b.results] == [f"job-{i}" for i in range(4)]
+    assert b.fails == []
+    assert all(r.claim_next.limit == 1 for r in b.results)
+    assert {tuple(r.claim_next.capabilities) for r in b.results} == {
+        tuple(JOB_TYPE.to_proto(c) for c in app.worker.capabilities)
+    }
+    # jobs 1..3 came with the results of 0..2: between the first result and the last,
+    # no ClaimJobs and no GetSnapshot
+    names = b.names()
+    first = names.index("SubmitResult")
+    last = len(names) - 1 - names[::-1].index("SubmitResult")
+    assert "ClaimJobs" not in names[first:last]
+    assert "GetSnapshot" not in names[first:last]
+
+
+async def test_a_result_whose_answer_was_lost_is_sent_again_without_its_claim(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """A SubmitResult cut by UNAVAILABLE is sent again (it is idempotent by its key),
+    without ``claim_next``: a retry must not claim twice."""
     b = backend[0]
     b.add_job(make_job("job-a"))
     b.unavailable["SubmitResult"] = 1
     before = {code: rpc_count("SubmitResult", code) for code in ("OK", "UNAVAILABLE")}
     app = await start_app(backend, apps, WORKER_CONCURRENCY=1)
     await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
-    assert b.names().count("SubmitResult") == 2
+    sent = [r for n, r in b.calls if n == "SubmitResult"]
+    assert [r.HasField("claim_next") for r in sent] == [True, False]  # no second claim
     assert len(b.results) == 1 and b.fails == []
     # each try is timed under the code it ended with (airt_worker_rpc_seconds)
     assert rpc_count("SubmitResult", "UNAVAILABLE") == before["UNAVAILABLE"] + 1
@@ -213,7 +243,49 @@ def rpc_count(rpc: str, code: str) -> float:
     return 0.0
 
 
-async def test_a_draining_worker_claims_nothing_more(
+async def drain_during_a_result(
+    backend: Backend, apps: list[WorkerApp], grace: float, answer_after: float
+) -> FakeBackend:
+    """One slot, jobs a and b: a's SubmitResult (with claim_next) is held, the worker
+    is stopped with ``grace``, and a's answer (carrying b) comes ``answer_after``
+    seconds into the drain. Returns the backend once the worker has stopped."""
+    b = backend[0]
+    b.add_job(make_job("job-a"))
+    b.add_job(make_job("job-b"))
+    b.hold["SubmitResult"] = asyncio.Event()
+    app = await start_app(backend, apps, WORKER_CONCURRENCY=1, SHUTDOWN_GRACE_SECONDS=grace)
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    assert next(r for n, r in b.calls if n == "SubmitResult").HasField("claim_next")
+    stop = asyncio.create_task(app.stop())
+    await b.wait_for(lambda: app.worker.draining)
+    await asyncio.sleep(answer_after)
+    b.hold.pop("SubmitResult").set()
+    await asyncio.wait_for(stop, 15)
+    assert not app.worker.runs
+    return b
+
+
+async def test_a_job_claimed_by_a_result_in_flight_when_the_drain_began_gets_the_grace(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """The drain begins while a SubmitResult with claim_next is in flight: the job its
+    answer brings runs within the grace (not failed WORKER_SHUTDOWN at once)."""
+    b = await drain_during_a_result(backend, apps, grace=5.0, answer_after=0.0)
+    assert [r.job_id for r in b.results] == ["job-a", "job-b"]
+    assert b.fails == []
+
+
+async def test_a_job_claimed_by_a_result_answered_after_the_grace_is_still_reported(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """The answer arrives after the grace ran out: the job it claimed is stopped and
+    reported (WORKER_SHUTDOWN) before the worker exits, not left to lease expiry."""
+    b = await drain_during_a_result(backend, apps, grace=0.3, answer_after=0.6)
+    assert [r.job_id for r in b.results] == ["job-a"]
+    assert [(f.job_id, f.error_code) for f in b.fails] == [("job-b", ErrorCode.WORKER_SHUTDOWN)]
+
+
+async def test_a_draining_worker_claims_nothing_with_its_results(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
     b = backend[0]
@@ -231,28 +303,52 @@ async def test_a_draining_worker_claims_nothing_more(
     await b.wait_for(lambda: app.worker.draining)
     gate.set()
     await stop
-    assert [r.job_id for r in b.results] == ["job-d"]
+    assert len(b.results) == 1
+    assert not b.results[0].HasField("claim_next")
     assert [j.job_id for j in b.queue] == ["job-e"]  # left for other workers
 
 
-async def test_a_slot_frees_when_its_work_ends_and_its_result_reports_meanwhile(
+async def test_a_slot_frees_only_when_its_result_is_answered(
     backend: Backend, apps: list[WorkerApp]
 ) -> None:
-    """One slot: job-0's SubmitResult is held; its slot was handed on when its model work
-    ended, so job-1 is claimed and runs its model call meanwhile."""
+    """One slot: job-0's SubmitResult is held; the slot waits for its answer (which
+    brings the slot's next job), so job-1's model call waits too."""
     b = backend[0]
-    for i in range(3):
+    for i in range(2):
         b.add_job(make_job(f"job-{i}"))
     b.hold["SubmitResult"] = asyncio.Event()
     provider = ScriptedProvider()
     app = await start_app(backend, apps, provider, WORKER_CONCURRENCY=1)
-    await b.wait_for(lambda: len(provider.requests) == 2)
-    assert b.results == []
-    assert len(app.worker.runs) == 2  # both reporting, the slot long handed on
+    await b.wait_for(lambda: "SubmitResult" in b.names())
+    await asyncio.sleep(0.2)
+    assert len(provider.requests) == 1
     b.hold.pop("SubmitResult").set()
-    await b.wait_for(lambda: app.worker.counters["succeeded"] == 3)
-    assert sorted(r.job_id for r in b.results) == ["job-0", "job-1", "job-2"]
-    assert b.fails == []
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 2)
+
+
+async def test_a_fail_hands_its_slot_on_while_it_reports(
+    backend: Backend, apps: list[WorkerApp]
+) -> None:
+    """One slot: job-0's model call fails and its FailJob is held; the slot was handed
+    to the claim loop when the work ended, so job-1 runs meanwhile."""
+    b = backend[0]
+    for i in range(2):
+        b.add_job(make_job(f"job-{i}"))
+    b.hold["FailJob"] = asyncio.Event()
+    seen: list[str] = []
+
+    async def first_fails(_r: ModelRequest) -> ModelResponse:
+        seen.append("call")
+        if len(seen) == 1:
+            raise ModelError(ErrorCode.MODEL_TIMEOUT, "slow")
+        return quiz_response()
+
+    app = await start_app(backend, apps, ScriptedProvider(first_fails), WORKER_CONCURRENCY=1)
+    await b.wait_for(lambda: app.worker.counters["succeeded"] == 1)
+    assert b.fails == []  # job-0's fail still held
+    b.hold.pop("FailJob").set()
+    await b.wait_for(lambda: len(b.fails) == 1)
+    assert [r.job_id for r in b.results] == ["job-1"]
 
 
 async def test_one_slot_runs_one_model_call_at_a_time(
