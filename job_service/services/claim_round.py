@@ -88,7 +88,7 @@ class ClaimRound:
         self.parked: dict[str, datetime] = {}
         self._rooms: dict[str, Room] = {}
         self._picks: dict[tuple[str, ...], int] = {}
-        self._pauses: tuple[int, int] | None = None
+        self._pauses: int | None = None
         self._held: dict[str, parents.ParentRow] = {}
         self._reads: dict[str, int] = {}
         self._snaps: tuple[Any, int | None] | None = None
@@ -109,10 +109,7 @@ class ClaimRound:
             caps: batch.add(sched.claim_pick.sql(clock, {"caps": list(caps), "n": reach}))
             for caps in dict.fromkeys(self.asks[i].caps for i in short)
         }
-        self._pauses = (
-            batch.add(sched.paused_providers.sql(clock, {})),
-            batch.add(sched.paused_credentials.sql(clock, {})),
-        )
+        self._pauses = batch.add(sched.paused_now.sql(clock, {}))
 
     async def grant(
         self, db: DbExec, out: Sequence[Outcome], serve: Sequence[int] | None = None
@@ -122,7 +119,7 @@ class ClaimRound:
         decide their lease grants (a candidate with nowhere to run goes to be
         parked: :attr:`parked`). Returns whether any candidate was new."""
         assert self._pauses is not None
-        pauses = Pauses.of(out[self._pauses[0]].rows, out[self._pauses[1]].rows)
+        pauses = Pauses.of(out[self._pauses].rows)
         seen = {p.job_id for taken in self.taken for p in taken}
         offered: list[tuple[int, Pick]] = []
         for i in range(len(self.asks)) if serve is None else serve:

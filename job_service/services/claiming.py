@@ -240,11 +240,10 @@ class Claiming:
         clock = self.core.clock
         batch = new_batch(db)
         pick_at = batch.add(sched.lock_pick.sql(clock, {"g_job_id": job_id}))
-        providers_at = batch.add(sched.paused_providers.sql(clock, {}))
-        credentials_at = batch.add(sched.paused_credentials.sql(clock, {}))
+        pauses_at = batch.add(sched.paused_now.sql(clock, {}))
         out = await batch.run()
         picks = [Pick.of(row) for row in out[pick_at].rows]
-        pauses = Pauses.of(out[providers_at].rows, out[credentials_at].rows)
+        pauses = Pauses.of(out[pauses_at].rows)
         grant = await self.granting.decide(db, picks, pauses)
         if job_id in grant.parked:  # nowhere to run it now (reference §10.2)
             now = await clock.read(db)

@@ -93,11 +93,12 @@ class Pauses:
     credentials: dict[str, datetime] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, providers: Sequence[Sequence[Any]], credentials: Sequence[Sequence[Any]]) -> Pauses:
-        """From the rows of the pick's pause reads (:mod:`job_service.store.scheduling`)."""
+    def of(cls, rows: Sequence[Sequence[Any]]) -> Pauses:
+        """From the rows of the pick's pause read, ``(kind, key, pausedUntil)``
+        (:func:`job_service.store.scheduling.paused_now`)."""
         return cls(
-            {str(r[0]): _dt(r[1]) for r in providers},
-            {str(r[0]): _dt(r[1]) for r in credentials},
+            {str(r[1]): _dt(r[2]) for r in rows if r[0] == "p"},
+            {str(r[1]): _dt(r[2]) for r in rows if r[0] == "c"},
         )
 
 

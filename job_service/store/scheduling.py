@@ -22,7 +22,9 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    literal,
     select,
+    union_all,
     update,
 )
 
@@ -133,19 +135,20 @@ def unpark(clock: DbClock) -> Any:
 
 
 @Statement
-def paused_providers(clock: DbClock) -> Any:
-    """``(provider, pausedUntil)`` of every provider paused after a 429 now (reference
-    §10.2): a claim's pick reads them in its round trip."""
-    return select(breaker.c.provider, breaker.c.paused_until).where(
-        breaker.c.paused_until > clock.now()
-    )
-
-
-@Statement
-def paused_credentials(clock: DbClock) -> Any:
-    """``(credentialId, pausedUntil)`` of every user key paused after a 429 now."""
-    return select(credential_pauses.c.credential_id, credential_pauses.c.paused_until).where(
-        credential_pauses.c.paused_until > clock.now()
+def paused_now(clock: DbClock) -> Any:
+    """The pauses after a 429 running now (reference §10.2), one row each:
+    ``(kind, key, pausedUntil)``, kind ``"p"`` for a provider (key: its name) and
+    ``"c"`` for a user's key (key: the credential id). A claim's pick reads them in
+    its round trip."""
+    return union_all(
+        select(literal("p").label("kind"), breaker.c.provider, breaker.c.paused_until).where(
+            breaker.c.paused_until > clock.now()
+        ),
+        select(
+            literal("c").label("kind"),
+            credential_pauses.c.credential_id,
+            credential_pauses.c.paused_until,
+        ).where(credential_pauses.c.paused_until > clock.now()),
     )
 
 
