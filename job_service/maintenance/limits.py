@@ -32,12 +32,11 @@ from typing import Any
 from sqlalchemy import func, select
 
 from airuntime_common.model_providers import ProviderConfig, ProviderLimits
-from airuntime_common.states import LEASED
 from job_service.store import scheduling as sched
 from job_service.store.cache import Sql
 from job_service.store.clock import DbClock
 from job_service.store.engine import DbExec
-from job_service.store.tables import breaker, credential_pauses, grants, jobs
+from job_service.store.tables import breaker, credential_pauses, grants
 
 #: The window of the per-minute limits (s).
 WINDOW_SECONDS = 60
@@ -181,16 +180,7 @@ async def read_rooms(
     for name, count, tokens, oldest in (await db.execute(window)).all():
         room = rooms[str(name)]
         room.requests, room.tokens, room.oldest = int(count), int(tokens), _as_dt(oldest)
-    leased = (
-        select(jobs.c.model_provider, func.count())
-        .where(
-            jobs.c.status.in_(sorted(LEASED)),
-            jobs.c.api_key_mode == "platform_key",
-            jobs.c.model_provider.in_(limited),
-        )
-        .group_by(jobs.c.model_provider)
-    )
-    for name, count in (await db.execute(leased)).all():
+    for name, count in (await db.execute(sched.leased_by_provider(limited))).all():
         rooms[str(name)].in_flight = int(count)
     return rooms
 

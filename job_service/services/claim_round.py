@@ -20,7 +20,7 @@ claim cost the round trips of one).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -112,12 +112,18 @@ class ClaimRound:
         self._pauses = batch.add(sched.paused_now.sql(clock, {}))
 
     async def grant(
-        self, db: DbExec, out: Sequence[Outcome], serve: Sequence[int] | None = None
+        self,
+        db: DbExec,
+        out: Sequence[Outcome],
+        serve: Sequence[int] | None = None,
+        freed: Mapping[str, int] | None = None,
     ) -> bool:
         """Hand the candidates the pick read to the asks of ``serve`` (indices; default
         every ask), each up to what it still misses, in order, never one job twice;
         decide their lease grants (a candidate with nowhere to run goes to be
-        parked: :attr:`parked`). Returns whether any candidate was new."""
+        parked: :attr:`parked`); ``freed``: the platform-key attempts this transaction
+        ends, by provider (:meth:`Granting.decide`). Returns whether any candidate was
+        new."""
         assert self._pauses is not None
         pauses = Pauses.of(out[self._pauses].rows)
         seen = {p.job_id for taken in self.taken for p in taken}
@@ -135,7 +141,9 @@ class ClaimRound:
                         break
         if not offered:
             return False
-        decided = await self.granting.decide(db, [p for _, p in offered], pauses, self._rooms)
+        decided = await self.granting.decide(
+            db, [p for _, p in offered], pauses, self._rooms, freed
+        )
         self.parked.update(decided.parked)
         for i, pick in offered:
             if pick.job_id not in decided.parked:

@@ -33,6 +33,7 @@ by their idempotency key, ended fails answer as repeats.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -223,7 +224,12 @@ class Completer:
         if claim is not None:
             # only a result taken now claims: a replay, a refusal or an invalid output none
             serve = [k for k, i in enumerate(asking) if _taken(done[i])]
-            if serve and await claim.grant(db, read.out, serve):
+            freed = Counter(
+                d.facts.model_provider
+                for d in done
+                if d.ended and d.facts is not None and d.facts.api_key_mode == PLATFORM_KEY
+            )
+            if serve and await claim.grant(db, read.out, serve, freed):
                 await claim.hold_parents(db)
         out = await self._write(db, done, read.parents, claim)
         if claim is not None:

@@ -20,7 +20,7 @@ only when a picked job may run on one: a system without limits grants as before.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -126,6 +126,7 @@ class Granting:
         picks: Sequence[Pick],
         pauses: Pauses,
         rooms: dict[str, lim.Room] | None = None,
+        freed: Mapping[str, int] | None = None,
     ) -> Grant:
         """Decide the provider of each of ``picks``, in order (module doc), in the lease's
         transaction; a limited provider's room is read (locked) here.
@@ -134,6 +135,9 @@ class Granting:
             rooms: the providers' rooms as an earlier decision of this transaction left
                 them (its grants counted), filled in here: pass the same dict to every
                 decision of one transaction.
+            freed: ``{provider: n}``, the platform-key attempts this transaction ends
+                (a result's claim of the next job): their leases, still in the rows,
+                do not count against ``maxConcurrent``.
         """
         rooms = {} if rooms is None else rooms
         grant = Grant()
@@ -149,7 +153,10 @@ class Granting:
             return grant
         unread = [c for name, c in configs.items() if name not in rooms]
         if unread:
-            rooms.update(await lim.read_rooms(db, self.core.clock, unread))
+            read = await lim.read_rooms(db, self.core.clock, unread)
+            for name, room in read.items():
+                room.in_flight = max(0, room.in_flight - (freed or {}).get(name, 0))
+            rooms.update(read)
         for pick in platform:
             await self._one(db, pick, rooms, grant)
         return grant

@@ -334,13 +334,16 @@ def provider_usage(clock: DbClock, providers: Sequence[str]) -> Any:
 
 def leased_by_provider(providers: Sequence[str]) -> Any:
     """``(provider, count)`` of the platform-key attempts holding a lease on each of
-    ``providers`` now (its leased jobs: ``ix_jobs_reaper``'s leased range)."""
+    ``providers`` now (its leased jobs: ``ix_jobs_reaper``'s leased range). A batch's
+    parent is never leased (reference §10.3): running while its children run, it is
+    no attempt and is not counted."""
     return (
         select(jobs.c.model_provider, func.count())
         .where(
             jobs.c.status.in_(sorted(LEASED)),
             jobs.c.api_key_mode == "platform_key",
             jobs.c.model_provider.in_(list(providers)),
+            jobs.c.batch_total.is_(None),
         )
         .group_by(jobs.c.model_provider)
     )

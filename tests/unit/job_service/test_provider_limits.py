@@ -19,6 +19,7 @@ from job_service.services.domain import JobDomain
 from job_service.services.inputs import CreateJobInput, ModelCallInput
 from job_service.store.records import JobRecord
 from job_service.store.tables import breaker, credential_pauses, grants, jobs
+from tests.unit.job_service.batch_support import make_batch
 from tests.unit.job_service.conftest import ANALYSIS_OUTPUT
 
 CAPS = ["learning_state_analysis"]
@@ -268,3 +269,61 @@ async def test_a_results_claim_of_its_slots_next_job_keeps_the_limits(
     assert set(await parked(domain)) == {made[2].job_id}
     after = await domain.get(made[2].job_id)
     assert (after.status, after.attempt_no, after.retry_count) == ("pending", 0, 0)
+
+
+async def test_a_running_batch_parent_holds_no_provider_room(
+    make_domain: Callable[..., Any],
+) -> None:
+    """A batch's parent is running while a child runs, but it is no attempt: with
+    ``maxConcurrent`` 1 the first child's result claims the next child (the attempt the
+    result ends frees its room in the same transaction), and the provider's in-flight
+    count is its children's leases only (reference §10.2, §10.3)."""
+    domain = await limited(make_domain, {"name": "p1", "limits": {"maxConcurrent": 1}})
+    parent = await make_batch(domain, 2)
+    first = await domain.claim("w", CAPS, 1, 0)
+    assert len(first) == 1
+    assert (await domain.get(parent.job_id)).status == "running"
+    rooms = await _rooms(domain)
+    assert rooms["p1"].in_flight == 1
+    outcome = await domain.submit_result(
+        Lease(first[0].job_id, "w", 1),
+        prompt_version=None,
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call()],
+        claim_next=(CAPS, 1),
+    )
+    assert outcome.claimed is not None and len(outcome.claimed.jobs) == 1  # the other child
+    second = outcome.claimed.jobs[0]
+    assert second.parent_job_id == parent.job_id
+    assert (await _rooms(domain))["p1"].in_flight == 1
+
+
+async def _rooms(domain: JobDomain) -> dict[str, Any]:
+    from job_service.maintenance import limits
+
+    configs = [c for c in (domain.core.provider("p1"),) if c is not None]
+    async with domain.sessions() as s, s.begin():
+        return await limits.read_rooms(s, domain.clock, configs)
+
+
+async def test_a_results_claim_counts_the_attempt_it_ends_as_done(
+    make_domain: Callable[..., Any],
+) -> None:
+    """With ``maxConcurrent`` 1, the result of the one attempt in flight claims the next
+    job in its own transaction: the lease it ends frees the room it takes."""
+    domain = await limited(make_domain, {"name": "p1", "limits": {"maxConcurrent": 1}})
+    made = [await create(domain) for _ in range(2)]
+    got = await domain.claim("w", CAPS, 1, 0)
+    assert [j.job_id for j in got] == [made[0].job_id]
+    outcome = await domain.submit_result(
+        Lease(got[0].job_id, "w", 1),
+        prompt_version=None,
+        output_schema_version="v1",
+        output=ANALYSIS_OUTPUT,
+        calls=[call()],
+        claim_next=(CAPS, 1),
+    )
+    assert outcome.claimed is not None
+    assert [j.job_id for j in outcome.claimed.jobs] == [made[1].job_id]
+    assert (await _rooms(domain))["p1"].in_flight == 1
