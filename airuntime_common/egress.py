@@ -432,6 +432,10 @@ def parse_base_url(text: str, policy: EgressPolicy) -> BaseUrl:
     scheme = found.group(1).lower() if found else ""
     if scheme not in DEFAULT_PORTS:
         raise EgressRefused(Rule.SCHEME, f"the scheme must be https, not {scheme or 'none'!r}")
+    if scheme == "http" and not policy.allow:
+        raise EgressRefused(
+            Rule.SCHEME, "the scheme must be https (http only inside EGRESS_ALLOW_CIDRS, none set)"
+        )
     rest = text[len(scheme) + 1 :]
     if not rest.startswith("//"):
         raise EgressRefused(Rule.SYNTAX, "the base URL must be scheme://host[:port][/path]")

@@ -84,7 +84,7 @@ def refused(url: str, policy: EgressPolicy = POLICY, resolver: object = None) ->
         ("https://llm.example.com/v1#", Rule.FRAGMENT),
         ("https://llm.example.com:22/", Rule.PORT),
         ("https://llm.example.com:6379/", Rule.PORT),
-        ("http://llm.example.com/", Rule.PORT),  # 80 is not listed
+        ("http://llm.example.com/", Rule.SCHEME),  # http only inside EGRESS_ALLOW_CIDRS
     ],
 )
 def test_shape_rules(url: str, rule: Rule) -> None:
@@ -358,3 +358,4 @@ def test_defaults_are_off_and_empty() -> None:
     assert not got.USER_BASE_URLS
     assert got.egress_policy() == EgressPolicy()
     assert got.egress_policy().port_allowed(443) and not got.egress_policy().port_allowed(8443)
+

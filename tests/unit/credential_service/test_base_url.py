@@ -97,7 +97,7 @@ async def test_stored_normalized_shown_and_removed_by_a_put_without_it(start_env
 @pytest.mark.parametrize(
     ("url", "rule"),
     [
-        ("http://llm.example.com/v1", "port"),
+        ("http://llm.example.com/v1", "scheme"),
         ("ftp://llm.example.com/", "scheme"),
         ("https://me:pw@llm.example.com/", "user_info"),
         ("https://llm.example.com/v1?k=1", "query"),
