@@ -220,24 +220,30 @@ async def job_events(
             429 ``TOO_MANY_STREAMS`` past ``SSE_MAX_STREAMS_PER_USER``.
     """
     last = parse_event_id(last_event_id)
-    hub.take_stream(user_id)
+    try:
+        hub.take_stream(user_id)
+    except AppError as full:
+        if last is None:
+            raise
+        # a resume that opens no stream (at the terminal event, or a foreign cursor)
+        # answers as it would with a slot free; any other one is refused
+        try:
+            _check_resume(await read_job(call, job_id, user_id), last)
+        except _NoStream:
+            return Response(status_code=204)
+        raise full from None
     waiter = hub.subscribe(job_id=job_id)
     release = _Release(hub, waiter, user_id)
     try:
         job = await read_job(call, job_id, user_id)
+        if last is not None:
+            _check_resume(job, last)
+    except _NoStream:
+        release()
+        return Response(status_code=204)
     except BaseException:
         release()
         raise
-    if last is not None and last > job.version:
-        release()
-        raise invalid_argument(
-            f"Last-Event-ID {last} is above the job's version {job.version}: it is not an "
-            "event id of this job's stream (a cursor of GET /v1/ai/events, say)",
-            field="Last-Event-ID",
-        )
-    if last is not None and job.version == last and is_terminal(job):
-        release()
-        return Response(status_code=204)
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         current, sent = job, -1 if last is None else last
@@ -255,6 +261,27 @@ async def job_events(
                 current = fresh
 
     return _stream(events(), release, ping_seconds)
+
+
+class _NoStream(Exception):
+    """A resume at the job's terminal event: 204, no stream (reference §9.1)."""
+
+
+def _check_resume(job: msg.Job, last: int) -> None:
+    """Judge a resume of ``job``'s stream after version ``last``.
+
+    Raises:
+        AppError: 400 ``INVALID_ARGUMENT`` for ``last`` above the job's version.
+        _NoStream: ``last`` is the job's terminal event.
+    """
+    if last > job.version:
+        raise invalid_argument(
+            f"Last-Event-ID {last} is above the job's version {job.version}: it is not an "
+            "event id of this job's stream (a cursor of GET /v1/ai/events, say)",
+            field="Last-Event-ID",
+        )
+    if job.version == last and is_terminal(job):
+        raise _NoStream
 
 
 async def _changes_after(call: Caller, user_id: str, cursor: int) -> list[msg.JobChange]:
