@@ -104,6 +104,10 @@ def job_to_proto(job: JobRecord, provider: ProviderConfig | None = None) -> msg.
         "expired_at",
     ):
         _set_time(out, name, getattr(job, name))
+    if job.batch_total is not None:
+        # a batch's parent is never claimed, whatever its availableAt; its row holds it
+        # out of the claim's range, the contract shows a new job's (reference §2.4)
+        _set_time(out, "available_at", job.created_at)
     if provider is not None:
         out.provider_model_name = provider.model_for(job.model_name) or ""
         out.provider_base_url = provider.baseUrl if out.provider_model_name else ""

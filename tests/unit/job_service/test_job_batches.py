@@ -390,3 +390,16 @@ def test_the_migrations_make_the_batch_columns_and_index(tmp_path: Any) -> None:
     names = ("parent_job_id", "batch_total", "batch_pending", "batch_running")
     assert set(names) | {"batch_succeeded", "batch_failed", "min_success_ratio"} <= columns
     assert indexes["ix_jobs_parent"] == ["parent_job_id", "status"]
+
+
+async def test_a_parent_shows_a_new_jobs_available_at(domain: JobDomain) -> None:
+    """The parent's row holds it out of the claim's range (its ``availableAt`` far in
+    the future); the contract shows a new job's ``availableAt = createdAt`` (reference
+    §2.4), as for its children."""
+    from job_service.rpc.convert import job_to_proto
+
+    parent = await make_batch(domain, 2)
+    shown = job_to_proto(parent)
+    assert shown.available_at.ToDatetime() == shown.created_at.ToDatetime()
+    kid = (await children(domain, parent.job_id))[0]
+    assert job_to_proto(kid).available_at == job_to_proto(kid).created_at
