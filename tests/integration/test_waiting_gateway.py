@@ -340,23 +340,21 @@ async def test_with_every_stream_taken_a_resume_that_opens_none_still_answers(
     job, lease = await locked_job(server)
     failed = await fail_for_good(server, lease)
     live = await new_job(server.domain)
-    async with gateway.client() as http:
-        async with (
-            open_stream(http, "/v1/ai/events") as (a, _),
-            open_stream(http, "/v1/ai/events") as (b, _),
-            open_stream(http, "/v1/ai/events") as (c, _),
-        ):
-            assert [a.status_code, b.status_code, c.status_code] == [200, 200, 200]
-            path = f"/v1/ai/jobs/{job.job_id}/events"
-            done = await http.get(path, headers={"Last-Event-ID": str(failed.version)})
-            assert done.status_code == 204
-            foreign = str(failed.version + 5)
-            _assert_cursor_refused(await http.get(path, headers={"Last-Event-ID": foreign}))
-            busy = await http.get(
-                f"/v1/ai/jobs/{live.job_id}/events", headers={"Last-Event-ID": "0"}
-            )
-            assert busy.status_code == 429 and busy.json()["code"] == "TOO_MANY_STREAMS"
-            assert gateway.hub.open_streams("u1") == 3
+    async with (
+        gateway.client() as http,
+        open_stream(http, "/v1/ai/events") as (a, _),
+        open_stream(http, "/v1/ai/events") as (b, _),
+        open_stream(http, "/v1/ai/events") as (c, _),
+    ):
+        assert [a.status_code, b.status_code, c.status_code] == [200, 200, 200]
+        path = f"/v1/ai/jobs/{job.job_id}/events"
+        done = await http.get(path, headers={"Last-Event-ID": str(failed.version)})
+        assert done.status_code == 204
+        foreign = str(failed.version + 5)
+        _assert_cursor_refused(await http.get(path, headers={"Last-Event-ID": foreign}))
+        busy = await http.get(f"/v1/ai/jobs/{live.job_id}/events", headers={"Last-Event-ID": "0"})
+        assert busy.status_code == 429 and busy.json()["code"] == "TOO_MANY_STREAMS"
+        assert gateway.hub.open_streams("u1") == 3
     await wait_for(lambda: gateway.hub.subscriber_count == 0)
 
 

@@ -358,4 +358,3 @@ def test_defaults_are_off_and_empty() -> None:
     assert not got.USER_BASE_URLS
     assert got.egress_policy() == EgressPolicy()
     assert got.egress_policy().port_allowed(443) and not got.egress_policy().port_allowed(8443)
-
