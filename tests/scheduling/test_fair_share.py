@@ -45,7 +45,9 @@ async def test_the_order_of_leases(tmp_path: Path) -> None:
     """(a) one job each: creation order; (b) a backlog holds up no one: B, C, D within
     the next slots + 3 claims; (c) weights 2:1 share the claims 2:1 (± 10 %);
     (d) a user alone fills every slot; (e) priority first, and a retry keeps its place."""
-    async with running(tmp_path, {"PLAN_SCHEDULING_WEIGHTS": '{"gold": 2}'}) as client:
+    # no worker: the test's claims are the only ones, so no concurrent pick holds a row
+    # the next claim would skip (a claim answers up to n jobs, SKIP LOCKED)
+    async with running(tmp_path, {"PLAN_SCHEDULING_WEIGHTS": '{"gold": 2}'}, workers=0) as client:
         # (a)
         made = [str((await client.create(f"solo-{i}"))["jobId"]) for i in range(5)]
         assert [j["jobId"] for j in await client.claim(5)] == made
@@ -64,7 +66,8 @@ async def test_the_order_of_leases(tmp_path: Path) -> None:
         assert lazy["jobId"] not in {j["jobId"] for j in head}
         # (d): the backlog's user takes every slot the claim asks for
         assert len(await client.claim(10)) == 10
-    async with running(tmp_path / "weights", {"PLAN_SCHEDULING_WEIGHTS": '{"gold": 2}'}) as client:
+    weights = {"PLAN_SCHEDULING_WEIGHTS": '{"gold": 2}'}
+    async with running(tmp_path / "weights", weights, workers=0) as client:
         # (c)
         await backlog(client, "heavy", 330, plan="gold")
         await backlog(client, "light", 330)
@@ -76,7 +79,7 @@ async def test_the_order_of_leases(tmp_path: Path) -> None:
 
 async def test_fifo_restores_the_creation_order(tmp_path: Path) -> None:
     """(f) ``SCHEDULING_POLICY=fifo``: oldest first, whatever each user's queue."""
-    async with running(tmp_path, {"SCHEDULING_POLICY": "fifo"}) as client:
+    async with running(tmp_path, {"SCHEDULING_POLICY": "fifo"}, workers=0) as client:
         made = await backlog(client, "A", 30, at_once=1)
         made += [str((await client.create(u))["jobId"]) for u in ("B", "C")]
         made += await backlog(client, "A", 5, at_once=1)
