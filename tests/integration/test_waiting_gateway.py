@@ -400,6 +400,9 @@ async def test_a_lease_renewal_moves_the_etag_but_is_no_event(
             )
         )
         await wait_for(lambda: gateway.hub.subscriber_count == 2)
+        # the GET subscribes, then reads the job: a renewal before that read is a
+        # changed version, answered at once; let the read happen first
+        await asyncio.sleep(0.5)
         renewed = await server.domain.heartbeat(lease)
         woke_at = time.monotonic() - since  # a GET woken by it would answer about now
         assert renewed.version > started.version and renewed.status == "running"

@@ -798,7 +798,13 @@ async def test_status_service_reports_and_drains(backend: Backend, apps: list[Wo
     assert drained.in_flight == 1
     await b.wait_for(lambda: bool(b.fails))
     assert b.fails[0].error_code == ErrorCode.WORKER_SHUTDOWN
-    status = await stub.GetStatus(wrr.GetStatusRequest(), metadata=md)
+    # the worker counts the fail once its answer is back, a moment after the backend
+    # has it
+    for _ in range(100):
+        status = await stub.GetStatus(wrr.GetStatusRequest(), metadata=md)
+        if status.counters["failed:WORKER_SHUTDOWN"]:
+            break
+        await asyncio.sleep(0.05)
     assert status.draining
     assert status.counters["failed:WORKER_SHUTDOWN"] == 1
     await channel.close()
