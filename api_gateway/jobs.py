@@ -76,9 +76,15 @@ async def create_job(
     if timeout_seconds is not None:
         req.timeout_seconds = timeout_seconds
     resp = await call(call.job.CreateJob, req)
-    if resp.replayed:
+    return created_or_replayed(response, resp.job, resp.replayed)
+
+
+def created_or_replayed(response: Response, job: Any, replayed: bool) -> dict[str, Any]:
+    """A create's answer (reference §2.5): ``job`` as JSON, 201, or 200 with
+    ``Idempotent-Replayed: true`` when the idempotency key gave back an earlier job."""
+    if replayed:
         response.status_code = 200
         response.headers["Idempotent-Replayed"] = "true"
     else:
         response.status_code = 201
-    return job_json(resp.job)
+    return job_json(job)

@@ -19,6 +19,7 @@ from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, UserPrincipal
 from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader
+from api_gateway.jobs import created_or_replayed
 from api_gateway.routes.public import ERRORS, REPLAYED
 from api_gateway.schemas import JobBatchCreate, JobOut
 from zhixi.airuntime.job.v1 import message_pb2 as msg
@@ -76,12 +77,7 @@ async def create_ai_job_batch(
     if principal.plan:
         req.plan = principal.plan
     resp = await call(call.job.CreateJobBatch, req)
-    if resp.replayed:
-        response.status_code = 200
-        response.headers["Idempotent-Replayed"] = "true"
-    else:
-        response.status_code = 201
-    return convert.job_json(resp.job)
+    return created_or_replayed(response, resp.job, resp.replayed)
 
 
 __all__ = ["router"]

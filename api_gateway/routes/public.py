@@ -18,7 +18,7 @@ from api_gateway.convert import pb_enum
 from api_gateway.deps import Backend, Hub, Settings, UserPrincipal
 from api_gateway.gate import GatedRoute
 from api_gateway.headers import IdempotencyKeyHeader, IfNoneMatchHeader, LastEventIdHeader
-from api_gateway.jobs import create_job
+from api_gateway.jobs import create_job, created_or_replayed
 from api_gateway.prompt_schemas import FeedbackIn
 from api_gateway.retry_after import RETRY_AFTER_HEADER
 from api_gateway.schemas import (
@@ -532,12 +532,7 @@ async def retry_ai_job(
     if principal.plan:
         req.plan = principal.plan
     resp = await call(call.job.RerunJob, req)
-    if resp.replayed:
-        response.status_code = 200
-        response.headers["Idempotent-Replayed"] = "true"
-    else:
-        response.status_code = 201
-    return convert.job_json(resp.job)
+    return created_or_replayed(response, resp.job, resp.replayed)
 
 
 @router.get("/ai/jobs/{jobId}/result", response_model=JobResultOut)
